@@ -1,0 +1,46 @@
+# gangflow: the two set-up commands are `make demo` and `make test`; `make ui` starts Airflow.
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.gangflow-installed
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: install setup demo test test-fast ui benchmarks constraints clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade "pip==25.3"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[kubernetes,dev]"
+	touch $(STAMP)
+
+# State dir (GANGFLOW_HOME, default .gangflow/): Airflow DB + pool, MLflow store, DVC remote, data.
+setup: install
+	$(BIN)/python -m operators.setup
+
+# Runs the whole DAG once on the embedded defaults; the last line is a JSON summary.
+demo: setup
+	$(BIN)/python -m operators.demo
+
+test: install
+	$(BIN)/python -m pytest
+
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow and not browser"
+
+ui: setup
+	$(BIN)/python -m operators.ui
+
+benchmarks: setup
+	$(BIN)/python benchmarks/trainer.py
+	$(BIN)/python benchmarks/pipeline.py
+	$(BIN)/python benchmarks/goodput.py
+
+constraints:
+	rm -rf /tmp/gangflow-freeze && $(PYTHON) -m venv /tmp/gangflow-freeze
+	/tmp/gangflow-freeze/bin/pip install -q -e ".[kubernetes,dev]"
+	/tmp/gangflow-freeze/bin/pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/' > constraints.txt
+
+clean:
+	rm -rf .gangflow data/digits data/synthetic
