@@ -25,11 +25,12 @@ class GangSpec:
     run_dir: str  # stable across Airflow tries of the same DAG run, so a retry resumes
     world_size: int
     config_path: str = "params.yaml"
-    overrides: tuple[str, ...] = ()  # trainer `--set section.key=value` items
+    overrides: tuple[str, ...] = ()  # trainer `--set section.key=value` items (a list is accepted)
     env: Mapping[str, str] = field(default_factory=dict)
     attempt: int = 1  # Airflow try number
 
     def __post_init__(self):
+        object.__setattr__(self, "overrides", tuple(self.overrides))
         if not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"world_size={self.world_size!r}: must be an integer >= 1")
         if not _NAME.match(self.name):

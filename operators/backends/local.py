@@ -1,0 +1,165 @@
+"""The embedded-default backend: one `torchrun --standalone` gang on this machine.
+
+Admission is Airflow's: the training task takes `pool_slots = world size` in the
+`gangflow_training` pool, so a gang starts only when all its ranks fit. Here we add what a pool
+cannot say: a gang larger than the pool (or than this machine's cores) can never start, and is
+refused at once instead of waiting forever.
+
+torchrun runs with `--max-restarts 0`: Airflow's `retries` is the one retry budget.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from operators.backends.base import GangBackend, GangResult, GangSpec, LogFn
+from operators.exceptions import GangCapacityError
+
+POOL_NAME = "gangflow_training"
+LOG_TAIL_LINES = 60
+_RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$")
+_RESUMED = re.compile(r"gangflow: resuming from checkpoint step-(\d+)")
+_FAILURE_FIELD = re.compile(r"^\s+(rank|exitcode|error_file)\s*:\s*(.*)$")
+
+
+def pool_slots() -> int:
+    """Slots of the training pool: `GANGFLOW_POOL_SLOTS`, else this machine's cores."""
+    return int(os.environ.get("GANGFLOW_POOL_SLOTS") or os.cpu_count() or 1)
+
+
+def parse_torchrun_failures(text: str) -> list[dict]:
+    """Read torchrun's ChildFailedError summary: one dict per failed rank, root cause first."""
+    failures: list[dict] = []
+    root_cause = False
+    current: dict | None = None
+    for line in text.splitlines():
+        if line.startswith("Root Cause"):
+            root_cause = True
+        elif re.match(r"^\[\d+\]:$", line):
+            current = {"root_cause": root_cause}
+            failures.append(current)
+        elif current is not None and (m := _FAILURE_FIELD.match(line)):
+            key, value = m.group(1), m.group(2).strip()
+            if key == "rank":
+                current["rank"] = int(value.split()[0])
+            elif key == "exitcode":
+                code = int(value.split()[0])
+                current["exit_code"] = code
+                if code < 0:
+                    current["signal"] = signal.Signals(-code).name
+            elif key == "error_file" and value != "<N/A>":
+                current["error_file_path"] = value
+    return sorted(failures, key=lambda f: not f["root_cause"])
+
+
+class LocalBackend(GangBackend):
+    """torchrun on this machine; ranks' output is streamed into the task log as `[rank N] ...`."""
+
+    name = "local"
+
+    def __init__(self, *, nproc_limit: int | None = None, grace_period_s: float = 60.0, extra_torchrun_args=()):
+        self.nproc_limit = nproc_limit
+        self.grace_period_s = grace_period_s
+        self.extra_torchrun_args = tuple(extra_torchrun_args)
+        self._proc: subprocess.Popen | None = None
+
+    def check_capacity(self, spec: GangSpec) -> None:
+        slots = pool_slots()
+        if spec.world_size > slots:
+            raise GangCapacityError(
+                f"world_size={spec.world_size}: a gang of {spec.world_size} ranks can never be admitted, "
+                f"pool {POOL_NAME!r} has {slots} slots (accepted: 1..{slots}; set GANGFLOW_POOL_SLOTS "
+                "and rerun `make setup` to change it, or use backend 'kubernetes')"
+            )
+        limit = self.nproc_limit or os.cpu_count() or 1
+        if spec.world_size > limit:
+            raise GangCapacityError(
+                f"world_size={spec.world_size}: this machine runs at most {limit} ranks (one per core)"
+            )
+
+    def command(self, spec: GangSpec, log_dir: Path) -> list[str]:
+        """torchrun's argv. Values are argv items, never shell text."""
+        return [
+            sys.executable, "-m", "torch.distributed.run",
+            "--standalone", "--nproc-per-node", str(spec.world_size),
+            "--max-restarts", "0",
+            "--tee", "3", "--log-dir", str(log_dir),
+            *self.extra_torchrun_args,
+            "-m", "trainer", *spec.trainer_args(),
+        ]  # fmt: skip
+
+    def run(self, spec: GangSpec, log: LogFn) -> GangResult:
+        log_dir = Path(spec.run_dir) / "torchrun" / f"try-{spec.attempt}"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **spec.env}
+        env["PYTHONUNBUFFERED"] = "1"
+        cmd = self.command(spec, log_dir)
+        log(f"launching gang of {spec.world_size} ranks: {' '.join(cmd)}")
+        # A session of its own, so on_kill can stop torchrun and every rank together.
+        self._proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1,
+            start_new_session=True, cwd=os.environ.get("GANGFLOW_PROJECT") or None,
+        )
+        rank_tails: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=LOG_TAIL_LINES))
+        agent_lines: collections.deque = collections.deque(maxlen=400)
+        resumed_from = None
+        assert self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            line = raw.rstrip("\n")
+            if m := _RANK_LINE.match(line):
+                rank, text = int(m.group(1)), m.group(2)
+                rank_tails[rank].append(text)
+                log(f"[rank {rank}] {text}")
+                if resumed_from is None and (r := _RESUMED.search(text)):
+                    resumed_from = int(r.group(1))
+            else:
+                agent_lines.append(line)
+                log(f"[torchrun] {line}")
+        exit_code = self._proc.wait()
+        self._proc = None
+        if exit_code == 0:
+            return GangResult(succeeded=True, exit_code=0, resumed_from_step=resumed_from)
+        evidence = self._evidence(exit_code, "\n".join(agent_lines), rank_tails)
+        return GangResult(succeeded=False, exit_code=exit_code, evidence=evidence, resumed_from_step=resumed_from)
+
+    @staticmethod
+    def _evidence(exit_code: int, agent_text: str, rank_tails: dict) -> dict:
+        """Classifier evidence (DESIGN.md contract 4): the root-cause rank's fields, all ranks in `ranks`."""
+        ranks = []
+        for failure in parse_torchrun_failures(agent_text):
+            rank = failure.get("rank")
+            item = {k: failure[k] for k in ("exit_code", "signal") if k in failure}
+            item["rank"] = rank
+            item["log_tail"] = "\n".join(rank_tails.get(rank, ()))
+            path = failure.get("error_file_path")
+            if path and Path(path).is_file():
+                try:
+                    item["error_file"] = json.loads(Path(path).read_text())
+                except ValueError:
+                    item["error_file"] = {"message": Path(path).read_text()[:4000]}
+            ranks.append(item)
+        if not ranks:  # torchrun itself failed (bad flags, rendezvous): its own output is the evidence
+            code = -exit_code if exit_code < 0 else exit_code
+            return {"exit_code": code, "log_tail": agent_text[-6000:]}
+        return {**ranks[0], "ranks": ranks}
+
+    def kill(self) -> None:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        # SIGTERM first: ranks commit a final checkpoint (the preemption path), then SIGKILL.
+        os.killpg(proc.pid, signal.SIGTERM)
+        timer = threading.Timer(self.grace_period_s, lambda: proc.poll() is None and os.killpg(proc.pid, signal.SIGKILL))
+        timer.start()
+        try:
+            proc.wait(self.grace_period_s + 5)
+        finally:
+            timer.cancel()

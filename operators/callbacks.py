@@ -1,0 +1,28 @@
+"""Task callbacks shared by gangflow DAGs."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from operators import settings
+
+
+def failure_record_path(dag_id: str, run_id: str):
+    return settings.state_dir() / "failures" / dag_id / (re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id) + ".json")
+
+
+def record_failure(context) -> None:
+    """Keep `{kind, reason, task_id, try_number}` of a failed task where `make demo` reports it."""
+    exc = context.get("exception")
+    ti = context["ti"]
+    verdict = getattr(exc, "verdict", None)
+    record = {
+        "task_id": ti.task_id,
+        "try_number": ti.try_number,
+        "kind": verdict.kind if verdict else getattr(exc, "kind", "unknown"),
+        "reason": verdict.reason if verdict else (str(exc) or type(exc).__name__),
+    }
+    path = failure_record_path(ti.dag_id, context["run_id"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))

@@ -1,0 +1,45 @@
+"""`make setup`: prepare the state dir for the embedded defaults (idempotent).
+
+Creates the state dir, migrates Airflow's SQLite DB, creates the `gangflow_training` pool sized
+to this machine, builds and publishes the pinned dataset version to the local DVC remote, and
+creates the MLflow experiment. Run again at any time; it changes only what is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from operators import embedded, settings
+from operators.backends.local import pool_slots
+from operators.pipeline import POOL
+
+
+def airflow(*args: str, env: dict[str, str]) -> None:
+    subprocess.run([sys.executable, "-m", "airflow", *args], env=env, check=True, stdout=subprocess.DEVNULL)
+
+
+def main() -> int:
+    started = time.monotonic()
+    env = {**os.environ, **embedded.apply()}
+    for path in (settings.state_dir(), settings.airflow_home(), settings.runs_dir(), settings.artifact_root()):
+        path.mkdir(parents=True, exist_ok=True)
+    airflow("db", "migrate", env=env)
+    slots = pool_slots()
+    airflow("pools", "set", POOL, str(slots), "gang admission: a training task takes world-size slots", env=env)
+
+    from operators import dataset, tracking
+
+    version = dataset.publish()
+    tracking.ensure_experiment(tracking.get_client(), "gangflow")
+    print(
+        f"gangflow setup: state {settings.state_dir()}, pool {POOL}={slots} slots, "
+        f"dataset {version}, tracking {settings.tracking_uri()} ({time.monotonic() - started:.1f}s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""`GangTrainingOperator`: run one gang of training ranks through a backend.
+
+Subclass it to change what a gang runs (override `build_spec`) or where (pass another backend,
+or register your own with `operators.backends.register_backend`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from operators import settings
+from operators.backends import GangResult, GangSpec, get_backend
+from operators.exceptions import GangFailure, InfraFailure, UnknownFailure, UserFailure
+
+_FAILURES: dict[str, type[GangFailure]] = {"infra": InfraFailure, "user": UserFailure, "unknown": UnknownFailure}
+
+
+def gang_name(dag_id: str, run_id: str) -> str:
+    """A DNS-1123 label unique per DAG run and stable across its tries."""
+    digest = hashlib.sha256(f"{dag_id}/{run_id}".encode()).hexdigest()[:10]
+    stem = re.sub(r"[^a-z0-9-]+", "-", dag_id.lower()).strip("-")[:40].strip("-") or "gang"
+    return f"{stem}-{digest}"
+
+
+def format_override(key: str, value: Any) -> str:
+    """`--set` item for the trainer, whose values are parsed as YAML scalars."""
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    elif value is None:
+        value = "null"
+    return f"{key}={value}"
+
+
+class GangTrainingOperator(BaseOperator):
+    """Train on a gang of `world_size` ranks that start together or not at all.
+
+    The run dir is keyed by DAG run, so when Airflow retries this task after an infrastructure
+    failure the trainer finds the last committed checkpoint and resumes from it. A failed gang
+    is handed to the failure classifier (`operators.failures.classify`) and raised as
+    `InfraFailure` (retried by `ClassifiedRetryPolicy`), `UserFailure` (failed at once) or
+    `UnknownFailure` (retried once).
+
+    :param world_size: number of ranks. With the local backend, give the task
+        `pool="gangflow_training", pool_slots=world_size` so the pool admits the whole gang.
+    :param dataset: the validated-dataset manifest from `DatasetValidationOperator` (its
+        `train_path`, `test_path` and `train_md5` are passed to the trainer, which re-checks the hash).
+    :param overrides: trainer parameters, dotted names to values (`{"train.max_steps": 600}`).
+    :param backend: `local` or `kubernetes` (see `operators.backends`).
+    :param backend_options: keyword arguments of the backend's constructor.
+    :param config_path: the trainer's params file.
+    :param experiment: MLflow experiment of the training run.
+    :param run_dir: where checkpoints and final weights go (default: one folder per DAG run
+        under the state dir).
+    :returns: (XCom) `run_dir`, `final_dir`, `mlflow_run_id`, `world_size`, `backend`,
+        `attempt`, `resumed_from_step`, `gang`.
+    """
+
+    template_fields = ("world_size", "dataset", "overrides", "backend", "backend_options", "config_path", "run_dir", "experiment")
+    template_fields_renderers = {"overrides": "json", "dataset": "json", "backend_options": "json"}
+    ui_color = "#f4a460"
+
+    def __init__(
+        self,
+        *,
+        world_size: int | str,
+        dataset: Mapping[str, Any] | str | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        backend: str = "local",
+        backend_options: Mapping[str, Any] | None = None,
+        config_path: str | None = None,
+        experiment: str = "gangflow",
+        run_dir: str | None = None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.world_size = world_size
+        self.dataset = dataset
+        self.overrides = dict(overrides or {})
+        self.backend = backend
+        self.backend_options = dict(backend_options or {})
+        self.config_path = config_path
+        self.experiment = experiment
+        self.run_dir = run_dir
+        self._backend = None
+
+    # -- building the gang -------------------------------------------------------------------
+
+    def build_spec(self, context, *, mlflow_run_id: str | None) -> GangSpec:
+        ti = context["ti"]
+        dag_id, run_id = ti.dag_id, context["run_id"]
+        overrides = dict(self.overrides)
+        if self.dataset:
+            manifest = json.loads(self.dataset) if isinstance(self.dataset, str) else self.dataset
+            overrides.setdefault("data.train_path", manifest["train_path"])
+            overrides.setdefault("data.test_path", manifest["test_path"])
+            overrides.setdefault("data.train_md5", manifest["train_md5"])
+        env = {"GANGFLOW_DAG_ID": dag_id, "GANGFLOW_DAG_RUN_ID": run_id, "GANGFLOW_TRY_NUMBER": str(ti.try_number)}
+        if mlflow_run_id:
+            env |= {"MLFLOW_TRACKING_URI": settings.tracking_uri(), "MLFLOW_RUN_ID": mlflow_run_id}
+        safe_run = re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)
+        return GangSpec(
+            name=gang_name(dag_id, run_id),
+            run_dir=self.run_dir or str(settings.runs_dir() / dag_id / safe_run),
+            world_size=int(self.world_size),
+            config_path=self.config_path or str(settings.params_file()),
+            overrides=tuple(format_override(k, v) for k, v in sorted(overrides.items())),
+            env=env,
+            attempt=ti.try_number,
+        )
+
+    def mlflow_run(self, context) -> str | None:
+        """The MLflow run of this DAG run: created on the first try, reused by retries."""
+        from operators import tracking
+
+        client = tracking.get_client()
+        experiment_id = tracking.ensure_experiment(client, self.experiment)
+        ti = context["ti"]
+        return tracking.ensure_run(client, experiment_id, dag_id=ti.dag_id, dag_run_id=context["run_id"])
+
+    # -- running it ----------------------------------------------------------------------------
+
+    def execute(self, context):
+        spec = self.build_spec(context, mlflow_run_id=self.mlflow_run(context))
+        self._backend = get_backend(self.backend, **self.backend_options)
+        self._backend.check_capacity(spec)
+        Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
+        self.log.info("gang %s: %d ranks, run dir %s, try %d", spec.name, spec.world_size, spec.run_dir, spec.attempt)
+        if self._backend.deferrable:
+            handle = self._backend.submit(spec)
+            self.defer(
+                trigger=self._backend.trigger(handle),
+                method_name="execute_complete",
+                kwargs={"handle": handle, "spec": _spec_to_dict(spec)},
+            )
+        result = self._backend.run(spec, self.log.info)
+        return self._finish(spec, result)
+
+    def execute_complete(self, context, event: dict[str, Any], handle: dict[str, Any], spec: dict[str, Any]):
+        backend = get_backend(self.backend, **self.backend_options)
+        return self._finish(GangSpec(**spec), backend.collect(handle, event))
+
+    def _finish(self, spec: GangSpec, result: GangResult) -> dict[str, Any]:
+        if result.resumed_from_step is not None:
+            self.log.info("gangflow: try %d resumed from checkpoint step %d", spec.attempt, result.resumed_from_step)
+        elif spec.attempt > 1:
+            self.log.info("gangflow: try %d started from step 0 (no committed checkpoint)", spec.attempt)
+        if not result.succeeded:
+            raise self._failure(spec, result)
+        final_dir = Path(spec.run_dir) / "final"
+        return {
+            "run_dir": spec.run_dir,
+            "final_dir": str(final_dir),
+            "mlflow_run_id": spec.env.get("MLFLOW_RUN_ID"),
+            "world_size": spec.world_size,
+            "backend": self.backend,
+            "attempt": spec.attempt,
+            "resumed_from_step": result.resumed_from_step,
+            "gang": spec.name,
+        }
+
+    def _failure(self, spec: GangSpec, result: GangResult) -> GangFailure:
+        from operators.failures import classify
+
+        verdict = classify(result.evidence)
+        record = {"attempt": spec.attempt, "exit_code": result.exit_code, "verdict": verdict.to_dict(), "evidence": result.evidence}
+        failures = Path(spec.run_dir) / "failures"
+        failures.mkdir(parents=True, exist_ok=True)
+        (failures / f"try-{spec.attempt}.json").write_text(json.dumps(record, indent=2, default=str))
+        self.log.error("gangflow: %s failure (%s): %s", verdict.kind, "retryable" if verdict.retryable else "not retryable", verdict.reason)
+        return _FAILURES[verdict.kind](verdict, evidence=result.evidence, attempt=spec.attempt)
+
+    def on_kill(self) -> None:
+        if self._backend is not None:
+            self._backend.kill()
+
+
+def _spec_to_dict(spec: GangSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name, "run_dir": spec.run_dir, "world_size": spec.world_size, "config_path": spec.config_path,
+        "overrides": list(spec.overrides), "env": dict(spec.env), "attempt": spec.attempt,
+    }  # fmt: skip
+
+
+def gang_task_id(*, backend: str, world_size: int, local_world_sizes) -> str:
+    """The training task that runs a gang of this size (the DAG has one per local size)."""
+    from operators.backends.local import pool_slots
+    from operators.exceptions import GangCapacityError
+
+    if backend == "kubernetes":
+        return "train_kubernetes"
+    if backend != "local":
+        raise GangCapacityError(f"backend={backend!r}: accepted values are 'local', 'kubernetes'")
+    slots = pool_slots()
+    admissible = [n for n in local_world_sizes if n <= slots]
+    if world_size not in admissible:
+        raise GangCapacityError(
+            f"world_size={world_size}: a local gang of {world_size} ranks can never be admitted here "
+            f"(pool gangflow_training has {slots} slots; accepted values: {', '.join(map(str, admissible))}); "
+            "choose one of those or backend 'kubernetes'"
+        )
+    return f"train_local_{world_size}"
