@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.gangflow-installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install setup demo test test-fast ui benchmarks constraints clean
+.PHONY: install browser-deps setup demo test test-fast ui benchmarks constraints clean
 
 install: $(STAMP)
 
@@ -23,8 +23,12 @@ setup: install
 demo: setup
 	$(BIN)/python -m operators.demo
 
-test: install
+test: install browser-deps
 	$(BIN)/python -m pytest
+
+# The UI test drives Debian's chromium headless; install it when missing (root, apt).
+browser-deps:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } || echo "chromium missing: the browser test will fail; install Debian's chromium"
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow and not browser"

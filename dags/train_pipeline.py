@@ -80,6 +80,10 @@ SCHEDULE = (
         "batch_size": Param(
             DEFAULTS.batch_size, type="integer", minimum=1, maximum=65536, title="Batch size (per rank)",
         ),
+        "checkpoint_every_steps": Param(
+            DEFAULTS.checkpoint_every_steps, type="integer", minimum=1, maximum=10_000_000,
+            title="Checkpoint every N steps", description="A retry resumes from the last checkpoint: at most this many steps are lost.",
+        ),
         "promotion_floor": Param(
             DEFAULTS.promotion_floor, type="number", minimum=0, maximum=1,
             title="Promotion floor", description="Test accuracy a candidate needs at least to be promoted.",
@@ -103,6 +107,7 @@ def train_pipeline():
         "train.max_steps": "{{ params.max_steps }}",
         "train.lr": "{{ params.learning_rate }}",
         "train.batch_size": "{{ params.batch_size }}",
+        "checkpoint.every_steps": "{{ params.checkpoint_every_steps }}",
     }
     gangs = [
         GangTrainingOperator(

@@ -95,3 +95,14 @@ class RegistryUnavailable(InfraError):
 
 class KubernetesApiError(InfraError):
     """A Kubernetes API call failed for a reason worth retrying (5xx, timeouts, conflicts)."""
+
+
+class KubernetesRequestError(UserError):
+    """The Kubernetes API refused a request (4xx: forbidden by RBAC, invalid object, missing CRD).
+
+    Retrying would be refused the same way; the message carries the API's own reason.
+    """
+
+
+class GangConfigError(UserError):
+    """The gang's runtime configuration (runtime ConfigMap, per-task overrides) is invalid."""

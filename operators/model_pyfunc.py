@@ -21,8 +21,6 @@ This module is also importable as `operators.model_pyfunc` (for `load_final_mode
 call `mlflow.models.set_model`. It never imports Airflow.
 """
 
-from __future__ import annotations
-
 import importlib
 import json
 from pathlib import Path
@@ -72,7 +70,7 @@ def _build_from_card(final_dir: Path):
     return model.eval()
 
 
-def load_final_model(final_dir: str | Path):
+def load_final_model(final_dir: "str | Path"):
     """A `torch.nn.Module` in eval mode from a final dir (`model.safetensors` + `model_card.json`).
 
     Uses the trainer's own loader (`trainer.export.load_final_model`) when the trainer package
@@ -100,13 +98,14 @@ def features(frame) -> Any:
         cols = [c for c in frame.columns if c != LABEL_COLUMN]
         if len(cols) != len(FEATURE_COLUMNS):
             raise ValueError(f"input lacks feature columns {missing[:3]}... and has {len(cols)} columns, not 64")
-        return np.ascontiguousarray(frame[cols].to_numpy(dtype=np.float32))
-    return np.ascontiguousarray(frame[FEATURE_COLUMNS].to_numpy(dtype=np.float32))
+        return np.ascontiguousarray(frame[cols].to_numpy(dtype=np.float32, copy=True))
+    return np.ascontiguousarray(frame[FEATURE_COLUMNS].to_numpy(dtype=np.float32, copy=True))
 
 
 def build_python_model():
     """The `mlflow.pyfunc.PythonModel` MLflow loads from this file."""
     import mlflow.pyfunc
+    import pandas as pd
 
     class GangflowClassifier(mlflow.pyfunc.PythonModel):
         """Digits classifier: safetensors weights + model card, rebuilt by its factory."""
@@ -114,9 +113,9 @@ def build_python_model():
         def load_context(self, context):
             self.model = load_final_model(context.artifacts["final"])
 
-        def predict(self, context, model_input, params=None):
+        # Real (not string) annotations: MLflow reads them to validate the input.
+        def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
             import numpy as np
-            import pandas as pd
             import torch
 
             frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)

@@ -24,6 +24,7 @@ class PipelineDefaults:
     max_steps: int
     learning_rate: float
     batch_size: int
+    checkpoint_every_steps: int
     model_name: str
     promotion_floor: float
     min_improvement: float
@@ -64,9 +65,10 @@ def defaults() -> PipelineDefaults:
         max_steps=int(train.get("max_steps", 600)),
         learning_rate=float(train.get("lr", 0.05)),
         batch_size=int(train.get("batch_size", 64)),
+        checkpoint_every_steps=int(params.get("checkpoint", {}).get("every_steps", 100)),
         model_name=str(pipeline.get("model_name", "gangflow-digits")),
         promotion_floor=float(pipeline.get("promotion_floor", 0.9)),
         min_improvement=float(pipeline.get("min_improvement", 0.0)),
         retries=int(pipeline.get("retries", 3)),
-        retry_base_delay_s=float(pipeline.get("retry_base_delay_seconds", 5)),
+        retry_base_delay_s=float(os.environ.get("GANGFLOW_RETRY_BASE_DELAY") or pipeline.get("retry_base_delay_seconds", 5)),
     )

@@ -28,27 +28,29 @@ log = logging.getLogger(__name__)
 TAG_DAG_ID = "gangflow.dag_id"
 TAG_DAG_RUN_ID = "gangflow.dag_run_id"
 
-# MLflow error codes that mean "the service is there but cannot answer now".
-_UNAVAILABLE_CODES = frozenset(
-    {"TEMPORARILY_UNAVAILABLE", "INTERNAL_ERROR", "DEADLINE_EXCEEDED", "REQUEST_LIMIT_EXCEEDED", "ABORTED"}
-)
+# MLflow error codes that mean "the service is there but cannot answer now". INTERNAL_ERROR
+# counts only when a server sent it (HTTP 500): locally it is MlflowException's default code.
+_UNAVAILABLE_CODES = frozenset({"TEMPORARILY_UNAVAILABLE", "DEADLINE_EXCEEDED", "REQUEST_LIMIT_EXCEEDED"})
+_SERVER_UNAVAILABLE_CODES = _UNAVAILABLE_CODES | {"INTERNAL_ERROR", "ABORTED"}
 _LOCAL_SCHEMES = frozenset({"", "file", "sqlite"})
 
 
 def is_local_store(tracking_uri: str) -> bool:
     """True for the embedded default (SQLite or a file store), where MLflow would otherwise put
     artifacts in ./mlruns relative to whatever the worker's cwd happens to be."""
+    if tracking_uri.split(":", 1)[0] in ("databricks", "databricks-uc", "uc"):
+        return False
     scheme = urlparse(tracking_uri).scheme
     return scheme in _LOCAL_SCHEMES or len(scheme) == 1  # "C:" on Windows paths
 
 
 def is_unavailable(exc: BaseException) -> bool:
     """Whether `exc` means MLflow could not be reached (retry) rather than a wrong request."""
-    try:
-        from mlflow.exceptions import MlflowException
-    except ImportError:  # pragma: no cover - mlflow is a hard dependency
-        MlflowException = ()  # type: ignore[assignment]  # noqa: N806
+    from mlflow.exceptions import MlflowException, RestException
+
     if isinstance(exc, RegistryUnavailable):
+        return True
+    if isinstance(exc, RestException) and exc.error_code in _SERVER_UNAVAILABLE_CODES:
         return True
     if isinstance(exc, MlflowException):
         if exc.error_code in _UNAVAILABLE_CODES:

@@ -89,16 +89,16 @@ app.kubernetes.io/component: mlflow
 {{- end -}}
 
 {{/*
-A Kubernetes quantity ("500m", "16Gi", "1e3", 4) as a float in base units (cores, bytes, devices).
+A non-negative Kubernetes quantity ("500m", "16Gi", "1e3", 4) as a float in base units (cores, bytes, devices).
 Fails with the offending value when it cannot be parsed.
 */}}
 {{- define "gangflow.quantity" -}}
 {{- $q := toString . -}}
 {{- $num := regexFind "^[0-9]+(\\.[0-9]+)?([eE][+-]?[0-9]+)?" $q -}}
 {{- $suffix := trimPrefix $num $q -}}
-{{- $mult := dict "" 1.0 "m" 0.001 "k" 1000.0 "M" 1000000.0 "G" 1000000000.0 "T" 1000000000000.0 "P" 1000000000000000.0 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 -}}
+{{- $mult := dict "" 1.0 "n" 0.000000001 "u" 0.000001 "m" 0.001 "k" 1000.0 "M" 1000000.0 "G" 1000000000.0 "T" 1000000000000.0 "P" 1000000000000000.0 "E" 1000000000000000000.0 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
 {{- if or (not $num) (not (hasKey $mult $suffix)) -}}
-{{- fail (printf "gangflow: %q is not a Kubernetes quantity (examples: 4, 500m, 16Gi)" $q) -}}
+{{- fail (printf "gangflow: %q is not a non-negative Kubernetes quantity (examples: 4, 500m, 16Gi)" $q) -}}
 {{- end -}}
 {{- mulf (float64 $num) (get $mult $suffix) -}}
 {{- end -}}

@@ -1,0 +1,134 @@
+"""Trainer overheads, measured side by side (the machine is noisy: repetitions are interleaved
+and medians reported). The last line printed is one JSON object:
+
+* `ddp_ws1_over_plain`: the trainer's step time at world size 1 over a plain single-process
+  loop (same model, data, batch, optimizer; DataLoader with shuffling). Goal <= 1.05.
+* `checkpoint_stall_fraction`: time the loop is blocked in checkpoint saves over training time,
+  at the default interval (params.yaml checkpoint.every_steps). Goal <= 0.02.
+* `ranks2_over_ranks1_throughput`: samples/s of 2 ranks (torchrun, gloo) over 1 rank (reported).
+
+Step times come from the trainer's own `final` event in metrics.jsonl (`train_s`: the loop from
+the first batch to the last step, `checkpoint_blocked_s`), so process start-up is excluded for
+both sides. Usage: `python benchmarks/trainer.py [--reps 5] [--steps 3000]` (a few minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+TORCHRUN = str(Path(PY).with_name("torchrun"))
+
+
+def plain_loop(steps: int) -> dict:
+    """The baseline, run in its own process: a textbook single-process training loop."""
+    import torch
+    import torch.nn.functional as F
+
+    sys.path.insert(0, str(ROOT))
+    from trainer.config import load_config
+    from trainer.data import parquet_dataset
+    from trainer.models import mlp
+
+    cfg = load_config(ROOT / "params.yaml")
+    torch.manual_seed(cfg.train.seed)
+    data = parquet_dataset(str(ROOT / cfg.data.train_path))
+    model = mlp(**cfg.model.kwargs)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr, momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay)
+    loader = torch.utils.data.DataLoader(data, batch_size=cfg.train.batch_size, shuffle=True, drop_last=True)
+    t0 = time.perf_counter()
+    done = 0
+    while done < steps:
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            done += 1
+            if done == steps:
+                break
+    return {"train_s": time.perf_counter() - t0, "loss": float(loss)}
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def run_plain(steps: int) -> float:
+    out = subprocess.run([PY, __file__, "--plain", "--steps", str(steps)], cwd=ROOT, env=_env(),
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["train_s"] / steps
+
+
+def run_trainer(world_size: int, steps: int, every: int, tmp: Path) -> dict:
+    run_dir = Path(tempfile.mkdtemp(dir=tmp, prefix=f"ws{world_size}-"))
+    sets = ["--set", f"train.max_steps={steps}", "--set", f"checkpoint.every_steps={every}",
+            "--set", "checkpoint.keep_last=2"]
+    if world_size == 1:
+        cmd = [PY, "-m", "trainer", "--run-dir", str(run_dir), *sets]
+    else:
+        cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(world_size), "--max-restarts", "0",
+               "-m", "trainer", "--run-dir", str(run_dir), *sets]
+    subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, check=True)
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    final = next(e for e in events if e.get("event") == "final")
+    return {"step_s": final["train_s"] / steps, "train_s": final["train_s"], "blocked_s": final["checkpoint_blocked_s"],
+            "checkpoints": sum(1 for e in events if e.get("event") == "checkpoint")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.plain:
+        print(json.dumps(plain_loop(args.steps)))
+        return 0
+    sys.path.insert(0, str(ROOT))
+    from trainer.config import load_config
+
+    every = load_config(ROOT / "params.yaml").checkpoint.every_steps
+    if not (ROOT / "data/digits/train.parquet").is_file():
+        subprocess.run([PY, "data/prepare.py", "--out", "data/digits"], cwd=ROOT, check=True, capture_output=True)
+    plain, ws1, ws1_ckpt, ws2 = [], [], [], []
+    with tempfile.TemporaryDirectory(prefix="gangflow-bench-") as tmp:
+        for rep in range(args.reps):  # interleaved: every configuration sees the same noise
+            plain.append(run_plain(args.steps))
+            ws1.append(run_trainer(1, args.steps, args.steps * 10, Path(tmp)))
+            ws1_ckpt.append(run_trainer(1, args.steps, every, Path(tmp)))
+            ws2.append(run_trainer(2, args.steps, args.steps * 10, Path(tmp)))
+            print(f"rep {rep + 1}/{args.reps}: plain {plain[-1] * 1e3:.3f} ms/step, trainer ws1 "
+                  f"{ws1[-1]['step_s'] * 1e3:.3f}, ws1+ckpt {ws1_ckpt[-1]['step_s'] * 1e3:.3f} "
+                  f"(blocked {ws1_ckpt[-1]['blocked_s'] * 1e3:.1f} ms in {ws1_ckpt[-1]['checkpoints']} saves), "
+                  f"ws2 {ws2[-1]['step_s'] * 1e3:.3f}", file=sys.stderr, flush=True)
+    med = statistics.median
+    plain_s, ws1_s, ws2_s = med(plain), med(r["step_s"] for r in ws1), med(r["step_s"] for r in ws2)
+    result = {
+        "ddp_ws1_over_plain": round(ws1_s / plain_s, 4),
+        "checkpoint_stall_fraction": round(med(r["blocked_s"] / r["train_s"] for r in ws1_ckpt), 5),
+        "ranks2_over_ranks1_throughput": round(ws1_s / ws2_s, 4),
+        "checkpoint_overhead_fraction": round(med(r["step_s"] for r in ws1_ckpt) / ws1_s - 1, 4),
+        "plain_step_ms": round(plain_s * 1e3, 4),
+        "trainer_ws1_step_ms": round(ws1_s * 1e3, 4),
+        "trainer_ws2_step_ms": round(ws2_s * 1e3, 4),
+        "checkpoint_every_steps": every,
+        "steps": args.steps,
+        "reps": args.reps,
+        "goals": {"ddp_ws1_over_plain": "<= 1.05", "checkpoint_stall_fraction": "<= 0.02"},
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+# syntax=docker/dockerfile:1.7
+#
+# gangflow Airflow image: the official apache/airflow 3.3.2 image (platform layer) plus the gangflow
+# package and its DAGs (project layer). Used for every Airflow component of the official chart
+# (helm/airflow-values.yaml: images.airflow).
+#
+# Build from the repository root (see docker/airflow.Dockerfile.dockerignore):
+#   docker buildx build -f docker/airflow.Dockerfile \
+#     -t registry.example.com/gangflow/airflow:3.3.2-gangflow-0.1.0 --push .
+# Put the digest the push prints into helm/airflow-values.yaml (images.airflow.digest).
+
+# Replace the digest with the one of apache/airflow:3.3.2-python3.11 you audited
+# (docker buildx imagetools inspect apache/airflow:3.3.2-python3.11).
+ARG AIRFLOW_IMAGE=apache/airflow:3.3.2-python3.11@sha256:0000000000000000000000000000000000000000000000000000000000000000
+FROM ${AIRFLOW_IMAGE}
+
+# The official image runs as the non-root user airflow (uid 50000, gid 0) and installs into its
+# user site; stay that user.
+USER airflow
+ENV GANGFLOW_PROJECT=/opt/gangflow \
+    PIP_NO_CACHE_DIR=1
+
+# Project layer 1: the package with the Kubernetes extra, versions from constraints.txt. Naming
+# apache-airflow==3.3.2 too keeps pip from moving the Airflow the base image ships.
+COPY --chown=airflow:0 constraints.txt pyproject.toml README.md /opt/gangflow/
+COPY --chown=airflow:0 operators/ /opt/gangflow/operators/
+COPY --chown=airflow:0 trainer/ /opt/gangflow/trainer/
+RUN pip install -c /opt/gangflow/constraints.txt "apache-airflow==3.3.2" "/opt/gangflow[kubernetes]"
+
+# Project layer 2: what the DAGs read beside the package (GANGFLOW_PROJECT: params.yaml, the DVC
+# pipeline and its lock, the data stage and expectation suite), then the DAGs.
+COPY --chown=airflow:0 params.yaml dvc.yaml dvc.lock .dvcignore /opt/gangflow/
+COPY --chown=airflow:0 .dvc/config /opt/gangflow/.dvc/config
+COPY --chown=airflow:0 data/prepare.py data/expectations.py /opt/gangflow/data/
+COPY --chown=airflow:0 dags/ /opt/airflow/dags/

@@ -1,0 +1,66 @@
+# syntax=docker/dockerfile:1.7
+#
+# gangflow training image: what every rank of a gang runs
+#   torchrun [multi-node flags] -m trainer --run-dir DIR --config params.yaml [--set k=v ...]
+#
+# Build from the repository root (the context needs constraints.txt, pyproject.toml, README.md,
+# operators/, trainer/, params.yaml and docker/training-requirements.txt; see
+# docker/training.Dockerfile.dockerignore):
+#   docker buildx build -f docker/training.Dockerfile \
+#     -t registry.example.com/gangflow/training:0.1.0 --push .
+# Put the digest the push prints into the gangflow chart's training.image.digest.
+#
+# Layers: the platform layer (Python 3.11 and the trainer's third-party wheels at the versions of
+# constraints.txt) changes only with constraints.txt; the project layer (the gangflow package and
+# params.yaml) changes with every commit and rebuilds in seconds.
+# torch==2.13.0 from PyPI is the CUDA build on linux/amd64; torch pins its nvidia-* wheels itself.
+
+# Replace the digest with the one of the python:3.11-slim-bookworm image you audited
+# (docker buildx imagetools inspect python:3.11-slim-bookworm).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:0000000000000000000000000000000000000000000000000000000000000000
+
+# ---------------------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /src
+
+# Platform layer: pinned third-party dependencies.
+COPY constraints.txt docker/training-requirements.txt ./
+RUN pip install "pip==25.3" \
+ && pip install -c constraints.txt -r training-requirements.txt
+
+# Project layer: the gangflow package (packages operators and trainer). --no-deps keeps Airflow,
+# DVC and Great Expectations (the orchestration side) out of the rank image.
+COPY pyproject.toml README.md ./
+COPY operators/ operators/
+COPY trainer/ trainer/
+RUN pip install --no-deps . \
+ && python -m trainer --help > /dev/null \
+ && pip uninstall -y setuptools wheel pip
+
+# ---------------------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS runtime
+LABEL org.opencontainers.image.title="gangflow-training" \
+      org.opencontainers.image.description="gangflow trainer: torchrun -m trainer" \
+      org.opencontainers.image.licenses="Apache-2.0"
+# Non-root user; the chart's training.runAsUser/runAsGroup/fsGroup (10001) match it.
+RUN groupadd --system --gid 10001 gangflow \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin gangflow
+COPY --from=builder /opt/venv /opt/venv
+WORKDIR /app
+COPY params.yaml /app/params.yaml
+# The pods run with a read-only root filesystem: caches go to the /tmp emptyDir.
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/tmp \
+    XDG_CACHE_HOME=/tmp/.cache \
+    MPLCONFIGDIR=/tmp/matplotlib \
+    TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor
+USER 10001:10001
+ENTRYPOINT ["torchrun"]
+CMD ["--standalone", "--nproc-per-node=1", "-m", "trainer", "--help"]

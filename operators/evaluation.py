@@ -1,0 +1,354 @@
+"""Evaluation of a trained model on the held-out test split, and the Airflow task that does it.
+
+The pure part (`evaluate`, `evaluate_final_dir`, `confusion_matrix_png`) knows nothing about
+Airflow or MLflow and is what the promotion task reuses to score the current champion on the
+same test split. `EvaluateModelOperator` wraps it: load the final weights of a run dir,
+evaluate them, log the metrics, a per-class JSON report and a confusion-matrix PNG to the DAG
+run's MLflow run, and return the metrics dict (XCom).
+
+Nothing heavy is imported at module import time (torch, mlflow and matplotlib load inside the
+functions that use them): Airflow parses the DAG files that import this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow.sdk import BaseOperator
+
+from operators.exceptions import GangflowError, UserError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from airflow.sdk import Context
+
+log = logging.getLogger(__name__)
+
+METRICS_ARTIFACT = "evaluation/metrics.json"
+CONFUSION_ARTIFACT = "evaluation/confusion_matrix.png"
+TAG_TEST_MD5 = "gangflow.test_data_md5"
+
+
+# --------------------------------------------------------------------------- pure functions
+
+
+def _as_numpy(a: Any) -> np.ndarray:
+    import numpy as np
+
+    if hasattr(a, "detach"):
+        a = a.detach().cpu().numpy()
+    return np.asarray(a)
+
+
+def predict_classes(model: torch.nn.Module, x: Any, *, batch_size: int = 1024) -> tuple[np.ndarray, int]:
+    """Class predictions (argmax of the logits) for `x` and the model's number of outputs."""
+    import numpy as np
+    import torch
+
+    xs = torch.as_tensor(_as_numpy(x), dtype=torch.float32)
+    model.eval()
+    preds: list[np.ndarray] = []
+    width = 0
+    with torch.no_grad():
+        for start in range(0, len(xs), batch_size):
+            logits = model(xs[start : start + batch_size])
+            if logits.ndim != 2:
+                raise ValueError(f"model output has shape {tuple(logits.shape)}; expected [batch, classes]")
+            width = int(logits.shape[1])
+            preds.append(logits.argmax(dim=1).cpu().numpy())
+    return (np.concatenate(preds) if preds else np.zeros(0, dtype=np.int64)), width
+
+
+def classification_metrics(y_true: Any, y_pred: Any, num_classes: int) -> dict[str, Any]:
+    """Accuracy, macro-F1, per-class precision/recall/F1/support and the confusion matrix.
+
+    Rows of the confusion matrix are true classes, columns predicted classes. A class that is
+    never predicted has precision 0; never present, recall 0; F1 is 0 when precision+recall is
+    0 (scikit-learn's `zero_division=0`). Macro-F1 averages over all `num_classes` classes.
+    Every value is a plain int/float/str/list/dict, so the result is XCom/JSON-serialisable.
+    """
+    import numpy as np
+
+    y_true = _as_numpy(y_true).astype(np.int64).ravel()
+    y_pred = _as_numpy(y_pred).astype(np.int64).ravel()
+    if y_true.shape != y_pred.shape:
+        raise ValueError(f"{len(y_true)} labels but {len(y_pred)} predictions")
+    if len(y_true) == 0:
+        raise ValueError("cannot evaluate on an empty test set")
+    bad = (y_true < 0) | (y_true >= num_classes)
+    if bad.any():
+        raise ValueError(f"labels outside [0, {num_classes}): {sorted(set(y_true[bad].tolist()))[:5]}")
+    cm = np.zeros((num_classes, num_classes), dtype=np.int64)
+    np.add.at(cm, (y_true, np.clip(y_pred, 0, num_classes - 1)), 1)
+    tp = np.diag(cm).astype(float)
+    predicted = cm.sum(axis=0).astype(float)
+    support = cm.sum(axis=1)
+    precision = np.divide(tp, predicted, out=np.zeros_like(tp), where=predicted > 0)
+    recall = np.divide(tp, support.astype(float), out=np.zeros_like(tp), where=support > 0)
+    denom = precision + recall
+    f1 = np.divide(2 * precision * recall, denom, out=np.zeros_like(tp), where=denom > 0)
+    per_class = {
+        str(k): {
+            "precision": float(precision[k]),
+            "recall": float(recall[k]),
+            "f1": float(f1[k]),
+            "support": int(support[k]),
+        }
+        for k in range(num_classes)
+    }
+    return {
+        "accuracy": float((y_true == y_pred).mean()),
+        "macro_f1": float(f1.mean()),
+        "num_examples": int(len(y_true)),
+        "num_classes": int(num_classes),
+        "per_class": per_class,
+        "confusion_matrix": cm.tolist(),
+    }
+
+
+def evaluate(model: torch.nn.Module, x: Any, y: Any, num_classes: int | None = None) -> dict[str, Any]:
+    """Evaluate a classifier on (x, y); see `classification_metrics` for the returned dict.
+
+    `x` is float [N, features], `y` int [N] (numpy arrays or tensors). `num_classes` defaults to
+    the model's number of outputs (or the largest label + 1, if larger).
+    """
+    y_np = _as_numpy(y)
+    preds, width = predict_classes(model, x)
+    if num_classes is None:
+        num_classes = max(width, int(y_np.max()) + 1 if len(y_np) else 0)
+    return classification_metrics(y_np, preds, int(num_classes))
+
+
+def load_test_arrays(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """(x float32 [N, 64], y int64 [N]) from a Parquet file at any path (DVC cache objects have
+    no suffix). Uses the trainer's reader when installed, so both sides read data the same way."""
+    try:
+        from trainer.data import load_arrays
+    except ImportError:
+        load_arrays = None
+    if load_arrays is not None:
+        return load_arrays(str(path))
+    import numpy as np
+    import pandas as pd
+
+    from operators.model_pyfunc import LABEL_COLUMN, features
+
+    frame = pd.read_parquet(path)
+    return features(frame), frame[LABEL_COLUMN].to_numpy(dtype=np.int64)
+
+
+def load_final_model(final_dir: str | Path) -> torch.nn.Module:
+    """The model saved in a run's `final/` dir (safetensors + model card), in eval mode."""
+    from operators.model_pyfunc import load_final_model as _load
+
+    return _load(final_dir)
+
+
+def file_md5(path: str | Path) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def evaluate_final_dir(final_dir: str | Path, test_path: str | Path, num_classes: int | None = None) -> dict[str, Any]:
+    """Evaluate the weights in `final_dir` on the Parquet test split at `test_path`.
+
+    The result also names the test file and its md5, so a later comparison can check that two
+    scores come from the same split.
+    """
+    model = load_final_model(final_dir)
+    x, y = load_test_arrays(test_path)
+    metrics = evaluate(model, x, y, num_classes)
+    metrics["test_path"] = str(test_path)
+    metrics["test_md5"] = file_md5(test_path)
+    return metrics
+
+
+def confusion_matrix_png(cm: Sequence[Sequence[int]], path: str | Path, *, title: str = "Confusion matrix") -> Path:
+    """Write the confusion matrix (rows: true class, columns: predicted) as a PNG at `path`."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    matrix = np.asarray(cm)
+    n = matrix.shape[0]
+    size = max(4.0, 0.5 * n + 2)
+    fig = Figure(figsize=(size, size), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    image = ax.imshow(matrix, cmap="Blues")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.set(xticks=range(n), yticks=range(n), xlabel="predicted class", ylabel="true class", title=title)
+    threshold = matrix.max() / 2 if matrix.size else 0
+    for i in range(n):
+        for j in range(n):
+            ax.text(j, i, str(int(matrix[i, j])), ha="center", va="center", fontsize=8,
+                    color="white" if matrix[i, j] > threshold else "black")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+def flat_metrics(metrics: dict[str, Any], prefix: str = "test_") -> dict[str, float]:
+    """The scalar MLflow metrics of an evaluation: `test_accuracy`, `test_macro_f1`,
+    `test_precision_class_K`, `test_recall_class_K`, `test_f1_class_K`."""
+    out = {f"{prefix}accuracy": metrics["accuracy"], f"{prefix}macro_f1": metrics["macro_f1"]}
+    for k, row in metrics.get("per_class", {}).items():
+        for name in ("precision", "recall", "f1"):
+            out[f"{prefix}{name}_class_{k}"] = row[name]
+    return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+# --------------------------------------------------------------------------- operator
+
+
+class EvaluateModelOperator(BaseOperator):
+    """Evaluate a training run's final weights on the test split and log the result to MLflow.
+
+    Reads `<run_dir>/final/` (`model.safetensors` + `model_card.json`, written by the trainer),
+    evaluates on the Parquet file `test_path` (the test split of the same DVC-pinned dataset
+    version the model was trained on), and, when `mlflow_run_id` is set, logs to that run:
+
+    * metrics `test_accuracy`, `test_macro_f1`, `test_{precision,recall,f1}_class_<k>`;
+    * the artifact `evaluation/metrics.json` (everything below, per-class support included);
+    * the artifact `evaluation/confusion_matrix.png`;
+    * the tag `gangflow.test_data_md5` (md5 of the test file).
+
+    Returns (XCom) the metrics dict: `accuracy`, `macro_f1`, `num_examples`, `num_classes`,
+    `per_class` {"<k>": {precision, recall, f1, support}}, `confusion_matrix` (list of lists),
+    `test_path`, `test_md5`.
+
+    :param run_dir: the training run dir (templated).
+    :param test_path: Parquet test split (templated; any path, DVC cache objects included).
+    :param mlflow_run_id: MLflow run to log into (templated); empty: do not log.
+    :param tracking_uri: MLflow tracking URI (templated); default `operators.settings.tracking_uri()`.
+    :param num_classes: number of classes; default: the model's number of outputs.
+
+    Subclassing (data engineers): override
+
+    * `load_model(final_dir)` to load another kind of model (must return something callable on
+      a float tensor [N, features] giving logits [N, classes]);
+    * `load_test_data()` to read another format (returns `(x, y)` arrays);
+    * `metrics(model, x, y)` to add metrics: call `super().metrics(...)` and add JSON-friendly
+      keys; numbers at the top level are logged to MLflow with the `test_` prefix too;
+    * `log_to_mlflow(metrics)` to log more artifacts (call `super()` first).
+
+    Failures: a missing final dir or test file is a `UserError` (fail at once); MLflow
+    unreachable is `RegistryUnavailable` (retried).
+    """
+
+    template_fields: Sequence[str] = ("run_dir", "test_path", "mlflow_run_id", "tracking_uri", "num_classes")
+    ui_color = "#e8f4ea"
+    metric_prefix: ClassVar[str] = "test_"
+
+    def __init__(
+        self,
+        *,
+        run_dir: str,
+        test_path: str,
+        mlflow_run_id: str | None = None,
+        tracking_uri: str | None = None,
+        num_classes: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.run_dir = run_dir
+        self.test_path = test_path
+        self.mlflow_run_id = mlflow_run_id
+        self.tracking_uri = tracking_uri
+        self.num_classes = num_classes
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    @property
+    def final_dir(self) -> Path:
+        return Path(str(self.run_dir)) / "final"
+
+    def load_model(self, final_dir: Path) -> Any:
+        """The model to evaluate; default: rebuilt from the safetensors weights + model card."""
+        return load_final_model(final_dir)
+
+    def load_test_data(self) -> tuple[Any, Any]:
+        """(x, y) of the test split."""
+        return load_test_arrays(self.test_path)
+
+    def metrics(self, model: Any, x: Any, y: Any) -> dict[str, Any]:
+        """The metrics dict (JSON-serialisable); default: `evaluate(model, x, y, num_classes)`."""
+        num_classes = int(self.num_classes) if self.num_classes not in (None, "", "None") else None
+        return evaluate(model, x, y, num_classes)
+
+    def log_to_mlflow(self, metrics: dict[str, Any]) -> None:
+        """Log metrics, the JSON report and the confusion-matrix PNG to `mlflow_run_id`."""
+        from mlflow.entities import Metric, RunTag
+
+        from operators.tracking import client_uri, get_client, mlflow_errors
+
+        client = get_client(self.tracking_uri or None)
+        uri = client_uri(client)
+        run_id = str(self.mlflow_run_id)
+        scalars = flat_metrics(metrics, self.metric_prefix)
+        for key, value in metrics.items():  # extra scalar metrics added by subclasses
+            name = f"{self.metric_prefix}{key}"
+            if name not in scalars and isinstance(value, (int, float)) and not isinstance(value, bool):
+                if key not in ("num_examples", "num_classes") and math.isfinite(value):
+                    scalars[name] = float(value)
+        now = int(time.time() * 1000)
+        with mlflow_errors(uri, f"log evaluation metrics to run {run_id}"), tempfile.TemporaryDirectory() as tmp:
+            tags = [RunTag(TAG_TEST_MD5, str(metrics["test_md5"]))] if metrics.get("test_md5") else []
+            client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in sorted(scalars.items())], tags=tags)
+            report = Path(tmp) / "metrics.json"
+            report.write_text(json.dumps(metrics, indent=2, sort_keys=True))
+            png = confusion_matrix_png(metrics["confusion_matrix"], Path(tmp) / "confusion_matrix.png",
+                                       title=f"{self.task_id}: accuracy {metrics['accuracy']:.4f}")
+            client.log_artifact(run_id, str(report), artifact_path=str(Path(METRICS_ARTIFACT).parent))
+            client.log_artifact(run_id, str(png), artifact_path=str(Path(CONFUSION_ARTIFACT).parent))
+        log.info("logged %d metrics and %s, %s to MLflow run %s at %s",
+                 len(scalars), METRICS_ARTIFACT, CONFUSION_ARTIFACT, run_id, uri)
+
+    # -- execute ---------------------------------------------------------------------------
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        final_dir = self.final_dir
+        if not (final_dir / "model.safetensors").is_file():
+            raise UserError(f"no final weights at {final_dir}/model.safetensors: did training finish?")
+        if not Path(str(self.test_path)).is_file():
+            raise UserError(f"test split not found at {self.test_path}")
+        try:
+            model = self.load_model(final_dir)
+        except GangflowError:
+            raise
+        except Exception as exc:  # the model card, the factory or the weights are wrong
+            raise UserError(f"cannot load the model in {final_dir}: {type(exc).__name__}: {exc}") from exc
+        try:
+            x, y = self.load_test_data()
+        except GangflowError:
+            raise
+        except Exception as exc:  # unreadable file, wrong schema
+            raise UserError(f"cannot read the test split {self.test_path}: {type(exc).__name__}: {exc}") from exc
+        metrics = self.metrics(model, x, y)
+        metrics.setdefault("test_path", str(self.test_path))
+        metrics.setdefault("test_md5", file_md5(self.test_path))
+        log.info(
+            "evaluated %s on %s (%d examples, md5 %s): accuracy %.4f, macro-F1 %.4f",
+            final_dir, self.test_path, metrics.get("num_examples", len(y)), metrics["test_md5"],
+            metrics["accuracy"], metrics["macro_f1"],
+        )
+        if self.mlflow_run_id:
+            self.log_to_mlflow(metrics)
+        else:
+            log.warning("no mlflow_run_id: metrics not logged to MLflow")
+        return metrics

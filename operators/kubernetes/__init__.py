@@ -1,0 +1,25 @@
+"""Kubernetes side of gangflow: typed builders for the gang objects (JobSet, Volcano Job, Kubeflow
+TrainJob), the runtime defaults the Helm chart ships, offline schema validation, and the status
+reading the trigger and backend share.
+
+    python -m operators.kubernetes render --world-size 4 --scheduler kueue   # what would be submitted
+    python -m operators.kubernetes validate objects.yaml --crds ../shared/crds
+
+Importing this package does not import Airflow or the Kubernetes clients' network code.
+"""
+
+from __future__ import annotations
+
+__all__ = ["build_gang", "RuntimeDefaults", "GangPlan"]
+
+
+def __getattr__(name: str):
+    if name in ("build_gang", "GangPlan"):
+        from operators.kubernetes import builders
+
+        return getattr(builders, name)
+    if name == "RuntimeDefaults":
+        from operators.kubernetes.runtime import RuntimeDefaults
+
+        return RuntimeDefaults
+    raise AttributeError(name)

@@ -1,0 +1,471 @@
+"""Build the objects the Kubernetes backend submits for one gang, from a `GangSpec` and the
+`RuntimeDefaults`.
+
+One gang = one object the cluster's gang machinery admits as a whole:
+
+- `scheduler=kueue, api=jobset`: a JobSet with one replicated job `rank` whose indexed Job runs
+  N pods (completions = parallelism = N); Kueue admits the JobSet's Workload all at once.
+- `scheduler=kueue, api=trainjob`: a Kubeflow Trainer v2 TrainJob (numNodes = N) against a torch
+  ClusterTrainingRuntime; the Trainer controller builds the JobSet, Kueue admits it.
+- `scheduler=volcano`: a Volcano Job (minAvailable = N) whose controller creates the PodGroup;
+  Volcano binds all N pods or none.
+
+Every pod runs the same hardened template (`build_pod_template`), and the container runs
+`torchrun ... -m trainer ...` as an argv list (no shell).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import posixpath
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client as k8s
+
+from operators.backends.base import GangSpec
+from operators.kubernetes import models as m
+from operators.kubernetes.runtime import RuntimeDefaults
+
+# Labels every training pod carries; the Helm chart's NetworkPolicy selects on COMPONENT_LABEL.
+NAME_LABEL = "app.kubernetes.io/name"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+GANG_LABEL = "gangflow.io/gang"
+ATTEMPT_LABEL = "gangflow.io/attempt"
+
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+KUEUE_PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
+JOBSET_EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+
+CONTAINER = "trainer"  # container name for JobSet / Volcano pods
+RANK_JOB = "rank"  # JobSet replicated job / Volcano task name
+TRAINJOB_NODE = "node"  # replicated job and container name of Kubeflow's torch runtimes
+APP_DIR = "/app"  # the image's working directory: relative config paths resolve against it
+TERMINATION_LOG = "/dev/termination-log"
+PATCH_MANAGER = "gangflow.io/kubernetes-backend"
+
+# Trainer exit codes (contract): 1 user exception, 2 config error -> fail the Job at once.
+USER_EXIT_CODES = (1, 2)
+
+
+@dataclass(frozen=True)
+class GangPlan:
+    """What `submit` creates for one gang, plus how to find its pods again."""
+
+    kind: str  # JobSet | VolcanoJob | TrainJob
+    group: str
+    version: str
+    plural: str
+    name: str
+    namespace: str
+    body: dict[str, Any]
+    pod_selector: str
+    rank0_host: str | None
+    run_dir: str
+    gang: str
+    attempt: int
+    world_size: int
+    scheduler: str
+    api: str
+
+    def objects(self) -> list[dict[str, Any]]:
+        """Every object the backend submits for this gang, in creation order."""
+        return [self.body]
+
+
+def _name_budget(kind: str, world_size: int) -> int:
+    """Longest object name whose generated pod names stay DNS-1035 labels (<= 63 chars)."""
+    digits = len(str(max(world_size - 1, 0)))
+    if kind == "VolcanoJob":  # pods: <job>-rank-<index>
+        return 63 - len(f"-{RANK_JOB}-") - digits
+    rjob = TRAINJOB_NODE if kind == "TrainJob" else RANK_JOB
+    # JobSet's webhook checks <jobset>-<rjob>-<jobIndex>-<podIndex>-<5 random chars> <= 63
+    return 63 - len(f"-{rjob}-0-") - digits - len("-abcde")
+
+
+def gang_object_name(gang: str, attempt: int, kind: str = "JobSet", world_size: int = 1) -> str:
+    """Deterministic object name for one Airflow try of a gang: `<gang>-t<attempt>`, shortened
+    with a hash when the generated pod names would exceed 63 characters."""
+    if attempt < 1:
+        raise ValueError(f"attempt={attempt!r}: must be >= 1")
+    base = gang if gang[:1].isalpha() else f"g{gang}"
+    suffix = f"-t{attempt}"
+    budget = _name_budget(kind, world_size)
+    if len(base) + len(suffix) <= budget:
+        return base + suffix
+    digest = hashlib.sha256(gang.encode()).hexdigest()[:5]
+    keep = budget - len(suffix) - len(digest) - 1
+    return f"{base[:keep].rstrip('-')}-{digest}{suffix}"
+
+
+def _config_path(spec: GangSpec) -> str:
+    path = spec.config_path
+    return path if path.startswith("/") else posixpath.join(APP_DIR, path)
+
+
+def trainer_args(spec: GangSpec, runtime: RuntimeDefaults) -> list[str]:
+    """`-m trainer ...` arguments inside the container: the run dir lives on the shared checkpoint
+    storage, keyed by the gang name (stable across tries, so a retry resumes)."""
+    in_cluster = dataclasses.replace(spec, run_dir=runtime.checkpoint.run_dir(spec.name), config_path=_config_path(spec))
+    return ["-m", "trainer", *in_cluster.trainer_args()]
+
+
+def torchrun_args(spec: GangSpec, runtime: RuntimeDefaults, *, name: str, rank0_host: str, node_rank_env: str) -> list[str]:
+    """Multi-node torchrun flags; Kubernetes expands `$(VAR)` in args from the container env
+    (JOB_COMPLETION_INDEX is injected by the Job controller, VC_TASK_INDEX by Volcano's env plugin)."""
+    return [
+        f"--nnodes={spec.world_size}",
+        "--nproc-per-node=1",
+        f"--node-rank=$({node_rank_env})",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rank0_host}:{runtime.rendezvous_port}",
+        f"--rdzv-id={name}",
+        f"--rdzv-conf=join_timeout={runtime.startup_timeout_seconds}",
+        "--max-restarts=0",
+        *trainer_args(spec, runtime),
+    ]
+
+
+def pod_labels(spec: GangSpec) -> dict[str, str]:
+    return {
+        NAME_LABEL: "gangflow",
+        COMPONENT_LABEL: "training",
+        GANG_LABEL: spec.name,
+        ATTEMPT_LABEL: str(spec.attempt),
+    }
+
+
+def pod_selector(spec: GangSpec) -> str:
+    return f"{GANG_LABEL}={spec.name},{ATTEMPT_LABEL}={spec.attempt}"
+
+
+def _env(spec: GangSpec, runtime: RuntimeDefaults) -> list[k8s.V1EnvVar]:
+    values: dict[str, str] = {
+        "PYTHONUNBUFFERED": "1",
+        "HOME": "/tmp",  # read-only root filesystem: caches go to the writable /tmp
+        "TMPDIR": "/tmp",
+        "GANGFLOW_GANG": spec.name,
+        "GANGFLOW_ATTEMPT": str(spec.attempt),
+    }
+    if runtime.mlflow_tracking_uri:
+        values["MLFLOW_TRACKING_URI"] = runtime.mlflow_tracking_uri
+    values.update(sorted(runtime.nccl_env.items()))
+    values.update(sorted((str(k), str(v)) for k, v in spec.env.items()))
+    values["GANGFLOW_TERMINATION_LOG"] = TERMINATION_LOG  # the trainer's error record -> terminationMessagePath
+    env = [k8s.V1EnvVar(name=k, value=v) for k, v in values.items()]
+    if runtime.mlflow_secret_ref:
+        env.append(
+            k8s.V1EnvVar(
+                name="MLFLOW_TRACKING_TOKEN",
+                value_from=k8s.V1EnvVarSource(
+                    secret_key_ref=k8s.V1SecretKeySelector(name=runtime.mlflow_secret_ref.name, key=runtime.mlflow_secret_ref.key)
+                ),
+            )
+        )
+    return env
+
+
+def _resources(runtime: RuntimeDefaults) -> k8s.V1ResourceRequirements:
+    per_rank = runtime.resources.as_resource_list()
+    return k8s.V1ResourceRequirements(requests=dict(per_rank), limits=dict(per_rank))
+
+
+def container_security_context() -> k8s.V1SecurityContext:
+    return k8s.V1SecurityContext(
+        run_as_non_root=True,
+        allow_privilege_escalation=False,
+        privileged=False,
+        read_only_root_filesystem=True,
+        capabilities=k8s.V1Capabilities(drop=["ALL"]),
+        seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"),
+    )
+
+
+def pod_security_context(runtime: RuntimeDefaults) -> k8s.V1PodSecurityContext:
+    return k8s.V1PodSecurityContext(
+        run_as_non_root=True,
+        run_as_user=runtime.run_as_user,
+        run_as_group=runtime.run_as_group,
+        fs_group=runtime.fs_group,
+        fs_group_change_policy="OnRootMismatch",
+        seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"),
+    )
+
+
+def _volumes(runtime: RuntimeDefaults) -> tuple[list[k8s.V1Volume], list[k8s.V1VolumeMount]]:
+    volumes = [
+        # NCCL and the data loader's workers share memory through /dev/shm; the container
+        # runtime's default (64Mi) is far too small. Memory-backed: counts against the memory limit.
+        k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=runtime.shm_size)),
+        k8s.V1Volume(name="tmp", empty_dir=k8s.V1EmptyDirVolumeSource()),
+    ]
+    mounts = [
+        k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
+        k8s.V1VolumeMount(name="tmp", mount_path="/tmp"),
+    ]
+    if runtime.checkpoint.pvc:
+        volumes.append(
+            k8s.V1Volume(
+                name="checkpoints",
+                persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=runtime.checkpoint.pvc),
+            )
+        )
+        mounts.append(k8s.V1VolumeMount(name="checkpoints", mount_path=runtime.checkpoint.mount_path))
+    return volumes, mounts
+
+
+def _tolerations(runtime: RuntimeDefaults) -> list[k8s.V1Toleration]:
+    return [
+        k8s.V1Toleration(
+            key=t.get("key"),
+            operator=t.get("operator"),
+            value=t.get("value"),
+            effect=t.get("effect"),
+            toleration_seconds=t.get("tolerationSeconds"),
+        )
+        for t in runtime.tolerations
+    ]
+
+
+def _topology_annotations(runtime: RuntimeDefaults) -> dict[str, str]:
+    if runtime.scheduler != "kueue" or runtime.topology is None:
+        return {}
+    key = KUEUE_REQUIRED_TOPOLOGY if runtime.topology.mode == "required" else KUEUE_PREFERRED_TOPOLOGY
+    return {key: runtime.topology.level}
+
+
+def _topology_affinity(spec: GangSpec, runtime: RuntimeDefaults) -> k8s.V1Affinity | None:
+    """Volcano path: keep ranks in one topology domain with plain pod affinity."""
+    if runtime.scheduler != "volcano" or runtime.topology is None:
+        return None
+    term = k8s.V1PodAffinityTerm(
+        label_selector=k8s.V1LabelSelector(match_labels={GANG_LABEL: spec.name, ATTEMPT_LABEL: str(spec.attempt)}),
+        topology_key=runtime.topology.level,
+    )
+    if runtime.topology.mode == "required":
+        return k8s.V1Affinity(pod_affinity=k8s.V1PodAffinity(required_during_scheduling_ignored_during_execution=[term]))
+    return k8s.V1Affinity(
+        pod_affinity=k8s.V1PodAffinity(
+            preferred_during_scheduling_ignored_during_execution=[k8s.V1WeightedPodAffinityTerm(weight=100, pod_affinity_term=term)]
+        )
+    )
+
+
+def build_container(spec: GangSpec, runtime: RuntimeDefaults, *, args: list[str], name: str = CONTAINER) -> k8s.V1Container:
+    _, mounts = _volumes(runtime)
+    return k8s.V1Container(
+        name=name,
+        image=runtime.image,
+        image_pull_policy="IfNotPresent",
+        command=["torchrun"],
+        args=args,
+        env=_env(spec, runtime),
+        resources=_resources(runtime),
+        ports=[k8s.V1ContainerPort(name="c10d", container_port=runtime.rendezvous_port, protocol="TCP")],
+        volume_mounts=mounts,
+        security_context=container_security_context(),
+        termination_message_path=TERMINATION_LOG,
+        termination_message_policy="FallbackToLogsOnError",
+    )
+
+
+def build_pod_template(spec: GangSpec, runtime: RuntimeDefaults, *, args: list[str]) -> k8s.V1PodTemplateSpec:
+    """The hardened pod every rank runs (JobSet and Volcano paths)."""
+    volumes, _ = _volumes(runtime)
+    annotations = _topology_annotations(runtime)
+    return k8s.V1PodTemplateSpec(
+        metadata=k8s.V1ObjectMeta(labels=pod_labels(spec), annotations=annotations or None),
+        spec=k8s.V1PodSpec(
+            restart_policy="Never",  # the cluster never restarts a rank; Airflow owns the retry budget
+            service_account_name=runtime.service_account_name,
+            automount_service_account_token=False,  # training code needs no Kubernetes API access
+            enable_service_links=False,
+            security_context=pod_security_context(runtime),
+            termination_grace_period_seconds=runtime.termination_grace_period_seconds,
+            priority_class_name=runtime.priority_class_name,
+            node_selector=dict(runtime.node_selector) or None,
+            tolerations=_tolerations(runtime) or None,
+            affinity=_topology_affinity(spec, runtime),
+            containers=[build_container(spec, runtime, args=args)],
+            volumes=volumes,
+        ),
+    )
+
+
+def _object_meta(name: str, namespace: str, spec: GangSpec, runtime: RuntimeDefaults, *, annotations: dict[str, str] | None = None) -> k8s.V1ObjectMeta:
+    labels = {NAME_LABEL: "gangflow", COMPONENT_LABEL: "training", GANG_LABEL: spec.name, ATTEMPT_LABEL: str(spec.attempt)}
+    if runtime.scheduler == "kueue":
+        labels[KUEUE_QUEUE_LABEL] = runtime.queue
+        if runtime.workload_priority_class:
+            labels[KUEUE_PRIORITY_LABEL] = runtime.workload_priority_class
+    return k8s.V1ObjectMeta(name=name, namespace=namespace, labels=labels, annotations=annotations or None)
+
+
+def build_jobset(spec: GangSpec, runtime: RuntimeDefaults, namespace: str) -> GangPlan:
+    name = gang_object_name(spec.name, spec.attempt, "JobSet", spec.world_size)
+    rank0_host = f"{name}-{RANK_JOB}-0-0.{name}"  # JobSet headless Service (subdomain = JobSet name)
+    args = torchrun_args(spec, runtime, name=name, rank0_host=rank0_host, node_rank_env="JOB_COMPLETION_INDEX")
+    template = build_pod_template(spec, runtime, args=args)
+    job_spec = k8s.V1JobSpec(
+        completions=spec.world_size,
+        parallelism=spec.world_size,
+        completion_mode="Indexed",
+        backoff_limit=0,
+        pod_failure_policy=k8s.V1PodFailurePolicy(
+            rules=[
+                # user errors: fail now, with the exit code named in the Job's Failed condition
+                k8s.V1PodFailurePolicyRule(
+                    action="FailJob",
+                    on_exit_codes=k8s.V1PodFailurePolicyOnExitCodesRequirement(
+                        container_name=CONTAINER, operator="In", values=list(USER_EXIT_CODES)
+                    ),
+                ),
+                # preemption/eviction: fail the gang too (not Ignore: a lone replacement pod cannot
+                # rejoin a torchrun rendezvous that max-restarts=0 already tore down). Airflow's
+                # classifier reads DisruptionTarget and retries, resuming from the checkpoint.
+                k8s.V1PodFailurePolicyRule(
+                    action="FailJob",
+                    on_pod_conditions=[k8s.V1PodFailurePolicyOnPodConditionsPattern(type="DisruptionTarget", status="True")],
+                ),
+            ]
+        ),
+        template=template,
+    )
+    annotations = {}
+    if runtime.exclusive_placement is not None:
+        annotations[JOBSET_EXCLUSIVE_TOPOLOGY] = runtime.exclusive_placement.topology_key
+    body = m.JobSet(
+        metadata=_object_meta(name, namespace, spec, runtime, annotations=annotations),
+        spec=m.JobSetSpec(
+            replicated_jobs=[
+                m.ReplicatedJob(
+                    name=RANK_JOB,
+                    replicas=1,
+                    template=k8s.V1JobTemplateSpec(metadata=k8s.V1ObjectMeta(labels=pod_labels(spec)), spec=job_spec),
+                )
+            ],
+            network=m.JobSetNetwork(enable_dns_hostnames=True, subdomain=name, publish_not_ready_addresses=True),
+            failure_policy=m.JobSetFailurePolicy(max_restarts=0),
+            success_policy=m.JobSetSuccessPolicy(operator="All"),
+            # Kueue unsuspends it on admission (its webhook would suspend it anyway)
+            suspend=True if runtime.scheduler == "kueue" else None,
+        ),
+    )
+    return _plan("JobSet", body, name, namespace, spec, runtime, rank0_host)
+
+
+def build_volcano_job(spec: GangSpec, runtime: RuntimeDefaults, namespace: str) -> GangPlan:
+    name = gang_object_name(spec.name, spec.attempt, "VolcanoJob", spec.world_size)
+    rank0_host = f"{name}-{RANK_JOB}-0.{name}"  # svc plugin: hostname <job>-<task>-<index>, subdomain <job>
+    args = torchrun_args(spec, runtime, name=name, rank0_host=rank0_host, node_rank_env="VC_TASK_INDEX")
+    template = build_pod_template(spec, runtime, args=args)
+    body = m.VolcanoJob(
+        metadata=_object_meta(name, namespace, spec, runtime),
+        spec=m.VolcanoJobSpec(
+            tasks=[m.VolcanoTask(name=RANK_JOB, replicas=spec.world_size, template=template)],
+            min_available=spec.world_size,  # gang: all N pods bind together or none does
+            scheduler_name="volcano",
+            queue=runtime.queue,
+            priority_class_name=runtime.priority_class_name,
+            plugins={"svc": [], "env": []},  # headless Service + VC_TASK_INDEX
+            # any failed or evicted rank ends the whole job; Volcano never restarts it on its own
+            policies=[m.VolcanoLifecyclePolicy(action="TerminateJob", events=["PodFailed", "PodEvicted"])],
+        ),
+    )
+    return _plan("VolcanoJob", body, name, namespace, spec, runtime, rank0_host)
+
+
+def build_trainjob(spec: GangSpec, runtime: RuntimeDefaults, namespace: str) -> GangPlan:
+    name = gang_object_name(spec.name, spec.attempt, "TrainJob", spec.world_size)
+    volumes, mounts = _volumes(runtime)
+    annotations = _topology_annotations(runtime)
+    resources = _resources(runtime)
+    body = m.TrainJob(
+        metadata=_object_meta(name, namespace, spec, runtime),
+        spec=m.TrainJobSpec(
+            runtime_ref=m.RuntimeRef(name=runtime.training_runtime),
+            trainer=m.Trainer(
+                image=runtime.image,
+                num_nodes=spec.world_size,
+                # the torch runtime sets PET_NNODES/PET_NODE_RANK/PET_MASTER_ADDR/PET_MASTER_PORT,
+                # which torchrun reads as its multi-node flags
+                command=["torchrun"],
+                args=["--nproc-per-node=1", "--max-restarts=0", *trainer_args(spec, runtime)],
+                env=_env(spec, runtime),
+                resources_per_node=resources,
+            ),
+            runtime_patches=[
+                m.RuntimePatch(
+                    manager=PATCH_MANAGER,
+                    training_runtime_spec=m.TrainingRuntimeSpecPatch(
+                        template=m.JobSetTemplatePatch(
+                            spec=m.JobSetSpecPatch(
+                                replicated_jobs=[
+                                    m.ReplicatedJobPatch(
+                                        name=TRAINJOB_NODE,
+                                        template=m.JobTemplatePatch(
+                                            spec=m.JobSpecPatch(
+                                                template=m.PodTemplatePatch(
+                                                    metadata=m.MetadataPatch(labels=pod_labels(spec), annotations=annotations),
+                                                    spec=m.PodSpecPatch(
+                                                        containers=[
+                                                            m.ContainerPatch(
+                                                                name=TRAINJOB_NODE,
+                                                                security_context=container_security_context(),
+                                                                volume_mounts=mounts,
+                                                            )
+                                                        ],
+                                                        security_context=pod_security_context(runtime),
+                                                        service_account_name=runtime.service_account_name,
+                                                        node_selector=dict(runtime.node_selector),
+                                                        tolerations=_tolerations(runtime),
+                                                        volumes=volumes,
+                                                        termination_grace_period_seconds=runtime.termination_grace_period_seconds,
+                                                    ),
+                                                )
+                                            )
+                                        ),
+                                    )
+                                ]
+                            )
+                        )
+                    ),
+                )
+            ],
+            suspend=True,  # Kueue unsuspends on admission
+        ),
+    )
+    return _plan("TrainJob", body, name, namespace, spec, runtime, None)
+
+
+def _plan(kind: str, body: m.CustomObject, name: str, namespace: str, spec: GangSpec, runtime: RuntimeDefaults, rank0_host: str | None) -> GangPlan:
+    return GangPlan(
+        kind=kind,
+        group=body.group,
+        version=body.version,
+        plural=body.plural,
+        name=name,
+        namespace=namespace,
+        body=body.to_dict(),
+        pod_selector=pod_selector(spec),
+        rank0_host=rank0_host,
+        run_dir=runtime.checkpoint.run_dir(spec.name),
+        gang=spec.name,
+        attempt=spec.attempt,
+        world_size=spec.world_size,
+        scheduler=runtime.scheduler,
+        api=runtime.api,
+    )
+
+
+def build_gang(spec: GangSpec, runtime: RuntimeDefaults, namespace: str | None = None) -> GangPlan:
+    """The gang object for `spec` under `runtime` (scheduler and api pick the kind)."""
+    ns = namespace or runtime.namespace or "default"
+    if runtime.scheduler == "volcano":
+        return build_volcano_job(spec, runtime, ns)
+    if runtime.api == "trainjob":
+        return build_trainjob(spec, runtime, ns)
+    return build_jobset(spec, runtime, ns)

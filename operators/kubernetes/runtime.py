@@ -1,0 +1,380 @@
+"""Runtime defaults of the Kubernetes backend: the `runtime.yaml` key of the `gangflow-runtime`
+ConfigMap (written by the Helm chart), overridable per task.
+
+`runtime.yaml` uses camelCase keys; `RuntimeDefaults.from_mapping` maps them onto the snake_case
+fields below and `__post_init__` rejects bad values, naming the key and what it accepts. Unknown
+keys are refused too: a typo such as `shmsize` must not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+RUNTIME_CONFIGMAP = "gangflow-runtime"
+RUNTIME_CONFIGMAP_KEY = "runtime.yaml"
+
+SCHEDULERS = ("kueue", "volcano")
+APIS = ("jobset", "trainjob")
+TOPOLOGY_MODES = ("required", "preferred")
+
+# An example digest for `render` without a runtime file; never pulled by the tests.
+EXAMPLE_IMAGE = "ghcr.io/gangflow/trainer@sha256:" + "0" * 63 + "1"
+
+_DIGEST_IMAGE = re.compile(r"^[a-z0-9]+(?:[._\-/:][a-z0-9]+)*@sha256:[0-9a-f]{64}$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|e[0-9]+)?$")
+
+
+class RuntimeConfigError(ValueError):
+    """A runtime default has a value the backend cannot use."""
+
+
+def _fail(key: str, value: Any, accepted: str) -> None:
+    raise RuntimeConfigError(f"runtime {key}={value!r}: {accepted}")
+
+
+def parse_quantity(key: str, value: Any):
+    """Parse a Kubernetes quantity ('4', '500m', '16Gi'); `key` names the field in the error."""
+    from decimal import Decimal
+
+    from kubernetes.utils.quantity import parse_quantity as _parse
+
+    text = str(value).strip()
+    if isinstance(value, bool) or not _QUANTITY.match(text):
+        _fail(key, value, "must be a Kubernetes quantity such as '4', '500m', '16Gi'")
+    try:
+        quantity = _parse(text)
+    except ValueError:
+        _fail(key, value, "must be a Kubernetes quantity such as '4', '500m', '16Gi'")
+    if quantity <= Decimal(0):
+        _fail(key, value, "must be greater than zero")
+    return quantity
+
+
+def _check_int(key: str, value: Any, minimum: int, maximum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+        _fail(key, value, f"must be an integer {bound}")
+
+
+def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        _fail(key, value, f"accepted values: {', '.join(choices)}")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Keep all ranks inside one topology domain (`level` is a node label key)."""
+
+    level: str
+    mode: str = "required"
+
+    def __post_init__(self):
+        if not isinstance(self.level, str) or not self.level or len(self.level) > 317:
+            _fail("topology.level", self.level, "must be a node label key such as cloud.google.com/gke-nodepool or kubernetes.io/hostname")
+        _check_choice("topology.mode", self.mode, TOPOLOGY_MODES)
+
+
+@dataclass(frozen=True)
+class ExclusivePlacement:
+    """One gang per topology domain (JobSet's exclusive-topology annotation)."""
+
+    topology_key: str
+
+    def __post_init__(self):
+        if not isinstance(self.topology_key, str) or not self.topology_key:
+            _fail("exclusivePlacement.topologyKey", self.topology_key, "must be a node label key such as kubernetes.io/hostname")
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Per-rank resources; requests = limits (Guaranteed QoS)."""
+
+    cpu: str = "4"
+    memory: str = "16Gi"
+    gpu: int = 0  # nvidia.com/gpu per rank
+
+    def __post_init__(self):
+        parse_quantity("resources.cpu", self.cpu)
+        parse_quantity("resources.memory", self.memory)
+        _check_int("resources.gpu", self.gpu, 0, 64)
+        object.__setattr__(self, "cpu", str(self.cpu))
+        object.__setattr__(self, "memory", str(self.memory))
+
+    def as_resource_list(self) -> dict[str, str]:
+        out = {"cpu": self.cpu, "memory": self.memory}
+        if self.gpu:
+            out["nvidia.com/gpu"] = str(self.gpu)
+        return out
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where ranks read and commit checkpoints: a shared PVC or an object-storage URI (fsspec)."""
+
+    pvc: str | None = None
+    mount_path: str = "/checkpoints"
+    uri: str | None = None
+
+    def __post_init__(self):
+        if self.pvc is not None and not (isinstance(self.pvc, str) and _DNS_SUBDOMAIN.match(self.pvc)):
+            _fail("checkpoint.pvc", self.pvc, "must be a PersistentVolumeClaim name (DNS-1123 subdomain)")
+        if not isinstance(self.mount_path, str) or not self.mount_path.startswith("/") or self.mount_path in ("/", "/tmp", "/dev/shm"):
+            _fail("checkpoint.mountPath", self.mount_path, "must be an absolute path other than /, /tmp and /dev/shm")
+        if self.uri is not None and not (isinstance(self.uri, str) and re.match(r"^[a-z][a-z0-9+.-]*://.+", self.uri)):
+            _fail("checkpoint.uri", self.uri, "must be an object-storage URI such as s3://bucket/prefix or gs://bucket/prefix")
+        if (self.pvc is None) == (self.uri is None):
+            _fail(
+                "checkpoint",
+                {"pvc": self.pvc, "uri": self.uri},
+                "set exactly one of checkpoint.pvc (a ReadWriteMany claim every rank mounts) or checkpoint.uri "
+                "(object storage): ranks on different nodes must share the run dir so a retry resumes",
+            )
+
+    def run_dir(self, gang: str) -> str:
+        if self.uri:
+            return f"{self.uri.rstrip('/')}/{gang}"
+        return f"{self.mount_path.rstrip('/')}/{gang}"
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    name: str
+    key: str
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not _DNS_SUBDOMAIN.match(self.name):
+            _fail("mlflowSecretRef.name", self.name, "must be a Secret name (DNS-1123 subdomain)")
+        if not isinstance(self.key, str) or not re.match(r"^[-._a-zA-Z0-9]+$", self.key):
+            _fail("mlflowSecretRef.key", self.key, "must be a key of that Secret")
+
+
+# camelCase key in runtime.yaml -> (field name, nested type or None)
+_KEYS: dict[str, tuple[str, Any]] = {
+    "image": ("image", None),
+    "namespace": ("namespace", None),
+    "serviceAccountName": ("service_account_name", None),
+    "scheduler": ("scheduler", None),
+    "api": ("api", None),
+    "queue": ("queue", None),
+    "priorityClassName": ("priority_class_name", None),
+    "workloadPriorityClass": ("workload_priority_class", None),
+    "topology": ("topology", Topology),
+    "exclusivePlacement": ("exclusive_placement", ExclusivePlacement),
+    "resources": ("resources", Resources),
+    "shmSize": ("shm_size", None),
+    "ncclEnv": ("nccl_env", None),
+    "checkpoint": ("checkpoint", Checkpoint),
+    "nodeSelector": ("node_selector", None),
+    "tolerations": ("tolerations", None),
+    "terminationGracePeriodSeconds": ("termination_grace_period_seconds", None),
+    "mlflowTrackingUri": ("mlflow_tracking_uri", None),
+    "mlflowSecretRef": ("mlflow_secret_ref", SecretRef),
+    "rendezvousPort": ("rendezvous_port", None),
+    "admissionTimeoutSeconds": ("admission_timeout_seconds", None),
+    "startupTimeoutSeconds": ("startup_timeout_seconds", None),
+    # gangflow additions beyond the chart's first cut (documented in docs/kubernetes.md)
+    "trainingRuntime": ("training_runtime", None),
+    "runAsUser": ("run_as_user", None),
+    "runAsGroup": ("run_as_group", None),
+    "fsGroup": ("fs_group", None),
+}
+_NESTED_KEYS = {
+    Topology: {"level": "level", "mode": "mode"},
+    ExclusivePlacement: {"topologyKey": "topology_key"},
+    Resources: {"cpu": "cpu", "memory": "memory", "gpu": "gpu"},
+    Checkpoint: {"pvc": "pvc", "mountPath": "mount_path", "uri": "uri"},
+    SecretRef: {"name": "name", "key": "key"},
+}
+
+
+@dataclass(frozen=True)
+class RuntimeDefaults:
+    """Everything about the cluster the backend needs; one field per `runtime.yaml` key."""
+
+    image: str
+    checkpoint: Checkpoint
+    namespace: str | None = None
+    service_account_name: str = "default"
+    scheduler: str = "kueue"
+    api: str = "jobset"
+    queue: str = "gangflow"
+    priority_class_name: str | None = None
+    workload_priority_class: str | None = None
+    topology: Topology | None = None
+    exclusive_placement: ExclusivePlacement | None = None
+    resources: Resources = field(default_factory=Resources)
+    shm_size: str = "2Gi"
+    nccl_env: Mapping[str, str] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    termination_grace_period_seconds: int = 300
+    mlflow_tracking_uri: str | None = None
+    mlflow_secret_ref: SecretRef | None = None
+    rendezvous_port: int = 29500
+    admission_timeout_seconds: int = 3600
+    startup_timeout_seconds: int = 900
+    training_runtime: str = "torch-distributed"
+    run_as_user: int = 1000
+    run_as_group: int = 1000
+    fs_group: int = 1000
+
+    def __post_init__(self):
+        if not isinstance(self.image, str) or not _DIGEST_IMAGE.match(self.image):
+            _fail(
+                "image",
+                self.image,
+                "must be pinned by digest (repo@sha256:<64 hex digits>); tags such as ':latest' or ':v1' are refused "
+                "because a retry must run exactly the bytes the first try ran",
+            )
+        if self.namespace is not None and not (isinstance(self.namespace, str) and _DNS_LABEL.match(self.namespace)):
+            _fail("namespace", self.namespace, "must be a namespace name (DNS-1123 label)")
+        if not isinstance(self.service_account_name, str) or not _DNS_SUBDOMAIN.match(self.service_account_name):
+            _fail("serviceAccountName", self.service_account_name, "must be a ServiceAccount name (DNS-1123 subdomain)")
+        _check_choice("scheduler", self.scheduler, SCHEDULERS)
+        _check_choice("api", self.api, APIS)
+        if not isinstance(self.queue, str) or not _DNS_SUBDOMAIN.match(self.queue):
+            _fail("queue", self.queue, "must be a Kueue LocalQueue or Volcano queue name (DNS-1123 subdomain)")
+        for key, value in (("priorityClassName", self.priority_class_name), ("workloadPriorityClass", self.workload_priority_class)):
+            if value is not None and not (isinstance(value, str) and _DNS_SUBDOMAIN.match(value)):
+                _fail(key, value, "must be a class name (DNS-1123 subdomain) or unset")
+        if self.api == "trainjob" and self.scheduler != "kueue":
+            _fail(
+                "api",
+                self.api,
+                "api=trainjob needs scheduler=kueue (a TrainJob's gang scheduling under Volcano is set by the "
+                "ClusterTrainingRuntime's podGroupPolicy, not by gangflow); with scheduler=volcano the accepted api "
+                "is jobset, which submits a Volcano Job",
+            )
+        if self.exclusive_placement is not None and self.api != "jobset":
+            _fail("exclusivePlacement", dataclasses.asdict(self.exclusive_placement), "is a JobSet feature: needs api=jobset")
+        if self.exclusive_placement is not None and self.scheduler == "volcano":
+            _fail("exclusivePlacement", dataclasses.asdict(self.exclusive_placement), "is applied by JobSet's webhook with scheduler=kueue; with Volcano use topology instead")
+        parse_quantity("shmSize", self.shm_size)
+        object.__setattr__(self, "shm_size", str(self.shm_size))
+        for mapping_key, mapping, value_check in (("ncclEnv", self.nccl_env, "env"), ("nodeSelector", self.node_selector, "label")):
+            if not isinstance(mapping, Mapping):
+                _fail(mapping_key, mapping, "must be a mapping of NAME: value")
+            for name, value in mapping.items():
+                if value_check == "env" and not (isinstance(name, str) and _ENV_NAME.match(name)):
+                    _fail(f"{mapping_key}.{name}", value, "names must be environment variable names ([A-Za-z_][A-Za-z0-9_]*)")
+                if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                    _fail(f"{mapping_key}.{name}", value, "values must be strings (quote numbers and booleans)")
+            object.__setattr__(self, _KEYS[mapping_key][0], {str(k): str(v) for k, v in mapping.items()})
+        if isinstance(self.tolerations, Mapping) or not isinstance(self.tolerations, (list, tuple)):
+            _fail("tolerations", self.tolerations, "must be a list of Kubernetes tolerations")
+        allowed_toleration = {"key", "operator", "value", "effect", "tolerationSeconds"}
+        for item in self.tolerations:
+            if not isinstance(item, Mapping) or set(item) - allowed_toleration:
+                _fail("tolerations", item, f"each toleration is a mapping with keys among {', '.join(sorted(allowed_toleration))}")
+            if item.get("operator", "Equal") not in ("Equal", "Exists"):
+                _fail("tolerations[].operator", item.get("operator"), "accepted values: Equal, Exists")
+            if item.get("effect") not in (None, "", "NoSchedule", "PreferNoSchedule", "NoExecute"):
+                _fail("tolerations[].effect", item.get("effect"), "accepted values: NoSchedule, PreferNoSchedule, NoExecute")
+        object.__setattr__(self, "tolerations", tuple(dict(t) for t in self.tolerations))
+        _check_int("terminationGracePeriodSeconds", self.termination_grace_period_seconds, 30, 24 * 3600)
+        if self.mlflow_tracking_uri is not None and not (isinstance(self.mlflow_tracking_uri, str) and self.mlflow_tracking_uri):
+            _fail("mlflowTrackingUri", self.mlflow_tracking_uri, "must be a URI such as http://mlflow.mlflow:5000 or unset")
+        _check_int("rendezvousPort", self.rendezvous_port, 1024, 65535)
+        _check_int("admissionTimeoutSeconds", self.admission_timeout_seconds, 1)
+        _check_int("startupTimeoutSeconds", self.startup_timeout_seconds, 1)
+        if not isinstance(self.training_runtime, str) or not _DNS_SUBDOMAIN.match(self.training_runtime):
+            _fail("trainingRuntime", self.training_runtime, "must be a ClusterTrainingRuntime name")
+        for key, value in (("runAsUser", self.run_as_user), ("runAsGroup", self.run_as_group), ("fsGroup", self.fs_group)):
+            _check_int(key, value, 1, 2**31 - 1)
+
+    # --- construction -----------------------------------------------------------------------------
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> RuntimeDefaults:
+        """Build from `runtime.yaml`'s camelCase mapping (unknown keys are errors)."""
+        if not isinstance(data, Mapping):
+            raise RuntimeConfigError(f"runtime defaults must be a mapping of keys, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(_KEYS))
+        if unknown:
+            raise RuntimeConfigError(f"unknown runtime key(s) {', '.join(unknown)}; accepted keys: {', '.join(_KEYS)}")
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            name, nested = _KEYS[key]
+            if value is None:
+                continue
+            if nested is not None:
+                if not isinstance(value, Mapping):
+                    raise RuntimeConfigError(f"runtime {key}={value!r}: must be a mapping with keys {', '.join(_NESTED_KEYS[nested])}")
+                sub_unknown = sorted(set(value) - set(_NESTED_KEYS[nested]))
+                if sub_unknown:
+                    raise RuntimeConfigError(
+                        f"unknown runtime key(s) {', '.join(f'{key}.{k}' for k in sub_unknown)}; "
+                        f"accepted: {', '.join(f'{key}.{k}' for k in _NESTED_KEYS[nested])}"
+                    )
+                value = nested(**{_NESTED_KEYS[nested][k]: v for k, v in value.items() if v is not None})
+            kwargs[name] = value
+        if "image" not in kwargs:
+            raise RuntimeConfigError("runtime image is required: the trainer image pinned by digest (repo@sha256:...)")
+        if "checkpoint" not in kwargs:
+            raise RuntimeConfigError("runtime checkpoint is required: set checkpoint.pvc or checkpoint.uri")
+        return cls(**kwargs)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> RuntimeDefaults:
+        return cls.from_mapping(yaml.safe_load(text) or {})
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The camelCase mapping `from_mapping` reads (round-trips)."""
+        out: dict[str, Any] = {}
+        for key, (name, nested) in _KEYS.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if nested is not None:
+                value = {k: getattr(value, attr) for k, attr in _NESTED_KEYS[nested].items() if getattr(value, attr) is not None}
+            elif isinstance(value, tuple):
+                value = [dict(v) for v in value]
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[key] = value
+        return out
+
+
+def merge_runtime(base: Mapping[str, Any] | None, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Deep-merge per-task overrides onto the ConfigMap's mapping (mappings merge, the rest replaces;
+    an override of None removes the key)."""
+    out = copy.deepcopy(dict(base or {}))
+    for key, value in (overrides or {}).items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping) and key not in ("ncclEnv", "nodeSelector"):
+            out[key] = merge_runtime(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def example_runtime_mapping() -> dict[str, Any]:
+    """Built-in example defaults for `render` without a runtime file (an example digest, a PVC)."""
+    return {
+        "image": EXAMPLE_IMAGE,
+        "namespace": "gangflow",
+        "serviceAccountName": "gangflow-training",
+        "scheduler": "kueue",
+        "api": "jobset",
+        "queue": "gangflow",
+        "resources": {"cpu": "4", "memory": "16Gi", "gpu": 1},
+        "shmSize": "2Gi",
+        "ncclEnv": {"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "eth0"},
+        "checkpoint": {"pvc": "gangflow-checkpoints", "mountPath": "/checkpoints"},
+        "terminationGracePeriodSeconds": 300,
+        "mlflowTrackingUri": "http://mlflow.gangflow.svc:5000",
+        "rendezvousPort": 29500,
+        "admissionTimeoutSeconds": 3600,
+        "startupTimeoutSeconds": 900,
+    }

@@ -1,0 +1,185 @@
+"""Offline validation of the objects gangflow submits, against the upstream schemas.
+
+- Core kinds (Pod, Job, PodTemplate, ...): `kubernetes_validate.validate(obj, version, strict=True)`.
+- Custom resources: the `openAPIV3Schema` of the upstream CRD manifests (JobSet, Kueue, Volcano,
+  Kubeflow Trainer). CRD schemas do not forbid unknown fields but the API server's strict field
+  validation does, so the schema is tightened first: `additionalProperties: false` wherever a
+  schema lists `properties` and does not say `x-kubernetes-preserve-unknown-fields`. Null fields
+  are dropped from the object first, as the API server does.
+
+The embedded Job and pod templates of a JobSet / Volcano Job are validated a second time as core
+kinds, so a misspelt pod field fails even where a CRD schema is loose.
+
+Command line: `python -m operators.kubernetes validate FILE... --crds DIR`.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+KUBERNETES_VERSION = "1.33"
+
+
+class SchemaValidationError(ValueError):
+    """An object does not match its upstream schema; the message names the path and the problem."""
+
+
+def drop_nulls(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [drop_nulls(v) for v in value]
+    return value
+
+
+def strict_schema(schema: Any) -> Any:
+    """A copy of an OpenAPI v3 schema that rejects unknown fields like the API server does."""
+    if isinstance(schema, list):
+        return [strict_schema(s) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {k: strict_schema(v) for k, v in schema.items()}
+    if "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields") and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    if out.get("x-kubernetes-int-or-string") and "type" not in out and "anyOf" not in out:
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if out.get("nullable") and "type" in out and isinstance(out["type"], str):
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+class CrdRegistry:
+    """Strict JSON schemas of the CRDs in a folder, keyed by (apiVersion, kind)."""
+
+    def __init__(self, crds_dir: str | Path):
+        self.crds_dir = Path(crds_dir)
+        if not self.crds_dir.is_dir():
+            raise FileNotFoundError(f"CRD folder {self.crds_dir} not found")
+        self._loaded: set[Path] = set()
+        self._schemas: dict[tuple[str, str], Any] = {}
+
+    def _load(self, path: Path) -> None:
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        for doc in yaml.load_all(path.read_text(), Loader=loader):
+            if not doc or doc.get("kind") != "CustomResourceDefinition":
+                continue
+            group = doc["spec"]["group"]
+            kind = doc["spec"]["names"]["kind"]
+            for version in doc["spec"]["versions"]:
+                self._schemas[(f"{group}/{version['name']}", kind)] = version["schema"]["openAPIV3Schema"]
+
+    def _scan(self, group: str | None = None) -> dict[tuple[str, str], Any]:
+        """Load the manifests of `group` (files are named <group>_<plural>.yaml), or all of them."""
+        for path in sorted(self.crds_dir.glob("*.yaml")):
+            if path in self._loaded or (group is not None and not path.name.startswith(f"{group}_")):
+                continue
+            self._load(path)
+            self._loaded.add(path)
+        return self._schemas
+
+    def kinds(self) -> list[tuple[str, str]]:
+        return sorted(self._scan())
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019 - registry objects live for the process
+    def validator(self, api_version: str, kind: str):
+        import jsonschema
+
+        key = (api_version, kind)
+        if key not in self._schemas:
+            self._scan(api_version.split("/")[0])
+        if key not in self._schemas:
+            self._scan()
+        if key not in self._schemas:
+            known = ", ".join(f"{a} {k}" for a, k in self.kinds())
+            raise SchemaValidationError(f"no CRD schema for {api_version} {kind} in {self.crds_dir}; known: {known}")
+        schema = strict_schema(self._schemas[key])
+        return jsonschema.Draft7Validator(schema)
+
+
+def _format_path(path: Iterable[Any]) -> str:
+    out = ""
+    for item in path:
+        out += f"[{item}]" if isinstance(item, int) else f".{item}"
+    return out or "."
+
+
+def validate_custom(obj: Mapping[str, Any], registry: CrdRegistry) -> None:
+    validator = registry.validator(obj["apiVersion"], obj["kind"])
+    errors = sorted(validator.iter_errors(drop_nulls(obj)), key=lambda e: list(e.absolute_path))
+    if errors:
+        name = (obj.get("metadata") or {}).get("name", "?")
+        lines = [f"{_format_path(e.absolute_path)}: {e.message}" for e in errors[:20]]
+        raise SchemaValidationError(f"{obj['kind']} {name} does not match the {obj['apiVersion']} CRD schema:\n  " + "\n  ".join(lines))
+
+
+def validate_core(obj: Mapping[str, Any], version: str = KUBERNETES_VERSION) -> None:
+    import kubernetes_validate
+
+    try:
+        kubernetes_validate.validate(drop_nulls(copy.deepcopy(dict(obj))), version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        name = (obj.get("metadata") or {}).get("name", "?")
+        raise SchemaValidationError(
+            f"{obj.get('kind')} {name} does not match the Kubernetes {version} schema at "
+            f"{_format_path(exc.path)}: {exc.message}"
+        ) from None
+
+
+def _embedded_core_objects(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Core objects embedded in a custom resource, for a second, core-schema check."""
+    out: list[dict[str, Any]] = []
+    name = (obj.get("metadata") or {}).get("name", "embedded")
+    spec = obj.get("spec") or {}
+    if obj.get("kind") == "JobSet":
+        for rjob in spec.get("replicatedJobs") or []:
+            template = rjob.get("template") or {}
+            out.append(
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "metadata": {**(template.get("metadata") or {}), "name": f"{name}-{rjob.get('name')}-0"},
+                    "spec": template.get("spec") or {},
+                }
+            )
+    if obj.get("kind") == "Job" and str(obj.get("apiVersion", "")).startswith("batch.volcano.sh/"):
+        for task in spec.get("tasks") or []:
+            out.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "PodTemplate",
+                    "metadata": {"name": f"{name}-{task.get('name')}"},
+                    "template": task.get("template") or {},
+                }
+            )
+    return out
+
+
+def validate_object(obj: Mapping[str, Any], crds: CrdRegistry | None = None, version: str = KUBERNETES_VERSION) -> None:
+    """Validate one object: core kinds with kubernetes-validate, custom kinds against `crds`
+    (strict), plus their embedded Job / pod templates as core kinds."""
+    api_version = str(obj.get("apiVersion", ""))
+    group = api_version.split("/")[0] if "/" in api_version else ""
+    core_groups = {"", "batch", "apps", "policy", "rbac.authorization.k8s.io", "networking.k8s.io", "scheduling.k8s.io", "autoscaling", "coordination.k8s.io"}
+    if group in core_groups:
+        validate_core(obj, version)
+        return
+    if crds is None:
+        raise SchemaValidationError(f"{obj.get('kind')} ({api_version}) is a custom resource: pass the CRD folder (--crds)")
+    validate_custom(obj, crds)
+    for embedded in _embedded_core_objects(obj):
+        validate_core(embedded, version)
+
+
+def validate_documents(docs: Iterable[Mapping[str, Any]], crds: CrdRegistry | None = None, version: str = KUBERNETES_VERSION) -> int:
+    count = 0
+    for doc in docs:
+        if doc:
+            validate_object(doc, crds, version)
+            count += 1
+    return count

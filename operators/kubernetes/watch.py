@@ -1,0 +1,337 @@
+"""Watch one gang until it ends: admission, startup, run. Used by `GangTrigger` (in the
+triggerer) and, for evidence and teardown, by `KubernetesBackend.collect` (in the worker).
+
+Each `GangWatcher.poll()` reads the gang object, its Kueue Workload (or Volcano PodGroup) and its
+pods, and returns None (keep waiting) or the trigger's final event:
+
+    {"status": "success" | "failed" | "timeout" | "error", "phase": "admission" | "startup" | "running",
+     "name", "namespace", "kind", "message", "waited_seconds", "waiting": [...], "evidence": {...}}
+
+`evidence` (failed only) is the classifier's evidence (contract 4): the root-cause pod's fields
+at top level and every failed pod in `ranks`, snapshotted as soon as the first rank fails,
+because the Job controller removes the remaining pods moments later.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from operators.kubernetes import status as st
+from operators.kubernetes.client import GangApi
+
+MAX_EVIDENCE_PODS = 8
+MAX_WAITING_NOTES = 10
+
+
+def _parse_time(value: str | None) -> float | None:
+    """RFC 3339 timestamp of the API server -> epoch seconds."""
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.timestamp()
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, sec = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{sec:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+async def gather_evidence(
+    api: GangApi,
+    handle: Mapping[str, Any],
+    *,
+    obj: Mapping[str, Any] | None = None,
+    pods: list[dict[str, Any]] | None = None,
+    workload: Mapping[str, Any] | None = None,
+    stuck: set[str] | None = None,
+    max_pods: int = MAX_EVIDENCE_PODS,
+) -> dict[str, Any]:
+    """Evidence of a failed gang: every failed (or stuck) pod with its events and log tail,
+    plus gang-level facts (the gang's Failed condition, a Kueue eviction, the gang's events)."""
+    kind, name = handle["kind"], handle["name"]
+    if pods is None:
+        pods = await api.list_pods(handle["pod_selector"])
+    stuck = stuck or set()
+    chosen = [p for p in pods if st.pod_view(p).failed or (p.get("metadata") or {}).get("name") in stuck]
+    if not chosen:  # e.g. Kueue evicted the gang: pods are terminating, none failed yet
+        chosen = [p for p in pods if st.pod_view(p).deleting or st.pod_view(p).waiting_reason in st.IMAGE_PULL_REASONS]
+    chosen.sort(key=lambda p: (st.pod_rank(p) if st.pod_rank(p) is not None else 1 << 30))
+    ranks = []
+    for pod in chosen[:max_pods]:
+        pod_name = pod["metadata"]["name"]
+        events = await api.list_events(pod_name, "Pod")
+        log = await api.read_log(pod_name, handle.get("container"), tail_lines=st.LOG_TAIL_LINES)
+        ranks.append(st.pod_evidence(pod, events=events, log=log, container=handle.get("container")))
+    extra: dict[str, Any] = {}
+    gang_conditions = []
+    if obj is not None:
+        state = st.gang_state(kind, obj)
+        if state.state == "failed":
+            gang_conditions.append({"type": f"{kind}Failed", "reason": state.reason, "message": state.message})
+    if workload is not None:
+        wl = st.workload_state(workload)
+        if wl.evicted:
+            gang_conditions.append(dict(wl.evicted))
+            extra.setdefault("pod_reason", wl.evicted.get("reason"))
+            extra.setdefault("pod_message", f"Kueue evicted Workload {wl.name}: {wl.evicted.get('message')}")
+    if gang_conditions:
+        extra["pod_conditions"] = gang_conditions
+    gang_events = st.event_list(await api.list_events(name))
+    if gang_events:
+        extra["events"] = gang_events
+    if not ranks and obj is not None and "pod_reason" not in extra:
+        state = st.gang_state(kind, obj)
+        extra["pod_reason"] = state.reason or f"{kind}Failed"
+        extra["pod_message"] = state.message or f"{kind} {handle['namespace']}/{name} failed without a failed pod"
+    return st.gang_evidence(ranks, extra=extra)
+
+
+class GangWatcher:
+    """Polls one gang; `poll()` returns the final event or None."""
+
+    def __init__(
+        self,
+        api: GangApi,
+        handle: Mapping[str, Any],
+        *,
+        image_pull_grace_seconds: float = 300,
+        log_interval: float = 60,
+        log: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.api = api
+        self.handle = dict(handle)
+        self.kind = handle["kind"]
+        self.name = handle["name"]
+        self.namespace = handle["namespace"]
+        self.world_size = int(handle["world_size"])
+        self.admission_timeout = float(handle["admission_timeout_seconds"])
+        self.startup_timeout = float(handle["startup_timeout_seconds"])
+        self.image_pull_grace = float(image_pull_grace_seconds)
+        self.log_interval = float(log_interval)
+        self.log = log or (lambda message: None)
+        self.clock = clock
+        self.first_seen = clock()
+        self.created_at: float | None = None
+        self.admitted_at: float | None = None
+        self.started_at: float | None = None
+        self.phase = "admission"
+        self.waiting: list[dict[str, Any]] = []  # distinct reasons, in order: {phase, reason, since_s}
+        self._last_reason: str | None = None
+        self._last_logged = 0.0
+        self._pull_since: dict[str, float] = {}
+
+    # --- helpers ----------------------------------------------------------------------------------
+
+    @property
+    def where(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+    def _note(self, reason: str, now: float, since: float) -> None:
+        """Log why we wait, in the cluster's words: when the reason changes, then every log_interval."""
+        waited = now - since
+        if reason != self._last_reason:
+            self.waiting.append({"phase": self.phase, "reason": reason, "after_seconds": round(waited, 1)})
+            self.waiting = self.waiting[-MAX_WAITING_NOTES:]
+        if reason != self._last_reason or now - self._last_logged >= self.log_interval:
+            self.log(f"{self.where} waiting for {self.phase} for {format_duration(waited)}: {reason}")
+            self._last_logged = now
+        self._last_reason = reason
+
+    def _event(self, status: str, message: str, now: float, **extra: Any) -> dict[str, Any]:
+        event = {
+            "status": status,
+            "phase": self.phase,
+            "kind": self.kind,
+            "name": self.name,
+            "namespace": self.namespace,
+            "message": message,
+            "waited_seconds": round(now - (self.created_at or self.first_seen), 1),
+            "waiting": list(self.waiting),
+        }
+        event.update(extra)
+        return event
+
+    async def _failed(self, message: str, now: float, **kwargs: Any) -> dict[str, Any]:
+        evidence = await gather_evidence(self.api, self.handle, **kwargs)
+        return self._event("failed", message, now, evidence=evidence)
+
+    async def _pod_reasons(self, pods: list[dict[str, Any]], views: list[st.PodView]) -> list[str]:
+        """Why pods are not running yet: PodScheduled=False messages, FailedScheduling events,
+        container waiting reasons (ImagePullBackOff with the kubelet's message)."""
+        reasons: list[str] = []
+        looked_up = 0
+        for pod, view in zip(pods, views):
+            if view.ready or view.failed:
+                continue
+            rank = f"rank {view.rank}" if view.rank is not None else view.name
+            if not view.scheduled:
+                message = view.unschedulable
+                if looked_up < 2:
+                    looked_up += 1
+                    events = [e for e in await self.api.list_events(view.name, "Pod") if e.get("reason") in ("FailedScheduling", "FailedCreate", "FailedMount")]
+                    if events:
+                        last = st.event_list(events)[-1]
+                        message = f"{last['reason']}: {last['message']}"
+                reasons.append(f"{rank} unscheduled: {message or 'waiting for the scheduler'}")
+            elif view.waiting_reason:
+                reasons.append(f"{rank} {view.waiting_reason}" + (f": {view.waiting_message}" if view.waiting_message else ""))
+            else:
+                reasons.append(f"{rank} {view.phase}, not Ready")
+        # one line per distinct reason, with how many ranks share it
+        counted: dict[str, int] = {}
+        for reason in reasons:
+            key = reason.split(" ", 2)[-1] if reason.startswith("rank ") else reason
+            counted[key] = counted.get(key, 0) + 1
+        return [f"{n} rank(s) {key}" if n > 1 else key for key, n in counted.items()]
+
+    # --- one poll ---------------------------------------------------------------------------------
+
+    async def poll(self) -> dict[str, Any] | None:
+        now = self.clock()
+        h = self.handle
+        obj = await self.api.get_custom(h["group"], h["version"], h["plural"], self.kind, self.name)
+        if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+            gone = "was deleted" if obj is None else "is being deleted"
+            message = f"{self.where} {gone} outside gangflow before it finished"
+            return self._event(
+                "failed", message, now, evidence={"pod_reason": "GangDeleted", "pod_message": message, "ranks": []}
+            )
+        if self.created_at is None:
+            created = _parse_time((obj.get("metadata") or {}).get("creationTimestamp"))
+            self.created_at = min(created, now) if created else self.first_seen
+        state = st.gang_state(self.kind, obj)
+        pods = await self.api.list_pods(h["pod_selector"])
+        views = [st.pod_view(p) for p in pods]
+
+        if state.state == "succeeded":
+            return self._event("success", f"{self.where} succeeded: {state.message or state.reason or 'all ranks completed'}", now)
+
+        workload = None
+        if h.get("scheduler") == "kueue" and h.get("uid"):
+            workloads = await self.api.list_workloads(h["uid"])
+            workload = workloads[0] if workloads else None
+
+        # --- failure: any failed rank dooms the gang (max-restarts 0, backoffLimit 0) -------------
+        stuck: set[str] = set()
+        for view in views:
+            if view.waiting_reason in st.FATAL_WAITING_REASONS:
+                stuck.add(view.name)
+            elif view.waiting_reason in st.IMAGE_PULL_REASONS:
+                since = self._pull_since.setdefault(view.name, now)
+                if now - since >= self.image_pull_grace:
+                    stuck.add(view.name)
+            else:
+                self._pull_since.pop(view.name, None)
+        failed = [v for v in views if v.failed]
+        if state.state == "failed" or failed or stuck:
+            if failed:
+                first = sorted(failed, key=lambda v: v.rank if v.rank is not None else 1 << 30)[0]
+                what = f"{len(failed)} of {self.world_size} rank(s) failed (first: {first.name})"
+            elif stuck:
+                names = sorted(stuck)
+                what = f"rank pod(s) cannot start: {', '.join(names)}"
+            else:
+                what = f"{state.reason}: {state.message}".strip(": ")
+            return await self._failed(f"{self.where} failed: {what}", now, obj=obj, pods=pods, workload=workload, stuck=stuck)
+        if workload is not None:
+            wl = st.workload_state(workload)
+            if wl.evicted:
+                return await self._failed(
+                    f"{self.where} failed: Kueue evicted Workload {wl.name} ({wl.evicted['reason']}): {wl.evicted['message']}",
+                    now,
+                    obj=obj,
+                    pods=pods,
+                    workload=workload,
+                )
+
+        # --- admission ------------------------------------------------------------------------------
+        if self.admitted_at is None:
+            admitted, reason = await self._admission(obj, state, workload, pods, views)
+            if not admitted:
+                waited = now - self.created_at
+                if waited >= self.admission_timeout:
+                    return self._event(
+                        "timeout",
+                        f"{self.where} was not admitted within admissionTimeoutSeconds={int(self.admission_timeout)} "
+                        f"(waited {format_duration(waited)}); last reason: {reason}",
+                        now,
+                    )
+                self._note(reason, now, self.created_at)
+                return None
+            admitted_at = _parse_time(st.workload_state(workload).admitted_at) if workload is not None else None
+            self.admitted_at = max(self.created_at, min(admitted_at, now)) if admitted_at else now
+            self.phase = "startup"
+            self.log(f"{self.where} admitted after {format_duration(self.admitted_at - self.created_at)}")
+
+        # --- startup: every rank Ready ---------------------------------------------------------------
+        if self.started_at is None:
+            ready = sum(1 for v in views if v.ready)
+            if ready >= self.world_size:
+                self.started_at = now
+                self.phase = "running"
+                self.log(f"{self.where} running: {ready}/{self.world_size} ranks Ready after {format_duration(now - self.admitted_at)}")
+                return None
+            reasons = await self._pod_reasons(pods, views)
+            if len(pods) < self.world_size:
+                reasons.insert(0, f"{len(pods)}/{self.world_size} rank pods created")
+            reason = f"{ready}/{self.world_size} ranks Ready; " + "; ".join(reasons)
+            waited = now - self.admitted_at
+            if waited >= self.startup_timeout:
+                return self._event(
+                    "timeout",
+                    f"{self.where} was admitted but not all ranks became Ready within startupTimeoutSeconds="
+                    f"{int(self.startup_timeout)} (waited {format_duration(waited)}); last reason: {reason}",
+                    now,
+                )
+            self._note(reason, now, self.admitted_at)
+            return None
+
+        # --- running ---------------------------------------------------------------------------------
+        if now - self._last_logged >= self.log_interval:
+            ready = sum(1 for v in views if v.ready)
+            self.log(f"{self.where} running for {format_duration(now - self.started_at)}: {ready}/{self.world_size} ranks Ready")
+            self._last_logged = now
+        return None
+
+    async def _admission(self, obj, state, workload, pods, views) -> tuple[bool, str]:
+        if self.handle.get("scheduler") == "kueue":
+            if workload is None:
+                if state.state != "suspended" and pods:
+                    return True, ""  # not managed by Kueue (its webhook off?): the pods are there
+                return False, (
+                    f"{self.kind} is suspended and Kueue has not created a Workload for it yet "
+                    f"(is Kueue running, does it manage this kind, does LocalQueue {self.handle.get('queue')!r} exist?)"
+                )
+            wl = st.workload_state(workload)
+            if wl.admitted:
+                return True, ""
+            return False, f"Kueue Workload {wl.name}: {wl.waiting}"
+        # Volcano: admitted once every rank is bound to a node (gang: all or none)
+        scheduled = sum(1 for v in views if v.scheduled)
+        if len(views) >= self.world_size and scheduled >= self.world_size:
+            return True, ""
+        reasons = []
+        if self.handle.get("uid"):
+            for pg in await self.api.list_podgroups(self.handle["uid"]):
+                waiting = st.podgroup_waiting(pg)
+                if waiting:
+                    reasons.append(waiting)
+        reasons += await self._pod_reasons(pods, views)
+        if not pods:
+            reasons.append(f"Volcano Job phase {state.reason or 'Pending'}, no rank pods yet")
+        return False, f"{scheduled}/{self.world_size} ranks scheduled; " + "; ".join(reasons)

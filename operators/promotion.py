@@ -1,0 +1,308 @@
+"""The promote task: register the candidate, score the champion on the same test split, apply
+the gate, record why, and move the `champion` alias only when the candidate wins.
+
+A candidate that fails the gate is not a task failure: the DAG run succeeds and the registry
+records why nothing was promoted. MLflow being unreachable is `RegistryUnavailable` (retried).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow.sdk import BaseOperator
+
+from operators.exceptions import RegistryUnavailable, UserError
+from operators.registry import (
+    CHAMPION_ALIAS,
+    ChampionEvaluationFailed,
+    Decision,
+    PromotionGate,
+    current_champion,
+    decide,
+    download_version,
+    git_commit,
+    lineage_tags,
+    promote,
+    record_decision,
+    recorded_decision,
+    register_version,
+)
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities.model_registry import ModelVersion
+
+    from airflow.sdk import Context
+
+log = logging.getLogger(__name__)
+
+
+def _number(name: str, value: Any) -> float:
+    """A float from a literal or a rendered template ("0.9"); UserError naming the field."""
+    if isinstance(value, bool):
+        raise UserError(f"{name}={value!r}: must be a number")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{name}={value!r}: must be a number") from None
+
+
+def _is_template(value: Any) -> bool:
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
+class PromoteModelOperator(BaseOperator):
+    """Register a training run's model and make it the champion if it beats the current one.
+
+    Steps (each safe to repeat when Airflow retries the task):
+
+    1. register `<run_dir>/final/` as a version of `model_name` (a pyfunc logged from code, no
+       pickle; see `operators.registry.register_version`): a retry reuses the version already
+       registered from `mlflow_run_id`;
+    2. if that version already holds the `champion` alias (a retry after the alias moved),
+       report it as promoted without deciding again;
+    3. score the candidate (`candidate_metrics` from the evaluate task, or a fresh evaluation
+       when absent or computed on another test file) and the current champion, evaluated now
+       ON THE SAME TEST SPLIT (`test_path`);
+    4. `decide` with `PromotionGate(floor, min_improvement)`: promote iff the candidate reaches
+       the floor and beats the champion by MORE than `min_improvement`;
+    5. record the decision on the version and the registered model (`gangflow.*` tags, see
+       docs/registry.md) and, only when promoted, move the `champion` alias.
+
+    Returns (XCom): `promoted`, `reason`, `model_name`, `model_version`, `candidate_accuracy`,
+    `champion_version` (None without a champion), `champion_accuracy`, plus `metric`,
+    `candidate_score`, `champion_score` (the gated metric; equal to the accuracies by default).
+
+    :param model_name: registered model name (templated).
+    :param run_dir: training run dir holding `final/` (templated).
+    :param test_path: Parquet test split, the same one the candidate was evaluated on (templated).
+    :param mlflow_run_id: the DAG run's MLflow run (templated); the version links to it.
+    :param candidate_metrics: the evaluate task's metrics dict (an XComArg; templated).
+    :param floor: minimum score, in [0, 1] (templated).
+    :param min_improvement: margin over the champion, in [0, 1) (templated).
+    :param lineage: extra version tags, e.g. {"dataset_version": ..., "dataset_md5": ...}; stored as
+        `gangflow.<key>`; `dag_id`, `dag_run_id`, `try_number`, `git_commit`, `mlflow_run_id`
+        are filled from the context when absent (templated).
+    :param tracking_uri: MLflow tracking/registry URI (templated); default from settings.
+
+    Subclassing: set `metric_name` and override `score(metrics)` to gate on another metric,
+    e.g. ``metric_name = "macro_f1"; def score(self, m): return m["macro_f1"]``; override
+    `evaluate_model_dir(final_dir)` to evaluate differently (it scores both candidate and
+    champion, so they stay comparable); override `gate()` for another gate policy.
+    """
+
+    template_fields: Sequence[str] = (
+        "model_name", "run_dir", "test_path", "mlflow_run_id", "candidate_metrics",
+        "floor", "min_improvement", "lineage", "tracking_uri",
+    )
+    ui_color = "#fdf2d0"
+    metric_name: ClassVar[str] = "accuracy"
+
+    def __init__(
+        self,
+        *,
+        model_name: str,
+        run_dir: str,
+        test_path: str,
+        mlflow_run_id: str,
+        candidate_metrics: Mapping[str, Any] | None = None,
+        floor: float | str = 0.9,
+        min_improvement: float | str = 0.0,
+        lineage: Mapping[str, Any] | None = None,
+        tracking_uri: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.model_name = model_name
+        self.run_dir = run_dir
+        self.test_path = test_path
+        self.mlflow_run_id = mlflow_run_id
+        self.candidate_metrics = candidate_metrics
+        self.floor = floor
+        self.min_improvement = min_improvement
+        self.lineage = lineage
+        self.tracking_uri = tracking_uri
+        if not (_is_template(floor) or _is_template(min_improvement)) and all(
+            isinstance(v, (int, float)) for v in (floor, min_improvement)
+        ):
+            try:  # fail at DAG parse time on literal bad values
+                PromotionGate(floor=floor, min_improvement=min_improvement, metric=self.metric_name)
+            except ValueError as exc:
+                raise ValueError(f"{self.task_id}: {exc}") from None
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    def gate(self) -> PromotionGate:
+        try:
+            return PromotionGate(
+                floor=_number("floor", self.floor),
+                min_improvement=_number("min_improvement", self.min_improvement),
+                metric=self.metric_name,
+            )
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+
+    def score(self, metrics: Mapping[str, Any]) -> float:
+        """The number the gate compares; default `metrics["accuracy"]`."""
+        return float(metrics[self.metric_name])
+
+    def evaluate_model_dir(self, final_dir: Path) -> dict[str, Any]:
+        """Metrics of the model in `final_dir` on `test_path` (candidate and champion alike)."""
+        from operators.evaluation import evaluate_final_dir
+
+        return evaluate_final_dir(final_dir, self.test_path)
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def candidate_metrics_for(self, final_dir: Path) -> dict[str, Any]:
+        """The evaluate task's metrics when they are for this test file, else a fresh evaluation."""
+        from operators.evaluation import file_md5
+
+        given = dict(self.candidate_metrics) if isinstance(self.candidate_metrics, Mapping) else None
+        if given and self.metric_name in given:
+            md5 = given.get("test_md5")
+            if md5 is None or md5 == file_md5(self.test_path):
+                return given
+            log.warning("candidate metrics were computed on another test file (md5 %s): re-evaluating on %s",
+                        md5, self.test_path)
+        elif self.candidate_metrics:
+            log.warning("candidate_metrics lack %r: re-evaluating the candidate", self.metric_name)
+        return self.evaluate_model_dir(final_dir)
+
+    def champion_metrics(self, client: MlflowClient, champion: ModelVersion) -> dict[str, Any]:
+        """Download the champion and evaluate it on the same test split."""
+        with tempfile.TemporaryDirectory(prefix="gangflow-champion-") as tmp:
+            final_dir = download_version(client, champion, tmp)
+            try:
+                return self.evaluate_model_dir(final_dir)
+            except (RegistryUnavailable, UserError):
+                raise
+            except Exception as exc:
+                raise ChampionEvaluationFailed(
+                    f"cannot evaluate champion {champion.name} v{champion.version} on {self.test_path}: "
+                    f"{type(exc).__name__}: {exc}. Fix the champion (or remove the '{CHAMPION_ALIAS}' alias) "
+                    "before promoting."
+                ) from exc
+
+    def lineage_for(self, context: Context, candidate_metrics: Mapping[str, Any]) -> dict[str, str]:
+        ti = context.get("ti") if isinstance(context, Mapping) else None
+        dag_run = context.get("dag_run") if isinstance(context, Mapping) else None
+        return lineage_tags(
+            self.lineage,
+            dag_id=getattr(ti, "dag_id", None) or getattr(self, "dag_id", None),
+            dag_run_id=(context.get("run_id") if isinstance(context, Mapping) else None)
+            or getattr(dag_run, "run_id", None) or getattr(ti, "run_id", None),
+            try_number=getattr(ti, "try_number", None),
+            git_commit=git_commit(),
+            mlflow_run_id=str(self.mlflow_run_id),
+            test_data_md5=candidate_metrics.get("test_md5"),
+            **_card_lineage(Path(str(self.run_dir)) / "final"),
+        )
+
+    # -- execute ---------------------------------------------------------------------------
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from operators.tracking import get_client
+
+        gate = self.gate()
+        name = str(self.model_name)
+        final_dir = Path(str(self.run_dir)) / "final"
+        if not (final_dir / "model.safetensors").is_file():
+            raise UserError(f"no final weights at {final_dir}/model.safetensors: nothing to register")
+        if not Path(str(self.test_path)).is_file():
+            raise UserError(f"test split not found at {self.test_path}")
+        if not self.mlflow_run_id:
+            raise UserError("mlflow_run_id is empty: the version must link to the DAG run's MLflow run")
+
+        candidate_metrics = self.candidate_metrics_for(final_dir)
+        candidate_score = self.score(candidate_metrics)
+        client = get_client(self.tracking_uri or None)
+        version = register_version(
+            client, name, run_id=str(self.mlflow_run_id), source_dir_or_artifact_path=final_dir,
+            tags=self.lineage_for(context, candidate_metrics),
+        )
+        champion = current_champion(client, name)
+
+        if champion is not None and str(champion.version) == str(version.version):
+            recorded = recorded_decision(client.get_model_version(name, str(version.version)))
+            reason = recorded.get("gangflow.reason") or f"{name} v{version.version} already holds the alias"
+            log.info("%s v%s already holds @%s (a retried task): not deciding again. %s",
+                     name, version.version, CHAMPION_ALIAS, reason)
+            prev_version = recorded.get("gangflow.champion_version", "none")
+            prev_score = recorded.get(f"gangflow.champion_{gate.metric}", "none")
+            return self._result(
+                Decision(True, reason), version, candidate_metrics, candidate_score,
+                champion_version=None if prev_version == "none" else int(prev_version),
+                champion_metrics=None, champion_score=None if prev_score == "none" else float(prev_score),
+            )
+
+        champion_metrics = self.champion_metrics(client, champion) if champion is not None else None
+        champion_score = self.score(champion_metrics) if champion_metrics is not None else None
+        decision = decide(candidate_score, champion_score, gate,
+                          champion_version=champion.version if champion is not None else None)
+        record_decision(client, version, decision, candidate_score=candidate_score, champion=champion,
+                        champion_score=champion_score, gate=gate)
+        if decision.promote:
+            promote(client, version)
+            log.info("PROMOTED %s v%s to @%s. %s", name, version.version, CHAMPION_ALIAS, decision.reason)
+        else:
+            stays = f"v{champion.version}" if champion is not None else "none"
+            log.info("NOT PROMOTED %s v%s (champion stays %s). %s", name, version.version, stays, decision.reason)
+        return self._result(
+            decision, version, candidate_metrics, candidate_score,
+            champion_version=int(champion.version) if champion is not None else None,
+            champion_metrics=champion_metrics, champion_score=champion_score,
+        )
+
+    def _result(
+        self,
+        decision: Decision,
+        version: ModelVersion,
+        candidate_metrics: Mapping[str, Any],
+        candidate_score: float,
+        *,
+        champion_version: int | None,
+        champion_metrics: Mapping[str, Any] | None,
+        champion_score: float | None,
+    ) -> dict[str, Any]:
+        def acc(metrics: Mapping[str, Any] | None, fallback: float | None) -> float | None:
+            if metrics is not None and "accuracy" in metrics:
+                return float(metrics["accuracy"])
+            return fallback if self.metric_name == "accuracy" else None
+
+        return {
+            "promoted": bool(decision.promote),
+            "reason": decision.reason,
+            "model_name": str(self.model_name),
+            "model_version": int(version.version),
+            "candidate_accuracy": acc(candidate_metrics, candidate_score),
+            "champion_version": champion_version,
+            "champion_accuracy": acc(champion_metrics, champion_score),
+            "metric": self.metric_name,
+            "candidate_score": float(candidate_score),
+            "champion_score": None if champion_score is None else float(champion_score),
+        }
+
+
+def _card_lineage(final_dir: Path) -> dict[str, Any]:
+    """Lineage the model card carries (data md5s, model factory), as `card_*` entries."""
+    try:
+        card = json.loads((final_dir / "model_card.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    found: dict[str, Any] = {}
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                walk(value, f"{path}_{key}" if path else str(key))
+        elif ("md5" in path or path.endswith("factory")) and isinstance(node, str) and node:
+            found[f"card_{path}"] = node
+
+    walk(card, "")
+    return found

@@ -1,0 +1,429 @@
+"""Model-registry logic: the promotion gate, idempotent registration, the champion alias and the
+audit trail. Small functions over an `MlflowClient`, so each is testable on its own;
+`operators.promotion.PromoteModelOperator` strings them together.
+
+The gate (see docs/registry.md):
+
+* the candidate must reach the floor: ``candidate >= floor``;
+* when there is a champion, the candidate must beat it by MORE than the minimum improvement:
+  ``candidate - champion > min_improvement`` (strict; with ``min_improvement = 0`` a tie is not a
+  win). Re-running identical training therefore promotes nothing, and the alias never moves
+  between two equally good models.
+
+Nothing here imports mlflow at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from operators import settings
+from operators.exceptions import UserError
+from operators.tracking import client_uri, mlflow_errors
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities.model_registry import ModelVersion
+
+log = logging.getLogger(__name__)
+
+CHAMPION_ALIAS = "champion"
+LOGGED_MODEL_NAME = "model"
+# Float scores that differ by less than this are equal (k/N accuracies, summed thresholds).
+EPSILON = 1e-12
+
+TAG_DECISION = "gangflow.decision"  # "promoted" | "rejected"
+TAG_REASON = "gangflow.reason"
+TAG_METRIC = "gangflow.gate_metric"
+TAG_GATE = "gangflow.gate"
+TAG_CHAMPION_VERSION = "gangflow.champion_version"
+TAG_DECIDED_AT = "gangflow.decided_at"
+TAG_LAST_DECISION = "gangflow.last_decision"  # on the registered model
+TAG_LAST_DECIDED_AT = "gangflow.last_decided_at"  # on the registered model
+TAG_MLFLOW_RUN_ID = "gangflow.mlflow_run_id"
+
+
+class ChampionEvaluationFailed(UserError):
+    """The current champion could not be loaded or evaluated on the candidate's test split;
+    a person must decide (retrying would not help)."""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class PromotionGate:
+    """When a candidate replaces the champion.
+
+    :param floor: minimum score any candidate needs, in [0, 1]; inclusive (``candidate >= floor``).
+    :param min_improvement: margin over the champion, in [0, 1); strict
+        (``candidate - champion > min_improvement``), so 0 means "strictly better".
+    :param metric: the score's name, used in reasons and tags (``gangflow.candidate_<metric>``).
+    """
+
+    floor: float = 0.9
+    min_improvement: float = 0.0
+    metric: str = "accuracy"
+
+    def __post_init__(self) -> None:
+        if not _is_number(self.floor) or not 0.0 <= self.floor <= 1.0:
+            raise ValueError(f"floor={self.floor!r}: must be a number in [0, 1]")
+        if not _is_number(self.min_improvement) or not 0.0 <= self.min_improvement < 1.0:
+            raise ValueError(f"min_improvement={self.min_improvement!r}: must be a number in [0, 1)")
+        if not isinstance(self.metric, str) or not self.metric.replace("_", "").isalnum():
+            raise ValueError(f"metric={self.metric!r}: must be a non-empty name of letters, digits and '_'")
+        object.__setattr__(self, "floor", float(self.floor))
+        object.__setattr__(self, "min_improvement", float(self.min_improvement))
+
+    def describe(self) -> str:
+        return (f"{self.metric} >= floor {self.floor:.4f} and "
+                f"{self.metric} - champion > min_improvement {self.min_improvement:.4f}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The gate's verdict. `reason` states both scores and the rule applied."""
+
+    promote: bool
+    reason: str
+
+
+def decide(
+    candidate: float,
+    champion: float | None,
+    gate: PromotionGate,
+    *,
+    champion_version: int | str | None = None,
+) -> Decision:
+    """Apply `gate` to a candidate score and the champion's score (None: no champion yet)."""
+    m = gate.metric
+    champ = f"champion v{champion_version}" if champion_version is not None else "the champion"
+    if not _is_number(candidate):
+        return Decision(False, f"not promoted: candidate {m} {candidate!r} is not a number")
+    if candidate < gate.floor:
+        return Decision(False, f"not promoted: candidate {m} {candidate:.4f} is below the floor {gate.floor:.4f}")
+    if champion is None:
+        return Decision(True, f"promoted: candidate {m} {candidate:.4f} reaches the floor {gate.floor:.4f} "
+                              "and there is no champion yet")
+    if not _is_number(champion):
+        return Decision(False, f"not promoted: {champ} {m} {champion!r} is not a number; fix or remove the alias")
+    gain = candidate - champion
+    if gain - gate.min_improvement > EPSILON:
+        return Decision(True, f"promoted: candidate {m} {candidate:.4f} beats {champ} ({champion:.4f}) by "
+                              f"{gain:.4f}, more than the minimum improvement {gate.min_improvement:.4f}")
+    return Decision(False, f"not promoted: candidate {m} {candidate:.4f} does not beat {champ} ({champion:.4f}) "
+                           f"by more than the minimum improvement {gate.min_improvement:.4f}")
+
+
+# --------------------------------------------------------------------------- registry calls
+
+
+def _literal(value: str) -> str:
+    value = str(value)
+    return f'"{value}"' if "'" in value else f"'{value}'"
+
+
+def ensure_registered_model(client: MlflowClient, name: str, *, description: str | None = None) -> None:
+    """Create registered model `name` unless it exists."""
+    from mlflow.exceptions import MlflowException
+
+    with mlflow_errors(client_uri(client), f"create registered model {name!r}"):
+        try:
+            client.create_registered_model(
+                name, description=description or "Registered by gangflow; see docs/registry.md for the gate "
+                                                  "and the gangflow.* audit tags.")
+        except MlflowException as exc:
+            if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+                raise
+
+
+def find_version_for_run(client: MlflowClient, name: str, run_id: str) -> ModelVersion | None:
+    """The (lowest) version of `name` registered from MLflow run `run_id`, or None."""
+    with mlflow_errors(client_uri(client), f"search versions of {name!r} for run {run_id}"):
+        versions = client.search_model_versions(f"name={_literal(name)} AND run_id={_literal(run_id)}")
+    versions = [v for v in versions if v.name == name and v.run_id == run_id]
+    return min(versions, key=lambda v: int(v.version)) if versions else None
+
+
+def _pyfunc_signature():
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types.schema import ColSpec, Schema
+
+    from operators.model_pyfunc import FEATURE_COLUMNS
+
+    return ModelSignature(inputs=Schema([ColSpec("double", c) for c in FEATURE_COLUMNS]))
+
+
+def _pip_requirements() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    reqs = []
+    for dist in ("torch", "safetensors", "numpy", "pandas", "mlflow"):
+        try:
+            reqs.append(f"{dist}=={version(dist)}")
+        except PackageNotFoundError:
+            reqs.append(dist)
+    return reqs
+
+
+def log_pyfunc_model(
+    client: MlflowClient,
+    run_id: str,
+    final_dir: str | Path,
+    *,
+    name: str = LOGGED_MODEL_NAME,
+    tags: Mapping[str, str] | None = None,
+) -> str:
+    """Log `final_dir` (model.safetensors + model_card.json) as an MLflow pyfunc *from code*
+    (operators/model_pyfunc.py, no pickle), linked to run `run_id`; returns the model id
+    (register `models:/<model_id>`)."""
+    import mlflow
+    import pandas as pd
+    from mlflow.models import Model
+
+    from operators import model_pyfunc
+
+    final_dir = Path(final_dir)
+    uri = client_uri(client)
+    with mlflow_errors(uri, f"log the model of run {run_id}"), tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp) / "final"  # only the files the model needs, whatever else final/ holds
+        staged.mkdir()
+        for fname in (model_pyfunc.WEIGHTS_FILE, model_pyfunc.CARD_FILE):
+            if not (final_dir / fname).is_file():
+                raise UserError(f"cannot register {final_dir}: {fname} is missing")
+            shutil.copy2(final_dir / fname, staged / fname)
+        experiment_id = client.get_run(run_id).info.experiment_id
+        logged = client.create_logged_model(
+            experiment_id, name=name, source_run_id=run_id,
+            tags={str(k): str(v) for k, v in (tags or {}).items()}, model_type="gangflow-safetensors",
+        )
+        example = pd.DataFrame([[0.0] * len(model_pyfunc.FEATURE_COLUMNS)], columns=model_pyfunc.FEATURE_COLUMNS)
+        with _use_tracking_uri(uri):
+            Model.log(
+                artifact_path=None,
+                name=name,
+                flavor=mlflow.pyfunc,
+                run_id=run_id,
+                model_id=logged.model_id,
+                python_model=str(Path(model_pyfunc.__file__).resolve()),
+                artifacts={"final": str(staged)},
+                signature=_pyfunc_signature(),
+                input_example=example,
+                pip_requirements=_pip_requirements(),
+            )
+    return logged.model_id
+
+
+@contextlib.contextmanager
+def _use_tracking_uri(uri: str) -> Iterator[None]:
+    """MLflow's fluent `Model.log` reads the global tracking URI: point it at `uri` meanwhile,
+    then restore both the global and the MLFLOW_TRACKING_URI env var (which MLflow's own
+    setter would unset when restoring "no URI set")."""
+    import mlflow
+
+    try:
+        from mlflow.tracking._tracking_service import utils as tracking_utils
+
+        old_global = getattr(tracking_utils, "_tracking_uri", None)
+    except ImportError:  # pragma: no cover - private module moved
+        old_global = None
+    old_env = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(old_global)
+        if old_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = old_env
+
+
+def register_version(
+    client: MlflowClient,
+    name: str,
+    *,
+    run_id: str,
+    source_dir_or_artifact_path: str | Path,
+    tags: Mapping[str, Any] | None = None,
+) -> ModelVersion:
+    """Register the model of MLflow run `run_id` as a new version of `name`, IDEMPOTENTLY.
+
+    If a version of `name` from the same run exists (a retried task), it is returned and nothing
+    is logged or registered again. Otherwise:
+
+    * a local directory (a run's `final/` dir) is logged as a pyfunc LoggedModel from code
+      (`log_pyfunc_model`) and registered as `models:/<model_id>`;
+    * anything else is taken as an artifact URI (`runs:/<id>/model`, `models:/<model_id>`,
+      `file://...`, `s3://...`) and registered as is.
+
+    `tags` (lineage) are set on the new version, plus `gangflow.mlflow_run_id`.
+    """
+    tags = {str(k): str(v) for k, v in (tags or {}).items()}
+    tags.setdefault(TAG_MLFLOW_RUN_ID, run_id)
+    ensure_registered_model(client, name)
+    existing = find_version_for_run(client, name, run_id)
+    if existing is not None:
+        log.info("model %s v%s is already registered from run %s: reusing it", name, existing.version, run_id)
+        return existing
+    uri = client_uri(client)
+    source = str(source_dir_or_artifact_path)
+    model_id = None
+    if "://" not in source and Path(source).is_dir():
+        model_id = log_pyfunc_model(client, run_id, source, tags={TAG_MLFLOW_RUN_ID: run_id})
+        source = f"models:/{model_id}"
+    elif source.startswith("models:/m-"):
+        model_id = source.removeprefix("models:/")
+    with mlflow_errors(uri, f"create a version of {name!r}"):
+        # The SQL registry resolves `models:/<id>` through the *global* tracking URI.
+        with _use_tracking_uri(uri):
+            version = client.create_model_version(name, source=source, run_id=run_id, tags=tags, model_id=model_id)
+        if model_id is not None:
+            try:  # shows the version on the LoggedModel's page in the UI; cosmetic
+                client.set_logged_model_tags(model_id, {"gangflow.registered_as": f"{name}/{version.version}"})
+            except Exception as exc:  # noqa: BLE001
+                log.debug("could not tag logged model %s: %s", model_id, exc)
+    log.info("registered %s v%s from run %s (source %s)", name, version.version, run_id, source)
+    return version
+
+
+def current_champion(client: MlflowClient, name: str) -> ModelVersion | None:
+    """The version holding the `champion` alias, or None (no alias, or no such model)."""
+    from mlflow.exceptions import MlflowException
+
+    with mlflow_errors(client_uri(client), f"read the champion of {name!r}"):
+        try:
+            model = client.get_registered_model(name)
+        except MlflowException as exc:
+            if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"):
+                return None
+            raise
+        version = (model.aliases or {}).get(CHAMPION_ALIAS)
+        if version is None:
+            return None
+        return client.get_model_version(name, str(version))
+
+
+def holds_champion(client: MlflowClient, version: ModelVersion) -> bool:
+    champion = current_champion(client, version.name)
+    return champion is not None and str(champion.version) == str(version.version)
+
+
+def download_version(client: MlflowClient, version: ModelVersion, dst: str | Path) -> Path:
+    """Download a version's artifacts under `dst` and return the folder holding
+    `model.safetensors` (the pyfunc's `artifacts/final/`, or the root of a plain folder)."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    uri = client_uri(client)
+    Path(dst).mkdir(parents=True, exist_ok=True)
+    with mlflow_errors(uri, f"download {version.name} v{version.version}"):
+        source = client.get_model_version_download_uri(version.name, str(version.version))
+        local = Path(get_artifact_repository(source).download_artifacts("", str(dst)))
+    hits = sorted(local.rglob("model.safetensors"), key=lambda p: len(p.parts))
+    if not hits:
+        raise ChampionEvaluationFailed(f"{version.name} v{version.version} ({source}) has no model.safetensors")
+    return hits[0].parent
+
+
+def _fmt(value: float | None) -> str:
+    return "none" if value is None else f"{value:.6f}"
+
+
+def record_decision(
+    client: MlflowClient,
+    version: ModelVersion,
+    decision: Decision,
+    *,
+    candidate_score: float,
+    champion: ModelVersion | None = None,
+    champion_score: float | None = None,
+    gate: PromotionGate | None = None,
+    decided_at: datetime | None = None,
+) -> dict[str, str]:
+    """Write the audit trail of one promotion decision and return the version tags written.
+
+    On the model version: tags `gangflow.decision` (promoted|rejected), `gangflow.reason`,
+    `gangflow.candidate_<metric>`, `gangflow.champion_version` ("none" if none),
+    `gangflow.champion_<metric>`, `gangflow.gate_metric`, `gangflow.gate`, `gangflow.decided_at`
+    (UTC ISO 8601), and the reason as the version's description. On the registered model: tags
+    `gangflow.last_decision` ("v<N> promoted|rejected: <reason>") and `gangflow.last_decided_at`;
+    when promoted, also the model's description. Does NOT move the alias (see `promote`).
+    """
+    gate = gate or PromotionGate()
+    m = gate.metric
+    when = (decided_at or datetime.now(timezone.utc)).isoformat(timespec="seconds")
+    verdict = "promoted" if decision.promote else "rejected"
+    tags = {
+        TAG_DECISION: verdict,
+        TAG_REASON: decision.reason,
+        f"gangflow.candidate_{m}": _fmt(candidate_score),
+        TAG_CHAMPION_VERSION: str(champion.version) if champion is not None else "none",
+        f"gangflow.champion_{m}": _fmt(champion_score),
+        TAG_METRIC: m,
+        TAG_GATE: gate.describe(),
+        TAG_DECIDED_AT: when,
+    }
+    name, number = version.name, str(version.version)
+    with mlflow_errors(client_uri(client), f"record the decision on {name} v{number}"):
+        for key, value in tags.items():
+            client.set_model_version_tag(name, number, key, value)
+        client.update_model_version(name, number, description=decision.reason)
+        client.set_registered_model_tag(name, TAG_LAST_DECISION, f"v{number} {verdict}: {decision.reason}")
+        client.set_registered_model_tag(name, TAG_LAST_DECIDED_AT, when)
+        if decision.promote:
+            client.update_registered_model(
+                name, description=f"Champion: v{number} ({m} {candidate_score:.4f}), promoted {when}. {decision.reason}"
+            )
+    return tags
+
+
+def promote(client: MlflowClient, version: ModelVersion) -> None:
+    """Point the `champion` alias at `version`."""
+    with mlflow_errors(client_uri(client), f"move the {CHAMPION_ALIAS} alias of {version.name}"):
+        client.set_registered_model_alias(version.name, CHAMPION_ALIAS, str(version.version))
+
+
+def recorded_decision(version: ModelVersion) -> dict[str, str]:
+    """The `gangflow.*` audit tags already on a version (empty if never decided)."""
+    return {k: v for k, v in (version.tags or {}).items() if k.startswith("gangflow.")}
+
+
+def git_commit(root: str | Path | None = None) -> str:
+    """`git rev-parse HEAD` of the project (the code that trained the model), or "unknown"."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=str(root or settings.PROJECT_ROOT),
+            capture_output=True, text=True, timeout=10, check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    sha = out.stdout.strip()
+    return sha if out.returncode == 0 and sha else "unknown"
+
+
+def lineage_tags(lineage: Mapping[str, Any] | None, **defaults: Any) -> dict[str, str]:
+    """Model-version tags `gangflow.<key>` from a lineage dict, `defaults` filling the gaps.
+
+    Nested values are stored as JSON; None values are dropped.
+    """
+    merged: dict[str, Any] = {k: v for k, v in defaults.items() if v is not None}
+    merged.update({k: v for k, v in (lineage or {}).items() if v is not None})
+    out = {}
+    for key, value in merged.items():
+        key = str(key) if str(key).startswith("gangflow.") else f"gangflow.{key}"
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+        out[key] = text[:5000]
+    return out

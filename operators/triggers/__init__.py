@@ -1,0 +1,1 @@
+"""Airflow triggers gangflow's deferrable operators defer to (they run in the triggerer)."""

@@ -1,0 +1,400 @@
+"""Dataset validation: the first task of every gangflow DAG run.
+
+`DatasetValidationOperator` resolves a DVC-pinned dataset version to its read-only files,
+re-checks their hashes, runs a Great Expectations suite on every split, writes GX Data Docs under
+`<state>/reports/<version>/`, and returns the validated-dataset manifest (see
+`operators.dataset.manifest`) as its XCom. `run_expectations()` is the same GX run without
+Airflow, for notebooks and tests.
+
+Import cost: great_expectations, dvc, pandas and pyarrow are imported inside the methods that
+use them, never when a DAG file imports this module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+from operators import dataset, settings
+from operators.exceptions import DataValidationFailed, UserError
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from great_expectations import ExpectationSuite
+    from great_expectations.core import ExpectationValidationResult
+
+    from operators.dataset import ResolvedDataset
+
+SuiteFactory = Callable[[str], "ExpectationSuite"]
+
+#: At most this many failed expectations are spelled out in the exception message.
+MAX_LISTED_FAILURES = 40
+
+
+@dataclass(frozen=True)
+class ExpectationFailure:
+    """One failed expectation, in words a data engineer can act on."""
+
+    split: str
+    expectation: str
+    column: str | None
+    expected: str
+    observed: str
+
+    def __str__(self) -> str:
+        column = f" column {self.column}:" if self.column else ""
+        return f"[{self.split}]{column} {self.expectation}({self.expected}) -> {self.observed}"
+
+
+@dataclass
+class ValidationReport:
+    """What `run_expectations` found: per-split GX results, failures, and the Data Docs index."""
+
+    success: bool
+    failures: list[ExpectationFailure]
+    evaluated: dict[str, int]
+    data_docs: Path | None
+    results: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    def describe(self, version: str | None = None, *, limit: int = MAX_LISTED_FAILURES) -> str:
+        """A multi-line summary: one line per failed expectation (at most `limit`)."""
+        total = sum(self.evaluated.values())
+        what = f"dataset version {version}" if version else "the dataset"
+        if self.success:
+            return f"{what} passed all {total} expectations ({self._per_split()})"
+        lines = [f"{what} failed {len(self.failures)} of {total} expectations ({self._per_split()}):"]
+        lines += [f"  - {failure}" for failure in self.failures[:limit]]
+        if len(self.failures) > limit:
+            lines.append(f"  ... and {len(self.failures) - limit} more (see the Data Docs)")
+        if self.data_docs:
+            lines.append(f"Data Docs: {self.data_docs}")
+        return "\n".join(lines)
+
+    def _per_split(self) -> str:
+        failed: dict[str, int] = {}
+        for failure in self.failures:
+            failed[failure.split] = failed.get(failure.split, 0) + 1
+        return ", ".join(f"{split}: {failed.get(split, 0)} failed of {n}" for split, n in self.evaluated.items())
+
+
+class DatasetValidationOperator(BaseOperator):
+    """Validate a DVC-pinned dataset version with Great Expectations; return its manifest.
+
+    :param dataset_version: the version to validate: 32 hex digits (the DVC md5 of the dataset
+        directory, as in dvc.lock without `.dir`), or `"pinned"` / empty for the version
+        pinned in dvc.lock. Templated; defaults to the DAG param `dataset_version`.
+    :param project_root: the git + DVC repository holding dvc.yaml/dvc.lock (templated);
+        default `operators.settings.PROJECT_ROOT`.
+    :param suite: `"module:function"` of the suite factory, called as `function(split)` for each
+        split and returning a `great_expectations.ExpectationSuite` (templated). Modules under
+        the project root (such as `data.expectations`) are loaded from there.
+
+    ``execute`` runs these steps, each a method you can override in a subclass:
+
+    1. ``resolve(version)``: turn the version into a `ResolvedDataset` (read-only files in the
+       DVC cache, fetched from the DVC remote when absent). Raises DatasetVersionNotFound,
+       StorageUnavailable (retried) or InvalidDatasetVersion.
+    2. ``verify(resolved)``: recompute every file's md5; a changed byte raises
+       DatasetHashMismatch. What is validated is exactly what is trained on (the trainer
+       re-checks the train file's md5 from the manifest).
+    3. ``load(resolved)``: read every split into a pandas DataFrame, keyed by split name.
+    4. ``expectations(split)``: the ExpectationSuite for one split (default: the `suite`
+       factory). Override to build suites from code or config instead.
+    5. ``validate(frames, version=..., run_name=...)``: run GX on every split with an
+       ephemeral context and write Data Docs to ``data_docs_dir(version)``.
+    6. ``on_failed(report, resolved)``: called when an expectation failed. The default raises
+       DataValidationFailed whose message lists each failure (split, column, expectation,
+       expected vs observed); it is what the task log shows. Override to alert first (then
+       call ``super().on_failed``), or return normally to accept the data anyway (warn-only).
+    7. ``build_manifest(resolved, frames, report)``: the dict returned as XCom: version, uri,
+       train/test paths and md5s, rows, schema, data_docs, files.
+
+    No step is retried for user errors (bad version, missing version, changed bytes, failed
+    expectations); an unreachable DVC remote raises StorageUnavailable, which is retried.
+    """
+
+    template_fields: Sequence[str] = ("dataset_version", "project_root", "suite")
+    ui_color = "#d8f3dc"
+    ui_fgcolor = "#1b4332"
+
+    #: The DVC-tracked directory (an `outs` entry in dvc.yaml) that holds the dataset.
+    dvc_out: str = dataset.DEFAULT_OUT
+
+    def __init__(
+        self,
+        *,
+        dataset_version: str = "{{ params.dataset_version }}",
+        project_root: str | None = None,
+        suite: str = "data.expectations:digits_suite",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.dataset_version = dataset_version
+        self.project_root = project_root
+        self.suite = suite
+
+    # -- the steps -------------------------------------------------------------------------
+
+    @property
+    def root(self) -> Path:
+        return Path(self.project_root or settings.PROJECT_ROOT)
+
+    def resolve(self, version: str) -> ResolvedDataset:
+        return dataset.resolve(version, self.root, out=self.dvc_out)
+
+    def verify(self, resolved: ResolvedDataset) -> ResolvedDataset:
+        return dataset.verify(resolved)
+
+    def load(self, resolved: ResolvedDataset) -> dict[str, pd.DataFrame]:
+        import pandas as pd
+
+        return {split: pd.read_parquet(path) for split, path in resolved.splits.items()}
+
+    def expectations(self, split: str) -> ExpectationSuite:
+        return load_suite_factory(self.suite, self.root)(split)
+
+    def data_docs_dir(self, version: str) -> Path:
+        return settings.reports_dir() / version
+
+    def validate(self, frames: Mapping[str, pd.DataFrame], *, version: str, run_name: str) -> ValidationReport:
+        return run_expectations(
+            frames, self.expectations, docs_dir=self.data_docs_dir(version), run_name=run_name
+        )
+
+    def on_failed(self, report: ValidationReport, resolved: ResolvedDataset) -> None:
+        raise DataValidationFailed(report.describe(resolved.version))
+
+    def build_manifest(
+        self, resolved: ResolvedDataset, frames: Mapping[str, pd.DataFrame], report: ValidationReport
+    ) -> dict[str, Any]:
+        rows = {split: len(frame) for split, frame in frames.items()}
+        schema = {str(c): str(t) for c, t in frames["train"].dtypes.items()} if "train" in frames else None
+        return dataset.manifest(resolved, data_docs=report.data_docs, rows=rows, schema=schema)
+
+    # -- the task --------------------------------------------------------------------------
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        version = dataset.normalize_version(self.dataset_version, self.root, out=self.dvc_out)
+        self.log.info("Validating dataset %s version %s (asked for %r)", self.dvc_out, version, self.dataset_version)
+        resolved = self.verify(self.resolve(version))
+        self.log.info(
+            "Dataset version %s: hashes verified %s (manifest %s)",
+            version, ", ".join(f"{n}={m}" for n, m in sorted(resolved.md5s.items())), resolved.uri,
+        )
+        frames = self.load(resolved)
+        report = self.validate(frames, version=version, run_name=_run_name(context))
+        if report.success:
+            self.log.info("%s", report.describe(version))
+        else:
+            self.on_failed(report, resolved)  # raises DataValidationFailed unless overridden
+            self.log.warning("Accepted despite failed expectations: %s", report.describe(version))
+        result = self.build_manifest(resolved, frames, report)
+        self.log.info(
+            "Validated dataset version %s: rows %s, train md5 %s, test md5 %s, Data Docs %s",
+            version, result["rows"], result["train_md5"], result["test_md5"], result["data_docs"],
+        )
+        return result
+
+
+# --------------------------------------------------------------------------------------------
+# Suites
+
+
+def _quiet_gx_logs() -> None:
+    """GX logs hundreds of INFO lines about its own internals on import; keep task logs readable.
+
+    Only when nobody configured the `great_expectations` logger: set a level to get them back.
+    """
+    gx_logger = logging.getLogger("great_expectations")
+    if gx_logger.level == logging.NOTSET:
+        gx_logger.setLevel(logging.WARNING)
+
+
+def load_suite_factory(spec: str, root: str | Path | None = None) -> SuiteFactory:
+    """Import the `module:function` suite factory; modules under `root` are loaded from there."""
+    _quiet_gx_logs()
+    module_name, sep, attr = str(spec).partition(":")
+    if not sep or not module_name or not attr:
+        raise UserError(f"suite={spec!r}: expected 'module:function', e.g. 'data.expectations:digits_suite'")
+    root = Path(root or settings.PROJECT_ROOT)
+    candidate = root.joinpath(*module_name.split(".")).with_suffix(".py")
+    try:
+        if candidate.is_file():
+            module = _load_from_file(module_name, candidate)
+        else:
+            module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UserError(f"suite={spec!r}: cannot import {module_name}: {exc}") from exc
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise UserError(f"suite={spec!r}: {module_name} has no function {attr!r}")
+    return factory
+
+
+def _load_from_file(module_name: str, path: Path) -> Any:
+    loaded = sys.modules.get(module_name)
+    if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == path.resolve():
+        return loaded
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
+    return module
+
+
+# --------------------------------------------------------------------------------------------
+# Running Great Expectations
+
+
+def run_expectations(
+    frames: Mapping[str, pd.DataFrame],
+    suite_factory: SuiteFactory,
+    *,
+    docs_dir: str | Path | None = None,
+    run_name: str = "gangflow",
+) -> ValidationReport:
+    """Validate each split's DataFrame against `suite_factory(split)` with an ephemeral GX context.
+
+    Uses a pandas data source with one DataFrame asset and a whole-dataframe batch definition
+    per split. With `docs_dir`, GX Data Docs (a SiteBuilder site on the local filesystem) are
+    built there, failures included; `report.data_docs` is its index.html.
+    """
+    _quiet_gx_logs()
+    import great_expectations as gx
+    from great_expectations.core.run_identifier import RunIdentifier
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        InMemoryStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
+
+    sites = {}
+    if docs_dir is not None:
+        docs_dir = Path(docs_dir)
+        docs_dir.mkdir(parents=True, exist_ok=True)
+        sites["gangflow"] = {
+            "class_name": "SiteBuilder",
+            "show_how_to_buttons": False,
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+        }
+    context = gx.get_context(
+        mode="ephemeral",
+        project_config=DataContextConfig(
+            store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
+            data_docs_sites=sites,
+            analytics_enabled=False,
+            progress_bars=ProgressBarsConfig(globally=False),
+        ),
+    )
+    source = context.data_sources.add_pandas("gangflow")
+    run_id = RunIdentifier(run_name=_safe(run_name), run_time=datetime.now(timezone.utc))
+    results: dict[str, Any] = {}
+    failures: list[ExpectationFailure] = []
+    evaluated: dict[str, int] = {}
+    used: set[str] = set()
+    for split, frame in frames.items():
+        suite = suite_factory(split)
+        if suite.name in used:  # a factory may give every split the same suite name
+            suite.name = f"{suite.name}.{split}"
+        used.add(suite.name)
+        suite = context.suites.add(suite)
+        batch = source.add_dataframe_asset(name=split).add_batch_definition_whole_dataframe(split)
+        definition = context.validation_definitions.add(
+            gx.ValidationDefinition(name=f"{suite.name}:{split}", data=batch, suite=suite)
+        )
+        result = definition.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY", run_id=run_id)
+        results[split] = result
+        evaluated[split] = len(result.results)
+        failures += [describe_failure(split, r) for r in result.results if not r.success]
+    data_docs = None
+    if docs_dir is not None:
+        context.build_data_docs(site_names=["gangflow"])
+        data_docs = docs_dir / "index.html"
+    return ValidationReport(
+        success=not failures, failures=failures, evaluated=evaluated, data_docs=data_docs, results=results
+    )
+
+
+def describe_failure(split: str, result: ExpectationValidationResult) -> ExpectationFailure:
+    """Expected vs observed, in words, for one failed GX expectation result."""
+    config = result.expectation_config
+    kwargs = {k: v for k, v in dict(config.kwargs).items() if k not in ("batch_id", "column") and v is not None}
+    column = config.kwargs.get("column")
+    expected = ", ".join(f"{k}={_short(v)}" for k, v in kwargs.items())
+    return ExpectationFailure(split, config.type, column, expected, _observed(config.type, result))
+
+
+def _observed(kind: str, result: ExpectationValidationResult) -> str:
+    info = result.exception_info or {}
+    raised = [info] if "raised_exception" in info else [v for v in info.values() if isinstance(v, dict)]
+    for item in raised:
+        if item.get("raised_exception"):
+            message = str(item.get("exception_message") or "error").strip().splitlines()[0]
+            return f"could not be evaluated: {message}"
+    res = dict(result.result or {})
+    details = res.get("details") or {}
+    if "unexpected_count" in res and res.get("element_count") is not None:
+        count, total = res["unexpected_count"], res["element_count"]
+        missing = res.get("missing_count") or 0
+        sample = res.get("partial_unexpected_list") or []
+        text = f"{count} of {total} values unexpected ({100.0 * count / max(total, 1):.2f}%)"
+        if sample:
+            text += f", e.g. {_short(sample[:8])}"
+        if missing and kind != "expect_column_values_to_not_be_null":
+            text += f"; {missing} null"
+        return text
+    if kind == "expect_column_kl_divergence_to_be_less_than":
+        observed = res.get("observed_value")
+        shares = details.get("observed_partition") or {}
+        pairs = ", ".join(
+            f"{value}: {weight:.3f}" for value, weight in zip(shares.get("values", []), shares.get("weights", []))
+        )
+        kl = "infinite (values outside the partition)" if observed is None else f"{observed:.4f}"
+        return f"KL divergence {kl}; observed shares {{{pairs}}}"
+    mismatched = details.get("mismatched")
+    if isinstance(mismatched, dict):
+        parts = [f"{k} {_short(sorted(map(str, v)))}" for k, v in mismatched.items() if v]
+        return "columns " + "; ".join(parts) if parts else f"observed {_short(res.get('observed_value'))}"
+    return f"observed {_short(res.get('observed_value'))}"
+
+
+def _short(value: Any, limit: int = 8) -> str:
+    if isinstance(value, (list, tuple, set)):
+        items = list(value)
+        if len(items) > limit:
+            head = ", ".join(_short(v) for v in items[:3])
+            return f"[{head}, ... ({len(items)} items)]"
+        return "[" + ", ".join(_short(v) for v in items) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_short(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "gangflow"
+
+
+def _run_name(context: Any) -> str:
+    try:
+        run_id = context.get("run_id") if hasattr(context, "get") else None
+    except Exception:  # noqa: BLE001 - a label only
+        run_id = None
+    return str(run_id or "manual")

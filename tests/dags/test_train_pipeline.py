@@ -1,0 +1,174 @@
+"""The pipeline DAG end to end with the real components (slow), and its parse-time contract."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.numpy import load_file
+
+from pipeline_runs import FAST, PROJECT_ROOT, finish, pipeline_env, run_pipeline, start_pipeline
+
+HEAVY = ("torch", "mlflow", "great_expectations", "dvc", "pandas")
+
+
+def _python(code: str, home: Path) -> str:
+    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env=pipeline_env(home), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_dag_file_imports_nothing_heavy(tmp_path):
+    code = (
+        "import importlib.util, json, sys\n"
+        "spec = importlib.util.spec_from_file_location('train_pipeline', 'dags/train_pipeline.py')\n"
+        "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    )
+    assert json.loads(_python(code, tmp_path)) == []
+
+
+def test_dag_shape_schedule_and_pools(tmp_path):
+    code = (
+        "import json\n"
+        "from airflow.models.dagbag import DagBag\n"
+        "bag = DagBag(dag_folder='dags')\n"
+        "assert not bag.import_errors, bag.import_errors\n"
+        "dag = bag.dags['train_pipeline']\n"
+        "print(json.dumps({'tasks': {t.task_id: [t.pool, t.pool_slots] for t in dag.tasks}, 'tags': sorted(dag.tags),\n"
+        "  'params': sorted(dag.params.keys()), 'schedule': type(dag.timetable).__name__, 'doc': bool(dag.doc_md),\n"
+        "  'dags': sorted(bag.dags)}))"
+    )
+    shape = json.loads(_python(code, tmp_path))
+    assert shape["dags"] == ["publish_dataset", "train_pipeline"]
+    for n in (1, 2, 4, 8):
+        assert shape["tasks"][f"train_local_{n}"] == ["gangflow_training", n]
+    assert {"validate_dataset", "admit_gang", "training_result", "evaluate", "promote", "train_kubernetes"} <= set(shape["tasks"])
+    assert shape["params"] == sorted(
+        ["dataset_version", "world_size", "backend", "max_steps", "learning_rate", "batch_size",
+         "checkpoint_every_steps", "promotion_floor", "min_improvement"]
+    )  # fmt: skip
+    assert shape["schedule"] == "AssetOrTimeSchedule" and shape["doc"] and "gangflow" in shape["tags"]
+
+
+@pytest.mark.parametrize(
+    ("conf", "field"),
+    [
+        ({"world_size": 0}, "world_size"),
+        ({"backend": "slurm"}, "backend"),
+        ({"learning_rate": -1}, "learning_rate"),
+        ({"dataset_version": "v1"}, "dataset_version"),
+        ({"max_steps": "many"}, "max_steps"),
+    ],
+)
+def test_bad_params_are_refused_naming_the_field(pipeline_home, tmp_path, conf, field):
+    summary, output, code = run_pipeline(pipeline_home, conf, tmp_path / "run.log")
+    assert code != 0
+    assert summary["state"] == "failed" and summary["failure"]["kind"] == "user"
+    assert field in summary["failure"]["reason"], summary
+    assert summary["train_attempts"] == 0
+
+
+@pytest.mark.slow
+def test_impossible_gang_is_refused_with_a_reason(pipeline_home, tmp_path):
+    summary, output, code = run_pipeline(pipeline_home, {**FAST, "world_size": 8}, tmp_path / "run.log", GANGFLOW_POOL_SLOTS="2")
+    assert code != 0 and summary["failure"]["kind"] == "user"
+    assert "world_size=8" in summary["failure"]["reason"] and "2 slots" in summary["failure"]["reason"]
+    assert summary["train_attempts"] == 0
+
+
+@pytest.mark.slow
+def test_first_run_promotes_and_registry_has_lineage(baseline, pipeline_home):
+    s = baseline["summary"]
+    assert s["state"] == "success", s
+    assert s["accuracy"] >= 0.9 and s["promoted"] is True and s["model_version"] == "1"
+    assert s["train_attempts"] == 1 and s["dataset_version"]
+    registry = _registry(pipeline_home, s["model_name"])
+    assert registry["champion"] == "1"
+    tags = registry["versions"]["1"]
+    assert tags["gangflow.decision"] == "promoted"
+    for key in ("dataset_version", "dag_id", "dag_run_id", "mlflow_run_id", "git_commit"):
+        assert any(key in k for k in tags), (key, tags)
+
+
+@pytest.mark.slow
+def test_kill_is_retried_resumes_and_matches_uninterrupted_run(baseline, pipeline_home, tmp_path):
+    """kill@step=30 on rank 1: one failed try, a retry that resumes from step 30, the same weights."""
+    summary, output, code = run_pipeline(pipeline_home, FAST, tmp_path / "run.log", GANGFLOW_FAULT="kill@step=30,rank=1")
+    assert code == 0, output[-6000:]
+    assert summary["train_attempts"] == 2
+    assert "infra failure" in output and "resumed from checkpoint step 30" in output
+    # Same seed, same world size: bitwise the same final weights as the uninterrupted baseline.
+    assert _weights(pipeline_home, summary) == _weights(pipeline_home, baseline["summary"])
+    # Exactly one new version for this training run, not promoted (it only ties the champion).
+    registry = _registry(pipeline_home, summary["model_name"])
+    assert summary["promoted"] is False and "does not beat" in summary["promotion_reason"]
+    assert list(registry["runs"].values()).count(registry["runs"][summary["model_version"]]) == 1
+    assert registry["champion"] == baseline["summary"]["model_version"]
+
+
+@pytest.mark.slow
+def test_user_error_fails_after_one_attempt_saying_why(pipeline_home, tmp_path):
+    summary, output, code = run_pipeline(pipeline_home, FAST, tmp_path / "run.log", GANGFLOW_FAULT="raise@step=5")
+    assert code != 0 and summary["state"] == "failed"
+    assert summary["train_attempts"] == 1
+    assert summary["failure"]["kind"] == "user"
+    reason = summary["failure"]["reason"]
+    assert "ValueError" in reason and "step 5" in reason and "rank" in reason, reason
+    assert "user failure" in output
+
+
+@pytest.mark.slow
+def test_preemption_commits_a_checkpoint_and_loses_no_steps(pipeline_home, tmp_path):
+    summary, output, code = run_pipeline(pipeline_home, FAST, tmp_path / "run.log", GANGFLOW_FAULT="term@step=25")
+    assert code == 0, output[-6000:]
+    assert summary["train_attempts"] == 2
+    # The SIGTERM path checkpoints at the step where it stopped: the retry resumes there.
+    assert "resumed from checkpoint step 25" in output or "resumed from checkpoint step 26" in output, output[-3000:]
+
+
+@pytest.mark.slow
+def test_corrupted_newest_checkpoint_resumes_from_the_one_before(pipeline_home, tmp_path):
+    log = tmp_path / "run.log"
+    proc = start_pipeline(pipeline_home, FAST, log, GANGFLOW_FAULT="kill@step=35,rank=0", GANGFLOW_RETRY_BASE_DELAY="15")
+    failure = _wait_for(lambda: next(iter(sorted((pipeline_home / "runs").glob("train_pipeline/*/failures/try-1.json"))), None), proc)
+    run_dir = failure.parent.parent
+    newest = sorted(p for p in (run_dir / "checkpoints").iterdir() if p.is_dir() and not p.name.startswith("."))[-1]
+    victim = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # truncated, as a crash mid-copy leaves it
+    summary, output, code = finish(proc, log)
+    assert code == 0, output[-6000:]
+    assert "resumed from checkpoint step 20" in output and "corrupt" in output, output[-3000:]
+
+
+def _wait_for(probe, proc, timeout=600):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (found := probe()) is not None:
+            return found
+        assert proc.poll() is None, "pipeline ended before the first try failed"
+        time.sleep(0.2)
+    raise TimeoutError("first try did not fail in time")
+
+
+def _weights(home: Path, summary: dict) -> dict:
+    run_dirs = [p for p in (home / "runs" / "train_pipeline").iterdir() if summary["dag_run_id"].replace(":", "_").replace("+", "_") in p.name]
+    assert len(run_dirs) == 1, run_dirs
+    return {k: v.tobytes() for k, v in load_file(run_dirs[0] / "final" / "model.safetensors").items()}
+
+
+def _registry(home: Path, model_name: str) -> dict:
+    code = (
+        "import json\nfrom mlflow import MlflowClient\nc = MlflowClient()\n"
+        f"vs = c.search_model_versions(\"name='{model_name}'\")\n"
+        f"try:\n    champ = c.get_model_version_by_alias('{model_name}', 'champion').version\nexcept Exception:\n    champ = None\n"
+        "print(json.dumps({'champion': champ, 'versions': {v.version: v.tags for v in vs}, 'runs': {v.version: v.run_id for v in vs}}))"
+    )
+    env = pipeline_env(home, MLFLOW_TRACKING_URI=f"sqlite:///{home / 'mlflow.db'}")
+    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,0 +1,98 @@
+"""helm/airflow-values.yaml (for the official Apache Airflow chart) uses keys that chart has, and
+agrees with the gangflow chart on the ServiceAccount, the MLflow URI, the pool and the image."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import yaml
+
+# Every key path airflow-values.yaml sets, each checked by hand against apache/airflow
+# chart/values.yaml + chart/values.schema.json at 002e5532d7d55a375bbf71bd4e72d7e008635073.
+# A new key goes here only after the same check.
+OFFICIAL_CHART_KEYS = {
+    "defaultAirflowRepository", "defaultAirflowTag", "airflowVersion",
+    "images", "images.airflow", "images.airflow.repository", "images.airflow.tag", "images.airflow.digest",
+    "images.airflow.pullPolicy",
+    "executor",
+    "postgresql", "postgresql.enabled",
+    "data", "data.metadataSecretName",
+    "dags", "dags.persistence", "dags.persistence.enabled",
+    "dags.gitSync", "dags.gitSync.enabled", "dags.gitSync.repo", "dags.gitSync.branch", "dags.gitSync.ref",
+    "dags.gitSync.subPath", "dags.gitSync.depth", "dags.gitSync.period",
+    "env",  # list of {name, value}
+    "config", "config.core",  # free-form airflow.cfg sections
+    "workers", "workers.serviceAccount", "workers.serviceAccount.create", "workers.serviceAccount.name",
+    "workers.serviceAccount.automountServiceAccountToken", "workers.resources",
+    "triggerer", "triggerer.serviceAccount", "triggerer.serviceAccount.create", "triggerer.serviceAccount.name",
+    "scheduler", "scheduler.extraInitContainers",  # list of Kubernetes Containers (templated)
+}
+# Below these paths the official chart takes free-form content (airflow.cfg options, ResourceRequirements).
+FREE_FORM = ("config.core.", "workers.resources.")
+
+
+@pytest.fixture(scope="module")
+def airflow_values(project_root):
+    return yaml.safe_load((project_root / "helm" / "airflow-values.yaml").read_text())
+
+
+def key_paths(mapping, prefix=""):
+    for key, value in mapping.items():
+        path = f"{prefix}{key}"
+        yield path
+        if isinstance(value, dict):
+            yield from key_paths(value, f"{path}.")
+
+
+def test_only_keys_of_the_official_chart(airflow_values):
+    unknown = [p for p in key_paths(airflow_values) if p not in OFFICIAL_CHART_KEYS and not p.startswith(FREE_FORM)]
+    assert unknown == []
+
+
+def test_env_items_are_name_value_pairs(airflow_values):
+    for item in airflow_values["env"]:
+        assert set(item) == {"name", "value"} and isinstance(item["value"], str)
+
+
+def test_image_is_airflow_3_3_pinned_by_digest(airflow_values):
+    image = airflow_values["images"]["airflow"]
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", image["digest"])
+    assert airflow_values["airflowVersion"] == "3.3.2"
+    assert image["repository"] == airflow_values["defaultAirflowRepository"]
+
+
+def test_workers_and_triggerer_use_the_service_account_the_chart_binds(airflow_values, chart):
+    chart_values = chart.values["airflow"]
+    workers = airflow_values["workers"]["serviceAccount"]
+    triggerer = airflow_values["triggerer"]["serviceAccount"]
+    assert workers["create"] is True and workers["automountServiceAccountToken"] is True
+    assert workers["name"] == triggerer["name"] == chart_values["serviceAccountName"]
+    assert triggerer["create"] is False
+    assert airflow_values["executor"] in ("KubernetesExecutor", "CeleryExecutor")
+
+
+def test_mlflow_uri_is_the_gangflow_charts_service(airflow_values, render):
+    (env,) = [e for e in airflow_values["env"] if e["name"] == "MLFLOW_TRACKING_URI"]
+    runtime_maps = [o for o in render() if o["kind"] == "ConfigMap"]
+    runtime = yaml.safe_load(runtime_maps[0]["data"]["runtime.yaml"])
+    assert env["value"] == runtime["mlflowTrackingUri"]
+
+
+def test_scheduler_init_container_creates_the_training_pool(airflow_values, validate):
+    (init,) = airflow_values["scheduler"]["extraInitContainers"]
+    assert init["command"] == ["airflow"]
+    assert init["args"][:3] == ["pools", "set", "gangflow_training"]
+    assert int(init["args"][3]) >= 1
+    (conn,) = init["env"]
+    assert conn["name"] == "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"
+    assert conn["valueFrom"]["secretKeyRef"] == {"name": airflow_values["data"]["metadataSecretName"],
+                                                 "key": "connection"}
+    assert init["image"] == "{{ .Values.images.airflow.repository }}@{{ .Values.images.airflow.digest }}"
+    # The container (its template rendered) is a valid Kubernetes Container.
+    container = copy.deepcopy(init)
+    images = airflow_values["images"]["airflow"]
+    container["image"] = f"{images['repository']}@{images['digest']}"
+    validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "scheduler"},
+              "spec": {"initContainers": [container], "containers": [{"name": "scheduler", "image": container["image"]}]}})

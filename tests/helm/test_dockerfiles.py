@@ -1,0 +1,160 @@
+"""The two Dockerfiles cannot be built here (no Docker engine); these checks keep them consistent
+with constraints.txt, pyproject.toml, the chart and the hardening rules."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    lines, current = [], ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        current = f"{current} {line[:-1].strip()}" if line.endswith("\\") else f"{current} {line}"
+        if not line.endswith("\\"):
+            lines.append(current.strip())
+            current = ""
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in lines]
+
+
+def stages(steps):
+    out, stage = [], None
+    for instruction, args in steps:
+        if instruction == "FROM":
+            stage = []
+            out.append(stage)
+        if stage is not None:
+            stage.append((instruction, args))
+    return out
+
+
+@pytest.fixture(scope="module")
+def docker_dir(project_root):
+    return project_root / "docker"
+
+
+@pytest.fixture(scope="module")
+def constraints(project_root):
+    pins = {}
+    for line in (project_root / "constraints.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==", 1)
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version.strip()
+    return pins
+
+
+@pytest.fixture(scope="module")
+def pyproject(project_root):
+    return tomllib.loads((project_root / "pyproject.toml").read_text())
+
+
+@pytest.fixture(scope="module")
+def training(docker_dir):
+    return instructions(docker_dir / "training.Dockerfile")
+
+
+@pytest.fixture(scope="module")
+def airflow(docker_dir):
+    return instructions(docker_dir / "airflow.Dockerfile")
+
+
+def arg_default(steps, name):
+    (value,) = [a.split("=", 1)[1] for i, a in steps if i == "ARG" and a.startswith(name + "=")]
+    return value
+
+
+@pytest.mark.parametrize("name", ["training.Dockerfile", "airflow.Dockerfile"])
+def test_base_images_are_pinned_by_digest_and_never_latest(docker_dir, name):
+    text = (docker_dir / name).read_text()
+    assert ":latest" not in text
+    steps = instructions(docker_dir / name)
+    for _, image in [s for s in steps if s[0] == "ARG" and "_IMAGE=" in s[1]]:
+        assert re.search(r"@sha256:[0-9a-f]{64}$", image), image
+    for _, args in [s for s in steps if s[0] == "FROM"]:
+        assert args.split()[0].startswith("${"), f"FROM {args}: use the digest-pinned ARG"
+
+
+def test_python_version_matches_pyproject_and_constraints(training, airflow, pyproject, project_root):
+    requires = pyproject["project"]["requires-python"]
+    assert ">=3.11" in requires and "<3.13" in requires
+    assert "Python 3.11" in (project_root / "constraints.txt").read_text().splitlines()[1]
+    assert arg_default(training, "PYTHON_IMAGE").startswith("python:3.11-")
+    assert arg_default(airflow, "AIRFLOW_IMAGE").startswith("apache/airflow:3.3.2-python3.11@")
+
+
+def test_training_image_is_multi_stage_with_a_venv_and_no_build_tools_at_runtime(training):
+    builder, runtime = stages(training)
+    assert builder[0][1].endswith("AS builder") and runtime[0][1].endswith("AS runtime")
+    builder_runs = " ".join(a for i, a in builder if i == "RUN")
+    assert "python -m venv /opt/venv" in builder_runs
+    assert "-c constraints.txt" in builder_runs and "-r training-requirements.txt" in builder_runs
+    assert "pip install --no-deps ." in builder_runs
+    runtime_runs = " ".join(a for i, a in runtime if i == "RUN")
+    assert not re.search(r"apt-get|apk |gcc|build-essential|pip install", runtime_runs)
+    assert ("COPY", "--from=builder /opt/venv /opt/venv") in runtime
+    assert ("WORKDIR", "/app") in runtime
+    assert ("COPY", "params.yaml /app/params.yaml") in runtime
+    assert ("ENTRYPOINT", '["torchrun"]') in runtime
+
+
+def test_training_image_runs_as_the_uid_the_chart_expects(training, chart):
+    _, runtime = stages(training)
+    users = [a for i, a in runtime if i == "USER"]
+    assert users == ["10001:10001"]
+    assert "--uid 10001" in " ".join(a for i, a in runtime if i == "RUN")
+    values = chart.values["training"]
+    assert (values["runAsUser"], values["runAsGroup"], values["fsGroup"]) == (10001, 10001, 10001)
+
+
+def test_training_requirements_are_all_pinned_in_constraints(docker_dir, constraints):
+    names = [line.strip() for line in (docker_dir / "training-requirements.txt").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert "torch" in names
+    for name in names:
+        assert re.sub(r"[-_.]+", "-", name).lower() in constraints, f"{name} is not pinned in constraints.txt"
+    assert constraints["torch"] == "2.13.0"
+
+
+def test_airflow_image_installs_the_package_with_constraints_and_copies_dags(airflow, pyproject, constraints):
+    runs = " ".join(a for i, a in airflow if i == "RUN")
+    assert "-c /opt/gangflow/constraints.txt" in runs
+    assert f'"apache-airflow=={constraints["apache-airflow"]}"' in runs
+    assert '"/opt/gangflow[kubernetes]"' in runs and "kubernetes" in pyproject["project"]["optional-dependencies"]
+    assert constraints["apache-airflow"] == "3.3.2"
+    copies = [a for i, a in airflow if i == "COPY"]
+    assert "--chown=airflow:0 dags/ /opt/airflow/dags/" in copies
+    assert any("constraints.txt" in c for c in copies)
+    users = [a for i, a in airflow if i == "USER"]
+    assert users and users[-1] == "airflow"
+
+
+def test_project_layer_copies_what_pyproject_packages(training, airflow, pyproject):
+    packages = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert packages == ["operators*", "trainer*"]
+    for steps in (training, airflow):
+        copied = " ".join(a for i, a in steps if i == "COPY")
+        for package in ("operators/", "trainer/"):
+            assert package in copied
+        assert "pyproject.toml" in copied and "README.md" in copied
+
+
+@pytest.mark.parametrize("dockerfile", ["training.Dockerfile", "airflow.Dockerfile"])
+def test_dockerignore_lets_every_copied_path_in(docker_dir, project_root, dockerfile):
+    ignore = (docker_dir / f"{dockerfile}.dockerignore").read_text().splitlines()
+    allowed = {line[1:] for line in ignore if line.startswith("!")}
+    assert "*" in ignore  # allow-list
+    for instruction, args in instructions(docker_dir / dockerfile):
+        if instruction != "COPY" or "--from=" in args:
+            continue
+        sources = [a for a in args.split()[:-1] if not a.startswith("--")]
+        for source in sources:
+            source = source.rstrip("/")
+            assert source in allowed, f"{dockerfile}: COPY {source} is excluded by its .dockerignore"
+            assert (project_root / source).exists(), f"{dockerfile}: COPY {source} does not exist"

@@ -1,0 +1,545 @@
+"""End to end against the API TEST DOUBLE (`InMemoryKubernetesApi`, real REST paths on 127.0.0.1,
+exercised through the provider's hooks and the real kubernetes_asyncio client).
+
+Steps script what the cluster's controllers would do, one per poll of the gang object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import yaml
+
+from operators.backends.base import GangSpec
+from operators.backends.kubernetes import KubernetesBackend
+from operators.exceptions import (
+    GangAdmissionTimeout,
+    GangCapacityError,
+    GangConfigError,
+    KubernetesApiError,
+    KubernetesRequestError,
+)
+from operators.triggers.gang import GangTrigger
+
+from gangflow_tests_k8s_support import CONN_ID, GANG, NAMESPACE, Fixtures  # loaded by conftest.py
+
+JS = ("jobset.x-k8s.io", "jobsets")
+VJ = ("batch.volcano.sh", "jobs")
+KQ = ("kueue.x-k8s.io", "workloads")
+
+
+def backend(**kwargs) -> KubernetesBackend:
+    kwargs.setdefault("poll_interval", 0.01)
+    return KubernetesBackend(kubernetes_conn_id=CONN_ID, **kwargs)
+
+
+def spec(attempt: int = 1, world_size: int = 4) -> GangSpec:
+    return GangSpec(name=GANG, run_dir=f"/runs/{GANG}", world_size=world_size, attempt=attempt)
+
+
+def run_trigger(trigger: GangTrigger) -> dict:
+    async def first():
+        events = []
+        async for event in trigger.run():
+            events.append(event)
+        assert len(events) == 1, "a trigger yields exactly one event"
+        return events[0].payload
+
+    return asyncio.run(asyncio.wait_for(first(), timeout=30))
+
+
+def fixtures_for(handle: dict) -> Fixtures:
+    return Fixtures(attempt=handle["attempt"], name=handle["name"], uid=handle["uid"])
+
+
+# --- scripted controllers -----------------------------------------------------------------------
+
+
+def kueue_pending(fx: Fixtures, state: str = "pending_quota"):
+    def step(api):
+        api.set_status(*JS, NAMESPACE, fx.name, fx.jobset_status("suspended"))
+        api.put(*KQ, fx.workload(state))
+
+    return step
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def kueue_admit(fx: Fixtures, pod_state: str = "container_creating", ranks=range(4)):
+    def step(api):
+        workload = fx.workload("admitted")
+        for cond in workload["status"]["conditions"]:
+            cond["lastTransitionTime"] = _now()  # admitted now, as Kueue would stamp it
+        api.put(*KQ, workload)
+        api.set_status(*JS, NAMESPACE, fx.name, fx.jobset_status("running"), suspend=False)
+        for rank in ranks:
+            api.put("", "pods", fx.pod(pod_state, rank))
+
+    return step
+
+
+def pods(fx: Fixtures, state: str, ranks, *, log: str | None = None, events: str | None = None):
+    def step(api):
+        for rank in ranks:
+            pod = fx.pod(state, rank)
+            api.put("", "pods", pod)
+            if log is not None:
+                api.logs[(NAMESPACE, pod["metadata"]["name"])] = log
+            if events:
+                for event in fx.events(events, pod["metadata"]["name"]):
+                    api.put("", "events", event)
+
+    return step
+
+
+def jobset_status(fx: Fixtures, state: str):
+    return lambda api: api.set_status(*JS, NAMESPACE, fx.name, fx.jobset_status(state), suspend=False)
+
+
+def nothing(api):
+    pass
+
+
+# --- the main story -------------------------------------------------------------------------------
+
+
+def test_full_flow_quota_admit_run_oom_evidence_teardown(fake_k8s, crd_registry):
+    api = fake_k8s
+    b = backend(delete_on_success=True)
+    handle = b.submit(spec())
+    assert api.count("POST", "/jobsets") == 1
+    created = api.get(*JS, NAMESPACE, handle["name"])
+    assert created is not None and handle["uid"] == created["metadata"]["uid"]
+    assert handle["name"] == "train-demo-t1" and handle["kind"] == "JobSet" and not handle["reattached"]
+    json.dumps(handle)  # the handle travels through the trigger's kwargs
+
+    fx = fixtures_for(handle)
+    oom_log = "step 410 loss 0.412\nstep 420 loss 0.409\nRuntimeError: CUDA out of memory? no: host OOM\n"
+    api.steps = [
+        kueue_pending(fx),  # Kueue: insufficient quota
+        nothing,
+        kueue_admit(fx),  # admitted, pods creating
+        pods(fx, "running", range(4)),  # every rank Ready
+        nothing,
+        pods(fx, "oomkilled", [2], log=oom_log, events="oom"),  # rank 2 OOMKilled
+    ]
+    trigger = b.trigger(handle)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "operators.triggers.gang.GangTrigger"
+    trigger = GangTrigger(**json.loads(json.dumps(kwargs)))  # round-trips through JSON like the triggerer
+    event = run_trigger(trigger)
+
+    assert event["status"] == "failed" and event["phase"] == "running"
+    assert "1 of 4 rank(s) failed" in event["message"]
+    # the wait was logged in Kueue's own words, with how long
+    reasons = [w["reason"] for w in event["waiting"]]
+    assert any(
+        "Kueue Workload jobset-train-demo-t1-4f0d2: couldn't assign flavors to pod set rank: insufficient unused quota for nvidia.com/gpu in flavor a100, 8 more needed" in r
+        for r in reasons
+    ), reasons
+    assert any("waiting for admission for" in line and "insufficient unused quota" in line for line in trigger.reports)
+    assert any("admitted after" in line for line in trigger.reports)
+    assert any("running: 4/4 ranks Ready" in line for line in trigger.reports)
+    snapshot = event["evidence"]
+    assert snapshot["termination_reason"] == "OOMKilled" and snapshot["rank"] == 2
+
+    # meanwhile the Job controller fails the others (later), then collect gathers and tears down
+    for rank in (0, 1, 3):
+        api.put("", "pods", fx.pod("peer_nccl_error", rank))
+    api.set_status(*JS, NAMESPACE, fx.name, fx.jobset_status("failed"))
+    result = b.collect(handle, event)
+
+    assert result.succeeded is False and result.exit_code == 137
+    ev = result.evidence
+    assert ev["termination_reason"] == "OOMKilled" and ev["signal"] == 9 and ev["rank"] == 2
+    assert ev["pod_phase"] == "Failed" and "host OOM" in ev["log_tail"]
+    assert [r["rank"] for r in ev["ranks"]] == [0, 1, 2, 3]
+    assert all("error_file" in r for r in ev["ranks"] if r["rank"] != 2)
+    assert {"type": "JobSetFailed", "reason": "FailedJobs", "message": "jobset failed due to one or more job failures"} in ev["pod_conditions"]
+    # torn down: the gang, its pods and its Workload are gone (foreground propagation requested)
+    assert api.get(*JS, NAMESPACE, handle["name"]) is None
+    assert not api.items("", "pods", NAMESPACE) and not api.items(*KQ)
+    delete = [p for m, p in api.requests if m == "DELETE"]
+    assert delete == [f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NAMESPACE}/jobsets/train-demo-t1"]
+    assert api.count("POST", "/jobsets") == 1
+
+
+def test_worker_restart_reattaches_without_a_second_create(fake_k8s):
+    api = fake_k8s
+    first = backend().submit(spec())
+    again = backend().submit(spec())  # a new worker process, same try
+    assert again["reattached"] and again["uid"] == first["uid"] and again["name"] == first["name"]
+    assert api.count("POST", "/jobsets") == 1
+
+
+def test_create_race_409_reattaches(fake_k8s):
+    api = fake_k8s
+    b = backend()
+    plan = b.plan(spec())
+    api.put(*JS, copy.deepcopy(plan.body))  # another worker created it between our get and create
+    api.fail("GET", f"/jobsets/{plan.name}", 404, times=1)
+    handle = b.submit(spec())
+    assert handle["reattached"] and api.count("POST", "/jobsets") == 1
+
+
+def test_later_try_adopts_a_running_gang_and_deletes_finished_ones(fake_k8s):
+    api = fake_k8s
+    t1 = backend().submit(spec(attempt=1))
+    api.set_status(*JS, NAMESPACE, t1["name"], Fixtures().jobset_status("running"), suspend=False)
+    t2 = backend().submit(spec(attempt=2))  # the try-1 worker died; its gang still trains
+    assert t2["name"] == "train-demo-t1" and t2["reattached"] and t2["attempt"] == 1
+    assert t2["pod_selector"] == "gangflow.io/gang=train-demo,gangflow.io/attempt=1"
+    api.set_status(*JS, NAMESPACE, t1["name"], Fixtures().jobset_status("failed"))
+    t3 = backend().submit(spec(attempt=3))  # the old one finished (failed): delete it, start fresh
+    assert t3["name"] == "train-demo-t3" and not t3["reattached"]
+    assert api.get(*JS, NAMESPACE, "train-demo-t1") is None
+    assert api.count("POST", "/jobsets") == 2
+
+
+def test_kill_and_trigger_on_kill_delete_the_gang(fake_k8s):
+    api = fake_k8s
+    b = backend()
+    handle = b.submit(spec())
+    b.kill()
+    assert api.get(*JS, NAMESPACE, handle["name"]) is None
+    b.kill()  # already gone: no error
+    handle = backend().submit(spec(attempt=2))
+    asyncio.run(b.trigger(handle).on_kill())
+    assert api.get(*JS, NAMESPACE, handle["name"]) is None
+    fresh = backend()
+    fresh.kill()  # nothing submitted by this instance: a no-op
+    fresh.kill(handle)  # explicit handle: already gone, no error
+
+
+def test_success_deletes_or_keeps_the_gang(fake_k8s):
+    api = fake_k8s
+    for delete_on_success, attempt in ((True, 1), (False, 2)):
+        b = backend(delete_on_success=delete_on_success)
+        handle = b.submit(spec(attempt=attempt))
+        fx = fixtures_for(handle)
+        api.steps = [kueue_admit(fx, "running"), pods(fx, "succeeded", range(4)), jobset_status(fx, "completed")]
+        event = run_trigger(b.trigger(handle))
+        assert event["status"] == "success", event
+        result = b.collect(handle, event)
+        assert result.succeeded and result.exit_code == 0 and "succeeded" in result.detail
+        assert (api.get(*JS, NAMESPACE, handle["name"]) is None) is delete_on_success
+
+
+def test_admission_timeout_raises_with_kueues_reason_and_tears_down(fake_k8s):
+    api = fake_k8s
+    b = backend(runtime={"admissionTimeoutSeconds": 1}, poll_interval=0.2)
+    handle = b.submit(spec())
+    fx = fixtures_for(handle)
+    api.steps = [kueue_pending(fx, "pending_topology")]
+    trigger = b.trigger(handle)
+    event = run_trigger(trigger)
+    assert event["status"] == "timeout" and event["phase"] == "admission"
+    assert "not admitted within admissionTimeoutSeconds=1" in event["message"]
+    assert any("waiting for admission for" in line for line in trigger.reports)
+    assert 'topology \\"gpu-topology\\" doesn\'t allow to fit any of 4 pod(s)' in json.dumps(event["message"])
+    with pytest.raises(GangAdmissionTimeout, match="admissionTimeoutSeconds=1 "):
+        b.collect(handle, event)
+    assert api.get(*JS, NAMESPACE, handle["name"]) is None
+
+
+def test_startup_timeout_names_unschedulable_ranks(fake_k8s):
+    api = fake_k8s
+    b = backend(runtime={"startupTimeoutSeconds": 1})
+    handle = b.submit(spec())
+    fx = fixtures_for(handle)
+
+    def admit_long_ago(a):
+        kueue_admit(fx, "running", ranks=[0, 1])(a)
+        for rank in (2, 3):
+            pod = fx.pod("unschedulable", rank)
+            a.put("", "pods", pod)
+            for event in fx.events("failed_scheduling", pod["metadata"]["name"]):
+                a.put("", "events", event)
+        wl = a.get(*KQ, NAMESPACE, "jobset-train-demo-t1-4f0d2")
+        long_ago = (datetime.now(timezone.utc) - timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for cond in wl["status"]["conditions"]:
+            cond["lastTransitionTime"] = long_ago
+
+    api.steps = [admit_long_ago]
+    event = run_trigger(b.trigger(handle))
+    assert event["status"] == "timeout" and event["phase"] == "startup"
+    assert "not all ranks became Ready within startupTimeoutSeconds=1" in event["message"]
+    assert "2/4 ranks Ready" in event["message"]
+    assert "FailedScheduling: 0/6 nodes are available: 2 Insufficient nvidia.com/gpu" in event["message"]
+    with pytest.raises(GangAdmissionTimeout, match="startupTimeoutSeconds=1"):
+        b.collect(handle, event)
+    assert api.get(*JS, NAMESPACE, handle["name"]) is None
+
+
+def test_kueue_preemption_is_a_failure_with_eviction_evidence(fake_k8s):
+    api = fake_k8s
+    b = backend()
+    handle = b.submit(spec())
+    fx = fixtures_for(handle)
+
+    def preempt(a):
+        a.put(*KQ, fx.workload("evicted_preempted"))
+        for rank in range(4):  # Kueue suspends the JobSet: pods are terminating, none failed yet
+            pod = fx.pod("running", rank)
+            pod["metadata"]["deletionTimestamp"] = "2026-11-29T10:20:10Z"
+            a.put("", "pods", pod)
+
+    api.steps = [kueue_admit(fx, "running"), nothing, preempt]
+    event = run_trigger(b.trigger(handle))
+    assert event["status"] == "failed" and "Kueue evicted Workload jobset-train-demo-t1-4f0d2 (Preempted)" in event["message"]
+    result = b.collect(handle, event)
+    ev = result.evidence
+    assert ev["pod_reason"] == "Preempted"
+    assert ev["pod_message"].startswith("Kueue evicted Workload jobset-train-demo-t1-4f0d2: Preempted to accommodate a workload")
+    assert any(c["type"] == "Evicted" and c["reason"] == "Preempted" and "due to prioritization in the ClusterQueue" in c["message"] for c in ev["pod_conditions"])
+    assert api.get(*JS, NAMESPACE, handle["name"]) is None
+
+
+def test_preempted_rank_with_disruption_target(fake_k8s):
+    api = fake_k8s
+    b = backend()
+    handle = b.submit(spec())
+    fx = fixtures_for(handle)
+    api.steps = [kueue_admit(fx, "running"), pods(fx, "preempted", [1], events="preempted", log="saving final checkpoint at step 412\n")]
+    event = run_trigger(b.trigger(handle))
+    result = b.collect(handle, event)
+    ev = result.evidence
+    assert ev["exit_code"] == 75 and ev["rank"] == 1
+    assert any(c["type"] == "DisruptionTarget" for c in ev["pod_conditions"])
+    assert ev["error_file"]["message"]["message"].startswith("Preempted: SIGTERM received")
+    assert any(e["reason"] == "Preempted" for e in ev["events"])
+
+
+def test_evicted_rank(fake_k8s):
+    api = fake_k8s
+    b = backend()
+    handle = b.submit(spec())
+    fx = fixtures_for(handle)
+    api.steps = [kueue_admit(fx, "running"), pods(fx, "evicted", [3])]
+    result = b.collect(handle, run_trigger(b.trigger(handle)))
+    assert result.evidence["pod_reason"] == "Evicted" and result.evidence["rank"] == 3
+    assert result.evidence["pod_message"].startswith("The node was low on resource: memory.")
+
+
+def test_image_pull_backoff_fails_after_the_grace_period(fake_k8s):
+    api = fake_k8s
+    b = backend(image_pull_grace_seconds=0.05)
+    handle = b.submit(spec())
+    fx = fixtures_for(handle)
+
+    def admit_with_bad_image(a):
+        kueue_admit(fx, "image_pull_backoff")(a)
+        for event in fx.events("image_pull", fx.pod_name(0)):
+            a.put("", "events", event)
+
+    api.steps = [admit_with_bad_image]
+    event = run_trigger(b.trigger(handle))
+    assert event["status"] == "failed" and "cannot start" in event["message"]
+    result = b.collect(handle, event)
+    ev = result.evidence
+    assert ev["termination_reason"] == "ImagePullBackOff" and ev["pod_phase"] == "Pending"
+    assert any(e["reason"] == "Failed" and "not found" in e["message"] for e in ev["events"])
+    assert len(ev["ranks"]) == 4
+    assert api.get(*JS, NAMESPACE, handle["name"]) is None
+
+
+def test_user_error_evidence(fake_k8s):
+    api = fake_k8s
+    b = backend()
+    handle = b.submit(spec())
+    fx = fixtures_for(handle)
+    api.steps = [kueue_admit(fx, "running"), pods(fx, "user_error", [0])]
+    result = b.collect(handle, run_trigger(b.trigger(handle)))
+    assert result.exit_code == 1
+    assert result.evidence["error_file"]["message"]["message"].startswith("ValueError: injected fault")
+
+
+def test_gang_deleted_outside_gangflow(fake_k8s):
+    api = fake_k8s
+    b = backend()
+    handle = b.submit(spec())
+    api.steps = [lambda a: a.remove(*JS, NAMESPACE, handle["name"])]
+    event = run_trigger(b.trigger(handle))
+    assert event["status"] == "failed" and "was deleted outside gangflow" in event["message"]
+    result = b.collect(handle, event)
+    assert result.evidence["pod_reason"] == "GangDeleted"
+
+
+def test_trigger_rides_out_transient_api_errors(fake_k8s):
+    api = fake_k8s
+    b = backend()
+    handle = b.submit(spec())
+    fx = fixtures_for(handle)
+    api.fail("GET", "/jobsets/train-demo-t1", 503, "etcdserver: request timed out", times=2)
+    api.steps = [kueue_admit(fx, "succeeded"), jobset_status(fx, "completed")]
+    trigger = b.trigger(handle)
+    event = run_trigger(trigger)
+    assert event["status"] == "success"
+    assert any("Kubernetes API error 1/6" in r and "HTTP 503" in r and "etcdserver: request timed out" in r for r in trigger.reports)
+
+
+def test_trigger_gives_up_on_forbidden(fake_k8s):
+    api = fake_k8s
+    b = backend()
+    handle = b.submit(spec())
+    api.fail("GET", "/pods", 403, 'pods is forbidden: User "system:serviceaccount:airflow:worker" cannot list resource "pods" in API group "" in the namespace "ml"', times=10)
+    event = run_trigger(b.trigger(handle))
+    assert event["status"] == "error" and "cannot list resource" in event["message"]
+    with pytest.raises(KubernetesApiError, match="cannot list resource"):
+        b.collect(handle, event)
+
+
+# --- API errors on submit --------------------------------------------------------------------------
+
+
+def test_create_forbidden_is_a_user_error_naming_namespace_and_name(fake_k8s):
+    fake_k8s.fail("POST", "/jobsets", 403, 'jobsets.jobset.x-k8s.io is forbidden: User "system:serviceaccount:airflow:worker" cannot create resource "jobsets"')
+    with pytest.raises(KubernetesRequestError) as exc:
+        backend().submit(spec())
+    assert "create JobSet ml/train-demo-t1: HTTP 403" in str(exc.value) and "cannot create resource" in str(exc.value)
+    assert exc.value.retryable is False
+
+
+def test_create_server_error_is_retryable(fake_k8s):
+    fake_k8s.fail("POST", "/jobsets", 503, "the server is currently unable to handle the request")
+    with pytest.raises(KubernetesApiError) as exc:
+        backend().submit(spec())
+    assert "create JobSet ml/train-demo-t1: HTTP 503" in str(exc.value) and exc.value.retryable is True
+
+
+def test_invalid_object_is_refused_with_the_api_message(fake_k8s):
+    b = backend()
+    b.runtime()  # load, then break the plan to show 422 handling
+    original = b.plan
+
+    def broken(s):
+        plan = original(s)
+        plan.body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy2"] = "x"
+        return plan
+
+    b.plan = broken
+    with pytest.raises(KubernetesRequestError, match="HTTP 422.*imagePullPolicy2"):
+        b.submit(spec())
+
+
+# --- runtime ConfigMap -------------------------------------------------------------------------------
+
+
+def test_runtime_configmap_missing_or_bad(fake_k8s, runtime_mapping):
+    fake_k8s.remove("", "configmaps", NAMESPACE, "gangflow-runtime")
+    with pytest.raises(GangConfigError, match="ConfigMap ml/gangflow-runtime key runtime.yaml not found"):
+        backend().runtime()
+    bad = dict(runtime_mapping, image="ghcr.io/gangflow/trainer:latest")
+    fake_k8s.put("", "configmaps", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gangflow-runtime", "namespace": NAMESPACE}, "data": {"runtime.yaml": yaml.safe_dump(bad)}})
+    with pytest.raises(GangConfigError, match=r"runtime image='ghcr.io/gangflow/trainer:latest': must be pinned by digest .*ConfigMap ml/gangflow-runtime"):
+        backend().runtime()
+    # per-task overrides win over the ConfigMap
+    good = backend(runtime={"image": runtime_mapping["image"], "queue": "team-b"}).runtime()
+    assert good.queue == "team-b"
+
+
+# --- check_capacity ----------------------------------------------------------------------------------
+
+
+def _queues(api, *, gpu_quota: str, cohort: bool = False, borrowing: str | None = None):
+    api.put("kueue.x-k8s.io", "localqueues", {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "gangflow", "namespace": NAMESPACE}, "spec": {"clusterQueue": "gpu-cluster-queue"}})
+    gpu = {"name": "nvidia.com/gpu", "nominalQuota": gpu_quota}
+    if borrowing is not None:
+        gpu["borrowingLimit"] = borrowing
+    cq = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": "gpu-cluster-queue"},
+        "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [
+                {
+                    "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                    "flavors": [{"name": "a100", "resources": [{"name": "cpu", "nominalQuota": "256"}, {"name": "memory", "nominalQuota": "2Ti"}, gpu]}],
+                }
+            ],
+        },
+    }
+    if cohort:
+        cq["spec"]["cohortName"] = "research"
+    api.put("kueue.x-k8s.io", "clusterqueues", cq)
+
+
+def test_check_capacity_refuses_more_than_the_clusterqueue_holds(fake_k8s, crd_registry):
+    _queues(fake_k8s, gpu_quota="16")
+    b = backend()
+    b.check_capacity(spec(world_size=2))  # 2 x 8 GPUs = 16: fits
+    with pytest.raises(GangCapacityError) as exc:
+        b.check_capacity(spec(world_size=4))  # 32 GPUs
+    assert "needs 32 nvidia.com/gpu (4 ranks x 8) but ClusterQueue gpu-cluster-queue can hold at most 16" in str(exc.value)
+
+
+def test_check_capacity_counts_borrowing(fake_k8s):
+    _queues(fake_k8s, gpu_quota="16", cohort=True, borrowing="16")
+    backend().check_capacity(spec(world_size=4))
+    with pytest.raises(GangCapacityError, match="including borrowing"):
+        backend().check_capacity(spec(world_size=5))
+    _queues(fake_k8s, gpu_quota="16", cohort=True)  # unlimited borrowing in the cohort: may fit
+    backend().check_capacity(spec(world_size=64))
+
+
+def test_check_capacity_missing_localqueue_and_forbidden_clusterqueue(fake_k8s):
+    with pytest.raises(GangConfigError, match="Kueue LocalQueue ml/gangflow not found"):
+        backend().check_capacity(spec())
+    _queues(fake_k8s, gpu_quota="8")
+    fake_k8s.fail("GET", "/clusterqueues/", 403, "clusterqueues.kueue.x-k8s.io is forbidden", times=2)
+    logs = []
+    backend(log=logs.append).check_capacity(spec(world_size=4))  # cannot read: skipped, logged
+    assert any("capacity check skipped" in line and "403" in line for line in logs)
+
+
+def test_check_capacity_rejects_uncovered_resources(fake_k8s):
+    _queues(fake_k8s, gpu_quota="16")
+    cq = fake_k8s.get("kueue.x-k8s.io", "clusterqueues", None, "gpu-cluster-queue")
+    cq["spec"]["resourceGroups"][0]["coveredResources"] = ["cpu", "memory"]
+    with pytest.raises(GangCapacityError, match="covers no nvidia.com/gpu"):
+        backend().check_capacity(spec(world_size=1))
+
+
+# --- Volcano ------------------------------------------------------------------------------------------
+
+
+def test_volcano_flow_logs_podgroup_reason_then_succeeds(fake_k8s):
+    api = fake_k8s
+    b = backend(runtime={"scheduler": "volcano"})
+    handle = b.submit(spec())
+    assert handle["kind"] == "VolcanoJob" and api.count("POST", "/apis/batch.volcano.sh/v1alpha1/namespaces/ml/jobs") == 1
+    fx = fixtures_for(handle)
+
+    def pending(a):
+        a.set_status(*VJ, NAMESPACE, fx.name, fx.volcano_status("pending"))
+        a.put("scheduling.volcano.sh", "podgroups", fx.podgroup("unschedulable"))
+        for rank in range(4):
+            pod = fx.pod("unschedulable", rank)
+            pod["metadata"]["labels"].pop("batch.kubernetes.io/job-completion-index")
+            pod["metadata"]["annotations"] = {"volcano.sh/task-index": str(rank), "scheduling.k8s.io/group-name": f"{fx.name}-{fx.uid}"}
+            a.put("", "pods", pod)
+
+    def running(a):
+        a.set_status(*VJ, NAMESPACE, fx.name, fx.volcano_status("running"))
+        for rank in range(4):
+            a.put("", "pods", fx.pod("running", rank))
+
+    def done(a):
+        status = fx.volcano_status("running")
+        status["state"] = {"phase": "Completed", "lastTransitionTime": "2026-11-29T11:40:03Z"}
+        a.set_status(*VJ, NAMESPACE, fx.name, status)
+
+    api.steps = [pending, running, nothing, done]
+    trigger = b.trigger(handle)
+    event = run_trigger(trigger)
+    assert event["status"] == "success"
+    assert any("4/4 tasks in gang unschedulable: pod group is not ready, 4 Pending, 4 minAvailable" in w["reason"] for w in event["waiting"])
+    assert b.collect(handle, event).succeeded
+    assert api.get(*VJ, NAMESPACE, handle["name"]) is None

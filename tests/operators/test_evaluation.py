@@ -1,0 +1,219 @@
+"""operators.evaluation: metrics on hand-made cases, the PNG, and the operator against a real
+MLflow on a temporary SQLite store."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from operators import evaluation, tracking
+from operators.evaluation import EvaluateModelOperator, classification_metrics, evaluate
+from operators.exceptions import UserError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+TEST_SPLIT = PROJECT_ROOT / "data" / "digits" / "test.parquet"
+
+
+def tiny_mlp(hidden: int = 8, num_classes: int = 10) -> torch.nn.Module:
+    """The test model factory named in the model cards below (`<this module>:tiny_mlp`)."""
+    return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, num_classes))
+
+
+def write_final_dir(run_dir: Path, model: torch.nn.Module, **kwargs) -> Path:
+    """A run's `final/` as the trainer leaves it (trainer/export.py's card layout)."""
+    final = run_dir / "final"
+    final.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(final / "model.safetensors"))
+    card = {"format": "gangflow-model-card/1", "model": {"factory": f"{__name__}:tiny_mlp", "kwargs": kwargs}}
+    (final / "model_card.json").write_text(json.dumps(card))
+    return final
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """One temp state dir (so one SQLite store) per module: MLflow's migrations take seconds.
+
+    The cwd moves to an empty folder meanwhile: anything that ignored the tracking URI and fell
+    back to MLflow's defaults (./mlflow.db, ./mlruns) would show up there.
+    """
+    path = tmp_path_factory.mktemp("gangflow-home")
+    cwd = tmp_path_factory.mktemp("cwd")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GANGFLOW_HOME", str(path))
+    mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+    mp.chdir(cwd)
+    yield path
+    mp.undo()
+    assert not list(cwd.iterdir()), f"MLflow wrote to the cwd: {list(cwd.iterdir())}"
+
+
+# --------------------------------------------------------------------------- pure metrics
+
+
+def test_metrics_on_a_hand_made_case():
+    y_true = [0, 0, 1, 1, 2, 2]
+    y_pred = [0, 1, 1, 1, 2, 0]
+    m = classification_metrics(y_true, y_pred, 3)
+    assert m["confusion_matrix"] == [[1, 1, 0], [0, 2, 0], [1, 0, 1]]
+    assert m["accuracy"] == pytest.approx(4 / 6)
+    assert m["per_class"]["0"] == pytest.approx({"precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 2})
+    assert m["per_class"]["1"] == pytest.approx({"precision": 2 / 3, "recall": 1.0, "f1": 0.8, "support": 2})
+    assert m["per_class"]["2"] == pytest.approx({"precision": 1.0, "recall": 0.5, "f1": 2 / 3, "support": 2})
+    assert m["macro_f1"] == pytest.approx((0.5 + 0.8 + 2 / 3) / 3)
+    assert m["num_examples"] == 6 and m["num_classes"] == 3
+    json.dumps(m)  # XCom-serialisable: plain types only
+
+
+def test_metrics_match_scikit_learn():
+    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
+
+    rng = np.random.default_rng(0)
+    y_true = rng.integers(0, 5, 200)
+    y_pred = np.where(rng.random(200) < 0.7, y_true, rng.integers(0, 5, 200))
+    y_pred[y_pred == 4] = 3  # class 4 is never predicted: precision 0 by convention
+    m = classification_metrics(y_true, y_pred, 5)
+    p, r, f, s = precision_recall_fscore_support(y_true, y_pred, labels=range(5), zero_division=0)
+    assert m["accuracy"] == pytest.approx(accuracy_score(y_true, y_pred))
+    assert m["macro_f1"] == pytest.approx(f1_score(y_true, y_pred, labels=range(5), average="macro", zero_division=0))
+    assert m["confusion_matrix"] == confusion_matrix(y_true, y_pred, labels=range(5)).tolist()
+    for k in range(5):
+        row = m["per_class"][str(k)]
+        assert (row["precision"], row["recall"], row["f1"], row["support"]) == pytest.approx((p[k], r[k], f[k], s[k]))
+
+
+def test_absent_class_counts_zero_in_macro_f1():
+    m = classification_metrics([0, 0, 1], [0, 0, 1], 3)
+    assert m["accuracy"] == 1.0
+    assert m["per_class"]["2"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 0}
+    assert m["macro_f1"] == pytest.approx(2 / 3)
+
+
+def test_bad_inputs_are_rejected():
+    with pytest.raises(ValueError, match="labels outside"):
+        classification_metrics([0, 5], [0, 1], 3)
+    with pytest.raises(ValueError, match="empty"):
+        classification_metrics([], [], 3)
+    with pytest.raises(ValueError, match="2 labels but 3 predictions"):
+        classification_metrics([0, 1], [0, 1, 1], 3)
+
+
+def test_evaluate_runs_the_model():
+    # Logits = x: the prediction is the index of the largest feature.
+    model = torch.nn.Linear(3, 3, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.eye(3))
+    x = np.array([[5, 0, 0], [0, 5, 0], [0, 0, 5], [5, 0, 0]], dtype=np.float32)
+    y = np.array([0, 1, 2, 2])
+    m = evaluate(model, x, y)  # num_classes from the model's width
+    assert m["num_classes"] == 3
+    assert m["accuracy"] == 0.75
+    assert m["confusion_matrix"] == [[1, 0, 0], [0, 1, 0], [1, 0, 1]]
+    assert evaluate(model, torch.from_numpy(x), torch.from_numpy(y), num_classes=4)["num_classes"] == 4
+
+
+def test_confusion_matrix_png(tmp_path):
+    path = evaluation.confusion_matrix_png([[3, 1], [0, 4]], tmp_path / "sub" / "cm.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size > 1000
+
+
+def test_flat_metrics_names():
+    m = classification_metrics([0, 1, 1], [0, 1, 0], 2)
+    flat = evaluation.flat_metrics(m)
+    assert set(flat) == {"test_accuracy", "test_macro_f1", "test_precision_class_0", "test_recall_class_0",
+                         "test_f1_class_0", "test_precision_class_1", "test_recall_class_1", "test_f1_class_1"}
+    assert all(isinstance(v, float) and math.isfinite(v) for v in flat.values())
+
+
+# --------------------------------------------------------------------------- final dirs
+
+
+def test_evaluate_final_dir_on_the_real_test_split(tmp_path):
+    torch.manual_seed(0)
+    final = write_final_dir(tmp_path / "run", tiny_mlp())
+    m = evaluation.evaluate_final_dir(final, TEST_SPLIT)
+    assert m["num_examples"] == 450 and m["num_classes"] == 10
+    assert sum(m["per_class"][str(k)]["support"] for k in range(10)) == 450
+    assert m["test_md5"] == evaluation.file_md5(TEST_SPLIT)
+    assert 0.0 <= m["accuracy"] <= 1.0
+
+
+def test_test_split_without_parquet_suffix(tmp_path):
+    """DVC cache objects are named by hash, without a suffix."""
+    blob = tmp_path / "d82dc74b3a3f4e8b3b51d13271f59bb3"
+    blob.write_bytes(TEST_SPLIT.read_bytes())
+    x, y = evaluation.load_test_arrays(blob)
+    assert x.shape == (450, 64) and x.dtype == np.float32 and y.dtype == np.int64
+
+
+# --------------------------------------------------------------------------- operator
+
+
+def _context():
+    return {"ti": SimpleNamespace(dag_id="gangflow_train", run_id="manual__1", try_number=1), "run_id": "manual__1"}
+
+
+def test_operator_logs_metrics_and_artifacts_to_the_run(home, tmp_path):
+    torch.manual_seed(1)
+    write_final_dir(tmp_path / "run", tiny_mlp())
+    client = tracking.get_client()
+    exp = tracking.ensure_experiment(client, "gangflow")
+    run_id = tracking.ensure_run(client, exp, dag_id="gangflow_train", dag_run_id="manual__1")
+
+    op = EvaluateModelOperator(task_id="evaluate", run_dir=str(tmp_path / "run"), test_path=str(TEST_SPLIT),
+                               mlflow_run_id=run_id)
+    assert {"run_dir", "test_path", "mlflow_run_id", "tracking_uri"} <= set(op.template_fields)
+    result = op.execute(_context())
+
+    json.loads(json.dumps(result))  # XCom-serialisable
+    assert set(result) >= {"accuracy", "macro_f1", "per_class", "confusion_matrix", "test_md5", "num_examples"}
+    assert result["num_examples"] == 450
+    run = client.get_run(run_id)
+    metrics = run.data.metrics
+    assert metrics["test_accuracy"] == pytest.approx(result["accuracy"])
+    assert metrics["test_macro_f1"] == pytest.approx(result["macro_f1"])
+    assert metrics["test_f1_class_3"] == pytest.approx(result["per_class"]["3"]["f1"])
+    assert metrics["test_precision_class_9"] == pytest.approx(result["per_class"]["9"]["precision"])
+    assert run.data.tags[evaluation.TAG_TEST_MD5] == evaluation.file_md5(TEST_SPLIT)
+    files = {a.path for a in client.list_artifacts(run_id, "evaluation")}
+    assert files == {"evaluation/metrics.json", "evaluation/confusion_matrix.png"}
+    local = Path(client.download_artifacts(run_id, "evaluation", str(tmp_path / "dl")))
+    assert json.loads((local / "metrics.json").read_text())["confusion_matrix"] == result["confusion_matrix"]
+    assert (local / "confusion_matrix.png").read_bytes()[:4] == b"\x89PNG"
+    # The artifacts landed under the state dir, not in ./mlruns.
+    assert str(home.resolve()) in client.get_run(run_id).info.artifact_uri
+
+
+def test_operator_without_run_id_only_evaluates(home, tmp_path):
+    write_final_dir(tmp_path / "run", tiny_mlp())
+    op = EvaluateModelOperator(task_id="evaluate", run_dir=str(tmp_path / "run"), test_path=str(TEST_SPLIT))
+    assert op.execute(_context())["num_examples"] == 450
+
+
+def test_operator_missing_weights_is_a_user_error(tmp_path):
+    op = EvaluateModelOperator(task_id="evaluate", run_dir=str(tmp_path / "nothing"), test_path=str(TEST_SPLIT))
+    with pytest.raises(UserError, match="no final weights"):
+        op.execute(_context())
+
+
+def test_operator_subclass_adds_a_metric(home, tmp_path):
+    class WithErrorCount(EvaluateModelOperator):
+        def metrics(self, model, x, y):
+            m = super().metrics(model, x, y)
+            m["errors"] = int(round((1 - m["accuracy"]) * m["num_examples"]))
+            return m
+
+    write_final_dir(tmp_path / "run", tiny_mlp())
+    client = tracking.get_client()
+    run_id = tracking.ensure_run(client, tracking.ensure_experiment(client, "gangflow"),
+                                 dag_id="gangflow_train", dag_run_id="manual__2")
+    result = WithErrorCount(task_id="evaluate", run_dir=str(tmp_path / "run"), test_path=str(TEST_SPLIT),
+                            mlflow_run_id=run_id).execute(_context())
+    assert client.get_run(run_id).data.metrics["test_errors"] == result["errors"]

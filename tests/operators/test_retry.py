@@ -1,0 +1,367 @@
+"""ClassifiedRetryPolicy: Airflow's RETRY/FAIL decision taken by the failure classifier."""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import json
+import logging
+import socket
+import sqlite3
+import sys
+import urllib.error
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from airflow.sdk import RetryAction
+
+from operators.exceptions import (
+    DataValidationFailed,
+    GangAdmissionTimeout,
+    GangCapacityError,
+    GangflowError,
+    InfraError,
+    InfraFailure,
+    KubernetesApiError,
+    RegistryUnavailable,
+    StorageUnavailable,
+    UnknownFailure,
+    UserError,
+    UserFailure,
+)
+from operators.failures import classify
+from operators.retry import ClassifiedRetryPolicy, judge_exception
+
+
+def _load_airflow_env():
+    spec = importlib.util.spec_from_file_location("gangflow_airflow_env", Path(__file__).with_name("airflow_env.py"))
+    if spec.name not in sys.modules:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[spec.name]
+
+
+airflow_env = _load_airflow_env()
+migrated_airflow = airflow_env.migrated_airflow  # the session fixture, visible to this module
+
+POLICY = ClassifiedRetryPolicy()
+
+
+def decide(exc: BaseException, try_number: int = 1, max_tries: int = 3, policy: ClassifiedRetryPolicy = POLICY):
+    return policy.evaluate(exc, try_number=try_number, max_tries=max_tries, context=None)
+
+
+# -- gangflow's own exceptions --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        InfraError("node gone"),
+        StorageUnavailable("DVC remote unreachable"),
+        RegistryUnavailable("MLflow 503"),
+        KubernetesApiError("apiserver 500"),
+        GangAdmissionTimeout("not all ranks Ready in 600s"),
+        InfraFailure(classify({"exit_code": 143})),
+    ],
+)
+def test_infra_is_retried(exc):
+    decision = decide(exc)
+    assert decision.action is RetryAction.RETRY
+    assert decision.retry_delay == timedelta(seconds=10)
+    assert decision.reason.startswith("gangflow: infra failure, retrying in 10s (try 1 of 4): ")
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        UserError("bad learning rate"),
+        DataValidationFailed("3 expectations failed"),
+        GangCapacityError("world size 64 > pool 8"),
+        UserFailure(classify({"exit_code": 137, "termination_reason": "OOMKilled"})),
+        GangflowError("a bare gangflow error is a user error"),
+    ],
+)
+def test_user_fails_at_once(exc):
+    decision = decide(exc, try_number=1, max_tries=10)
+    assert decision.action is RetryAction.FAIL
+    assert decision.reason.startswith("gangflow: user failure, not retrying: ")
+
+
+def test_gang_failure_decides_by_its_verdict_not_its_class():
+    verdict = classify({"pod_conditions": [{"type": "DisruptionTarget", "reason": "PreemptionByScheduler"}]})
+    decision = decide(UserFailure(verdict))  # a mislabelled class: the verdict wins
+    assert decision.action is RetryAction.RETRY
+    assert "pod condition DisruptionTarget (PreemptionByScheduler)" in decision.reason
+    assert "infra: infra:" not in decision.reason and ": infra: " not in decision.reason
+
+
+def test_user_reason_carries_the_classifier_reason():
+    verdict = classify({"error_file": {"message": "ValueError: boom", "rank": 1, "step": 5, "source": "user"}})
+    decision = decide(UserFailure(verdict))
+    assert decision.reason == "gangflow: user failure, not retrying: ValueError raised in training code at rank 1, step 5: boom"
+
+
+def test_unknown_is_retried_once_then_treated_as_user():
+    exc = UnknownFailure(classify({"exit_code": 1}))
+    first = decide(exc, try_number=1)
+    assert first.action is RetryAction.RETRY
+    assert "unknown failure, retrying once" in first.reason
+    second = decide(exc, try_number=2)
+    assert second.action is RetryAction.FAIL
+    assert "treated as user, not retrying" in second.reason
+
+
+def test_unknown_retries_is_configurable():
+    exc = UnknownFailure(classify({}))
+    assert decide(exc, 1, policy=ClassifiedRetryPolicy(unknown_retries=0)).action is RetryAction.FAIL
+    assert decide(exc, 2, policy=ClassifiedRetryPolicy(unknown_retries=2)).action is RetryAction.RETRY
+    assert decide(exc, 3, policy=ClassifiedRetryPolicy(unknown_retries=2)).action is RetryAction.FAIL
+
+
+def test_no_retries_left_fails_with_a_clear_reason():
+    decision = decide(InfraError("x"), try_number=4, max_tries=3)
+    assert decision.action is RetryAction.FAIL
+    assert "infra failure, but no retries left (try 4 of 4)" in decision.reason
+
+
+# -- exceptions from elsewhere ----------------------------------------------------------------------
+
+
+class _FakeBotoClientError(Exception):
+    """Shaped like botocore.exceptions.ClientError (botocore is not a gangflow dependency)."""
+
+    def __init__(self, code: str):
+        self.response = {"Error": {"Code": code, "Message": "Please reduce your request rate."}}
+        super().__init__(f"An error occurred ({code}) when calling the PutObject operation")
+
+
+_FakeBotoClientError.__name__ = "ClientError"
+
+
+class _FakeApiException(Exception):
+    """Shaped like kubernetes.client.exceptions.ApiException (importing kubernetes costs seconds)."""
+
+    def __init__(self, status: int):
+        self.status = status
+        super().__init__(f"({status})")
+
+
+_FakeApiException.__name__ = "ApiException"
+_FakeApiException.__module__ = "kubernetes.client.exceptions"
+
+
+def _chained() -> Exception:
+    try:
+        try:
+            raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+        except ConnectionRefusedError as cause:
+            raise RuntimeError("could not log metrics") from cause
+    except RuntimeError as exc:
+        return exc
+
+
+@pytest.mark.parametrize(
+    "exc, expect",
+    [
+        (ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"), "infra"),
+        (TimeoutError("timed out"), "infra"),
+        (OSError(errno.EIO, "Input/output error"), "infra"),
+        (OSError(errno.ETIMEDOUT, "Connection timed out"), "infra"),
+        (OSError(errno.ESTALE, "Stale file handle"), "infra"),
+        (socket.gaierror(-3, "Temporary failure in name resolution"), "infra"),
+        (sqlite3.OperationalError("database is locked"), "infra"),
+        (urllib.error.HTTPError("http://mlflow:5000", 503, "Service Unavailable", {}, None), "infra"),
+        (_FakeBotoClientError("SlowDown"), "infra"),
+        (_FakeApiException(503), "infra"),
+        (_chained(), "infra"),
+        (FileNotFoundError(errno.ENOENT, "No such file"), None),
+        (sqlite3.OperationalError("no such table: runs"), None),
+        (urllib.error.HTTPError("http://mlflow:5000", 404, "Not Found", {}, None), None),
+        (_FakeBotoClientError("AccessDenied"), None),
+        (_FakeApiException(422), None),
+        (ValueError("a bug"), None),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else str(v),
+)
+def test_foreign_exceptions(exc, expect):
+    kind, why = judge_exception(exc)
+    assert kind == expect, why
+    decision = decide(exc)
+    assert decision.action is (RetryAction.RETRY if expect == "infra" else RetryAction.DEFAULT)
+
+
+def test_requests_connection_error_is_infra():
+    import requests
+
+    exc = requests.exceptions.ConnectionError("HTTPConnectionPool(host='mlflow', port=5000): Max retries exceeded")
+    assert judge_exception(exc)[0] == "infra"
+
+
+def test_mlflow_exceptions():
+    mlflow_exceptions = pytest.importorskip("mlflow.exceptions")
+    unavailable = mlflow_exceptions.RestException({"error_code": "TEMPORARILY_UNAVAILABLE", "message": "try later"})
+    assert judge_exception(unavailable)[0] == "infra"
+    connection = mlflow_exceptions.MlflowException(
+        "API request to http://mlflow:5000/api/2.0/mlflow/runs/create failed with exception "
+        "HTTPConnectionPool(host='mlflow', port=5000): Max retries exceeded with url"
+    )
+    assert judge_exception(connection)[0] == "infra"
+    missing = mlflow_exceptions.RestException({"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "no model x"})
+    assert judge_exception(missing)[0] is None
+    # A client-side MlflowException defaults to INTERNAL_ERROR (500) without any server involved.
+    assert judge_exception(mlflow_exceptions.MlflowException("Invalid metric name: 'a b'"))[0] is None
+
+
+# -- backoff ---------------------------------------------------------------------------------------
+
+
+def test_exponential_backoff_with_a_cap():
+    policy = ClassifiedRetryPolicy(base_delay=timedelta(seconds=10), max_delay=timedelta(minutes=10))
+    assert [policy.backoff(n).total_seconds() for n in range(1, 9)] == [10, 20, 40, 80, 160, 320, 600, 600]
+    assert policy.backoff(10_000) == timedelta(minutes=10)
+    assert decide(InfraError("x"), try_number=3, max_tries=5, policy=policy).retry_delay == timedelta(seconds=40)
+    assert ClassifiedRetryPolicy(base_delay=timedelta(0)).backoff(5) == timedelta(0)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"base_delay": timedelta(seconds=-1)},
+        {"base_delay": timedelta(minutes=20), "max_delay": timedelta(minutes=10)},
+        {"base_delay": 10},
+        {"unknown_retries": -1},
+        {"unknown_retries": True},
+    ],
+)
+def test_constructor_rejects_bad_values(kwargs):
+    with pytest.raises(ValueError):
+        ClassifiedRetryPolicy(**kwargs)
+
+
+# -- logging ---------------------------------------------------------------------------------------
+
+
+def test_decisions_are_logged(caplog):
+    logger = logging.getLogger("gangflow.retry")
+    caplog.set_level(logging.INFO, logger="gangflow.retry")
+    handler = caplog.handler
+    logger.addHandler(handler)  # Airflow's logging setup may stop propagation to the root logger
+    try:
+        decide(UserError("bad config: train.lr=-1"))
+        decide(InfraError("node lost"))
+    finally:
+        logger.removeHandler(handler)
+    messages = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "gangflow.retry"]
+    assert (logging.ERROR, "gangflow: user failure, not retrying: UserError: bad config: train.lr=-1") in messages
+    assert any(level == logging.WARNING and m.startswith("gangflow: infra failure, retrying") for level, m in messages)
+
+
+# -- serialization ---------------------------------------------------------------------------------
+
+
+def test_policy_serialize_round_trip():
+    policy = ClassifiedRetryPolicy(base_delay=timedelta(seconds=3), max_delay=timedelta(minutes=2), unknown_retries=2)
+    data = json.loads(json.dumps(policy.serialize()))
+    assert data["__type"] == "ClassifiedRetryPolicy"
+    again = ClassifiedRetryPolicy.deserialize(data)
+    assert again == policy and repr(again) == repr(policy) and hash(again) == hash(policy)
+    assert ClassifiedRetryPolicy.deserialize({}) == ClassifiedRetryPolicy()
+    with pytest.raises(ValueError):
+        ClassifiedRetryPolicy.deserialize({"__type": "ExceptionRetryPolicy"})
+
+
+def _dag_with_policies(policy: ClassifiedRetryPolicy):
+    from airflow.providers.standard.operators.python import PythonOperator
+    from airflow.sdk import DAG, task
+
+    with DAG(
+        "gangflow_policy_serialization",
+        schedule=None,
+        start_date=datetime(2025, 1, 1),
+        default_args={"retries": 2, "retry_policy": ClassifiedRetryPolicy()},
+    ) as dag:
+        PythonOperator(task_id="classic", python_callable=print, retries=3, retry_policy=policy)
+
+        @task(retries=3, retry_policy=policy)
+        def mapped(x):
+            return x
+
+        @task
+        def from_default_args():
+            return None
+
+        mapped.partial().expand(x=[1, 2])
+        from_default_args()
+    return dag
+
+
+def test_policy_survives_dag_serialization():
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    policy = ClassifiedRetryPolicy(base_delay=timedelta(seconds=5))
+    dag = _dag_with_policies(policy)
+    assert dag.task_dict["classic"].retry_policy is policy
+
+    data = DagSerialization.to_dict(dag)
+    DagSerialization.validate_schema(data)
+    text = json.dumps(data)
+    # Airflow 3.3 stores only a has_retry_policy flag, never the object: deterministic, no repr leaks.
+    assert "ClassifiedRetryPolicy" not in text and " object at 0x" not in text
+    assert DagSerialization.to_dict(_dag_with_policies(ClassifiedRetryPolicy(base_delay=timedelta(seconds=5)))) == data
+
+    restored = DagSerialization.from_dict(json.loads(text))
+    flags = {t.task_id: (t.has_retry_policy, t.retries) for t in restored.tasks}
+    assert flags == {"classic": (True, 3), "mapped": (True, 3), "from_default_args": (True, 2)}
+
+
+# -- end to end: dag.test() ------------------------------------------------------------------------
+
+RETRY_DAG = '''
+from datetime import timedelta
+
+from airflow.sdk import DAG, get_current_context, task
+
+from operators.exceptions import InfraError, UnknownFailure, UserError
+from operators.failures import classify
+from operators.retry import ClassifiedRetryPolicy
+
+POLICY = ClassifiedRetryPolicy(base_delay=timedelta(0))
+
+with DAG("gangflow_retry_policy_e2e", schedule=None, catchup=False):
+
+    @task(retries=3, retry_delay=timedelta(0), retry_policy=POLICY)
+    def user_error():
+        raise UserError("bad config: train.lr=-1")
+
+    @task(retries=3, retry_delay=timedelta(0), retry_policy=POLICY)
+    def infra_then_ok():
+        if get_current_context()["ti"].try_number == 1:
+            raise InfraError("object store unreachable")
+        return "ok"
+
+    @task(retries=3, retry_delay=timedelta(0), retry_policy=POLICY)
+    def unknown_every_time():
+        raise UnknownFailure(classify({"exit_code": 1}))
+
+    user_error()
+    infra_then_ok()
+    unknown_every_time()
+'''
+
+
+@pytest.mark.slow
+def test_dag_test_honours_the_policy(migrated_airflow):
+    dag_file = migrated_airflow.write_dag("gangflow_retry_policy_e2e.py", RETRY_DAG)
+    result = migrated_airflow.dag_test(dag_file, "gangflow_retry_policy_e2e")
+    tail = result.output[-3000:]
+    assert result.tasks, tail
+    user, infra, unknown = (result.tasks[t] for t in ("user_error", "infra_then_ok", "unknown_every_time"))
+    assert (user.state, user.try_number) == ("failed", 1), tail  # retries=3, but a user error fails at once
+    assert (infra.state, infra.try_number) == ("success", 2), tail  # retried once, then succeeded
+    assert (unknown.state, unknown.try_number) == ("failed", 2), tail  # retried once, then treated as user
+    assert "gangflow: user failure, not retrying: UserError: bad config: train.lr=-1" in result.output
+    assert "gangflow: infra failure, retrying in 0s (try 1 of 4): InfraError: object store unreachable" in result.output
+    assert "treated as user, not retrying" in result.output

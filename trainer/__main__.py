@@ -1,0 +1,84 @@
+"""Entry point: `[torchrun ...] python -m trainer --run-dir DIR [--config F] [--set k=v ...]`.
+
+Everything that can be rejected is rejected here, before any process group starts: the
+command line, the params file and overrides, GANGFLOW_FAULT, the factories, the batch split
+and the data file's md5. Then `trainer.loop.run` trains.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import traceback
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from trainer import EXIT_CONFIG_ERROR, EXIT_OK, EXIT_PREEMPTED, EXIT_USER_ERROR, cli, errors
+from trainer.config import load_config
+from trainer.distributed import detect
+from trainer.errors import ConfigError, UserError
+from trainer.faults import ENV as FAULT_ENV
+from trainer.faults import parse_fault
+
+
+def _refuse(exc: Exception, code: int, run_dir, rank: int, handler) -> int:
+    kind = "config error" if code == EXIT_CONFIG_ERROR else "error"
+    print(f"gangflow: {kind}: {exc}", file=sys.stderr, flush=True)
+    errors.write_records(exc, rank=rank, step=None, run_dir=run_dir)
+    handler.record_exception(exc)  # TorchElastic's error file, when torchrun set one
+    return code
+
+
+@functools.partial(record, error_handler=(_handler := errors.make_error_handler()))
+def main(argv: list[str] | None = None) -> int:
+    args = cli.parse_args(argv)
+    rank = 0
+    try:
+        launch = detect()
+        rank = errors.context.rank = launch.rank
+        cfg = load_config(args.config, args.overrides)
+        fault = parse_fault(os.environ.get(FAULT_ENV))
+        cfg.check_factories()
+        if cfg.train.batch_size % launch.world_size:
+            raise ConfigError(f"train.batch_size={cfg.train.batch_size} is invalid: it is the global batch and must "
+                              f"divide evenly over the world size {launch.world_size}")
+    except ConfigError as exc:
+        return _refuse(exc, EXIT_CONFIG_ERROR, args.run_dir, rank, _handler)
+    if args.print_config:
+        print(json.dumps(cfg.to_dict(), indent=2))
+        return EXIT_OK
+    try:
+        from trainer.data import check_md5
+
+        if cfg.data.train_md5:
+            check_md5(cfg.data.train_path, cfg.data.train_md5)
+    except UserError as exc:
+        return _refuse(exc, EXIT_USER_ERROR, args.run_dir, rank, _handler)
+    from trainer.loop import run
+
+    return run(cfg, fault, launch, args.run_dir)
+
+
+def _exit(code: int) -> None:
+    """Exit with `code`; non-zero codes skip interpreter teardown, during which a SIGTERM from
+    torchrun (tearing down the rest of the gang) would turn the code into -15."""
+    if code == EXIT_OK:
+        sys.exit(0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    try:
+        _code = main()
+    except SystemExit as exc:  # argparse errors (2)
+        _code = exc.code if isinstance(exc.code, int) else EXIT_CONFIG_ERROR
+    except KeyboardInterrupt:
+        _code = 130
+    except BaseException:  # already recorded (error files); print it as Python would
+        traceback.print_exc()
+        _code = EXIT_USER_ERROR
+    _exit(_code or EXIT_OK)

@@ -1,0 +1,106 @@
+"""Command line of `python -m trainer` (run it under torchrun for several ranks)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from pathlib import Path
+
+from trainer import EXIT_CONFIG_ERROR, EXIT_PREEMPTED, EXIT_USER_ERROR
+from trainer.config import SECTIONS, ModelConfig
+
+PARAM_HELP = {
+    "data.train_path": "training Parquet file (any name; read as Parquet)",
+    "data.test_path": "test Parquet file, evaluated once at the end",
+    "data.train_md5": 'refuse to start unless the train file has this md5 ("" = no check)',
+    "data.factory": "dataset factory module:function, fn(path) -> Dataset of (features, label)",
+    "data.num_workers": "DataLoader worker processes per rank",
+    "model.factory": "model factory module:function, fn(**other model keys) -> nn.Module",
+    "model.<key>": "any other key is a keyword argument of the model factory (input_dim is inferred)",
+    "train.max_steps": "optimizer steps in total",
+    "train.seed": "seed of the initial weights, sample order and RNGs",
+    "train.batch_size": "GLOBAL batch size, split evenly over the ranks (must divide by the world size)",
+    "train.lr": "peak learning rate",
+    "train.momentum": "SGD momentum",
+    "train.weight_decay": "weight decay",
+    "train.warmup_steps": "linear warm-up steps",
+    "train.log_every_steps": "metrics.jsonl (and MLflow) every N steps",
+    "train.optimizer": "sgd | adamw",
+    "train.lr_schedule": "cosine (to 0 at max_steps) | constant, after warm-up",
+    "train.device": "auto (CUDA if present) | cpu | cuda",
+    "checkpoint.every_steps": "commit a checkpoint every N steps (and always at the end)",
+    "checkpoint.keep_last": "committed checkpoints to keep",
+    "checkpoint.async_save": "write checkpoints in a background thread (commit stays atomic)",
+    "checkpoint.grace_period_s": "after SIGTERM, exit 75 at the latest after this many seconds",
+    "tracking.mlflow_uri": 'MLflow tracking URI ("" = env MLFLOW_TRACKING_URI, or metrics.jsonl only)',
+    "tracking.experiment": "MLflow experiment of a new run (ignored with env MLFLOW_RUN_ID)",
+    "tracking.flush_every_s": "send queued MLflow metrics every N seconds (background thread)",
+}
+
+
+def _params_table() -> str:
+    lines = []
+    for name, cls in SECTIONS.items():
+        if cls is ModelConfig:
+            m = ModelConfig()
+            lines.append(f"  model.factory = {m.factory}\n      {PARAM_HELP['model.factory']}")
+            lines.append(f"  model.<key>   (default: hidden=128, num_classes=10)\n      {PARAM_HELP['model.<key>']}")
+            continue
+        for f in fields(cls):
+            key = f"{name}.{f.name}"
+            lines.append(f"  {key} = {f.default!r}\n      {PARAM_HELP.get(key, '')}")
+    return "\n".join(lines)
+
+
+EPILOG = f"""\
+parameters (params.yaml sections; any of them with --set section.key=value):
+{_params_table()}
+
+exit codes:
+  0   trained; final weights at RUN_DIR/final/model.safetensors
+  {EXIT_USER_ERROR}   the training raised (user code, bad data, or an unexpected error); see the
+      error record's "source" in RUN_DIR/errors/rank-<R>.json
+  {EXIT_CONFIG_ERROR}   bad option, params file, override or GANGFLOW_FAULT (nothing was started)
+  {EXIT_PREEMPTED}  stopped on SIGTERM after committing a final checkpoint (run again to resume)
+
+environment:
+  GANGFLOW_FAULT            fault injection, ACTION@step=N[,rank=R] with ACTION kill | term |
+                            exit=CODE | raise (see docs/trainer.md)
+  GANGFLOW_TERMINATION_LOG  where to write the Kubernetes termination message
+                            (default /dev/termination-log when it exists)
+  MLFLOW_TRACKING_URI       MLflow tracking URI (when tracking.mlflow_uri is empty)
+  MLFLOW_RUN_ID             log into this existing MLflow run
+  TORCHELASTIC_ERROR_FILE   set by torchrun: the error file written on an exception
+  RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT   set by torchrun
+  OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK                       set by mpirun (with MASTER_ADDR/PORT)
+
+examples:
+  python -m trainer --run-dir runs/one --set train.max_steps=100
+  torchrun --standalone --nproc-per-node 2 -m trainer --run-dir runs/two --config params.yaml
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer",
+        description="Train one rank of a gangflow gang (DDP). Resumes from the newest committed "
+        "checkpoint in --run-dir when there is one.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--run-dir", required=True, type=Path, metavar="DIR",
+                        help="run folder: checkpoints/, metrics.jsonl, final/, errors/ (created if missing)")
+    parser.add_argument("--config", type=Path, metavar="PARAMS_YAML",
+                        help="params file (default: ./params.yaml when it exists, else built-in defaults)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one parameter; the value is parsed as YAML (repeatable)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="validate, print the resolved config as JSON and exit without training")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    if args.config is None and Path("params.yaml").is_file():
+        args.config = Path("params.yaml")
+    return args

@@ -1,0 +1,121 @@
+"""Datasets and the resumable distributed sampler.
+
+Dataset factory signature (`data.factory: module:function`): `fn(path: str) -> Dataset` whose
+items are `(features_tensor, label_tensor)`. The default, `parquet_dataset`, reads the digits
+schema (float feature columns + an int `label` column) from any path: the file is opened with
+pyarrow as Parquet whatever its name (DVC cache objects have no suffix).
+
+Sample order. `train.batch_size` is the *global* batch. The sampler is torch's
+DistributedSampler (`drop_last=True`, seeded by `train.seed`, `set_epoch` every epoch): rank r
+takes positions r, r+W, r+2W, ... of one seeded permutation, so global step k always consumes
+permutation[k*B:(k+1)*B], whatever the world size W, and an epoch is floor(N/B) steps for every
+W. Resuming at another world size therefore continues the same global sample order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from trainer.errors import DataError
+
+LABEL = "label"
+
+
+def load_arrays(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """(features float32 [N, F], labels int64 [N]) from a Parquet file at any path."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data file {str(path)!r} does not exist")
+    try:
+        table = pq.ParquetFile(path).read()
+    except Exception as exc:  # noqa: BLE001 - any reader failure means bad data
+        raise DataError(f"data file {str(path)!r} is not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+    if LABEL not in table.column_names:
+        raise DataError(f"data file {str(path)!r} has no {LABEL!r} column (columns: {table.column_names[:8]}...)")
+    features = [c for c in table.column_names if c != LABEL]
+    if not features or table.num_rows == 0:
+        raise DataError(f"data file {str(path)!r} has no feature columns or no rows")
+    x = np.stack([table.column(c).to_numpy(zero_copy_only=False) for c in features], axis=1).astype(np.float32)
+    y = table.column(LABEL).to_numpy(zero_copy_only=False).astype(np.int64)
+    return np.ascontiguousarray(x), y
+
+
+class ArrayDataset(Dataset):
+    """In-memory (features, label) pairs."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.x = torch.from_numpy(x)
+        self.y = torch.from_numpy(y)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[index], self.y[index]
+
+
+def parquet_dataset(path: str) -> ArrayDataset:
+    """The default dataset factory: `trainer.data:parquet_dataset`."""
+    return ArrayDataset(*load_arrays(path))
+
+
+def file_md5(path: str | Path) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_md5(path: str | Path, expected: str) -> str:
+    """md5 of the file; raises DataError when `expected` is set and differs."""
+    if not Path(path).is_file():
+        raise DataError(f"data.train_path={str(path)!r}: file does not exist")
+    actual = file_md5(path)
+    if expected and actual != expected:
+        raise DataError(
+            f"data.train_md5 mismatch: {str(path)!r} has md5 {actual}, expected {expected} "
+            "(the file changed since it was validated; refusing to train on it)"
+        )
+    return actual
+
+
+class ResumableDistributedSampler(DistributedSampler):
+    """DistributedSampler that can start an epoch part-way (`set_start`), for exact resume."""
+
+    def __init__(self, dataset: Dataset, *, num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.start = 0
+
+    def set_start(self, start: int) -> None:
+        """Skip the first `start` of this rank's samples in the current epoch."""
+        self.start = start
+
+    def __iter__(self):
+        indices = list(super().__iter__())
+        return iter(indices[self.start :])
+
+    def __len__(self) -> int:
+        return max(0, self.num_samples - self.start)
+
+
+def make_loader(dataset: Dataset, *, batch_size: int, rank: int, world_size: int, seed: int, num_workers: int = 0):
+    """(DataLoader, sampler) for one rank; `batch_size` is this rank's share of the global batch."""
+    sampler = ResumableDistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
+    # A dedicated generator: creating an iterator must not consume the global torch RNG,
+    # so that the RNG stream is the same in a resumed run as in an uninterrupted one.
+    generator = torch.Generator().manual_seed(seed + rank)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True,
+                        num_workers=num_workers, generator=generator, persistent_workers=False)
+    return loader, sampler
+
+
+def steps_per_epoch(num_samples: int, global_batch: int) -> int:
+    return math.floor(num_samples / global_batch)

@@ -1,0 +1,131 @@
+"""Fault injection for tests, benchmarks and drills (DESIGN.md contract 3).
+
+    GANGFLOW_FAULT="ACTION@step=N[,rank=R]"
+
+ACTION is one of
+
+* `kill`     SIGKILL own process (a lost node or OOM kill),
+* `term`     SIGTERM own process (the preemption path: final checkpoint, exit 75),
+* `exit=CODE` exit at once with CODE (1-255) without cleanup,
+* `raise`    a ValueError from training step N (a user bug; recorded with source "user").
+
+When they fire: `kill`, `term` and `exit` fire at the step boundary after step N completed and
+after step N's checkpoint (if N is a checkpoint step) is committed; before firing, every rank
+waits for in-flight checkpoint writes and meets at a barrier, so the drill is reproducible: the
+newest committed checkpoint is the last one at or before step N. `raise` fires inside training
+step N (after N-1 completed steps), before its optimizer update.
+
+Without `rank`, the fault fires on every rank at the same step (the whole gang is lost / exits
+with CODE / is preempted / fails; torchrun's root cause then shows that very exit). With
+`rank=R` only global rank R fires; the other ranks are torn down by torchrun (kill, exit, raise)
+or stop with it at the same step boundary (term).
+
+`kill`, `term` and `exit` fire at most once per run dir: a marker `DIR/faults/<ACTION>@step=N...`
+is written and fsynced before firing, and a fault whose marker exists when the trainer starts is
+disarmed. `raise` fires on every attempt, as a bug would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.errors import ConfigError
+
+ENV = "GANGFLOW_FAULT"
+_SPEC = re.compile(r"^(?P<action>kill|term|raise|exit=(?P<code>\d+))@step=(?P<step>\d+)(?:,rank=(?P<rank>\d+))?$")
+ONCE = ("kill", "term", "exit")
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: str  # kill | term | exit | raise
+    step: int
+    rank: int | None = None
+    code: int | None = None  # for exit
+
+    @property
+    def spec(self) -> str:
+        action = f"exit={self.code}" if self.action == "exit" else self.action
+        return f"{action}@step={self.step}" + (f",rank={self.rank}" if self.rank is not None else "")
+
+    def targets(self, rank: int) -> bool:
+        return self.rank is None or self.rank == rank
+
+
+def parse_fault(text: str | None) -> Fault | None:
+    """Parse GANGFLOW_FAULT; empty or unset means no fault. Malformed raises ConfigError."""
+    if text is None or not text.strip():
+        return None
+    match = _SPEC.match(text.strip().replace(" ", ""))
+    if not match:
+        raise ConfigError(
+            f"{ENV}={text!r} is invalid: expected ACTION@step=N[,rank=R] with ACTION one of "
+            "kill, term, raise, exit=CODE (e.g. 'kill@step=30,rank=1')"
+        )
+    action = match["action"]
+    code = None
+    if action.startswith("exit="):
+        action, code = "exit", int(match["code"])
+        if not 1 <= code <= 255:
+            raise ConfigError(f"{ENV}={text!r} is invalid: exit=CODE needs CODE in 1..255")
+    step = int(match["step"])
+    if step < 1:
+        raise ConfigError(f"{ENV}={text!r} is invalid: step must be >= 1")
+    rank = int(match["rank"]) if match["rank"] is not None else None
+    return Fault(action=action, step=step, rank=rank, code=code)
+
+
+class FaultInjector:
+    """Decides, per rank, whether the configured fault fires at a given step."""
+
+    def __init__(self, fault: Fault | None, run_dir: str | Path, rank: int, world_size: int) -> None:
+        self.fault = fault
+        self.rank = rank
+        if fault is not None and fault.rank is not None and fault.rank >= world_size:
+            raise ConfigError(f"{ENV}={fault.spec!r} is invalid: rank={fault.rank} but the world size is {world_size}")
+        self.marker = Path(run_dir) / "faults" / f"{fault.spec.replace(',', '_')}.fired" if fault else None
+        # Decided once, at start, on every rank: whether this attempt may fire a once-only fault.
+        self.armed = fault is not None and (fault.action == "raise" or not self.marker.exists())
+
+    def process_fault_due(self, step: int) -> bool:
+        """True on every rank when a kill/term/exit fault is due after `step` (all ranks agree)."""
+        return self.armed and self.fault.action in ONCE and step == self.fault.step
+
+    def fire(self, step: int) -> None:
+        """Persist the marker, then kill/term/exit this process if it is targeted."""
+        assert self.fault is not None and self.marker is not None
+        self.armed = False
+        if not self.fault.targets(self.rank):
+            return
+        self.marker.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, json.dumps({"fault": self.fault.spec, "rank": self.rank, "step": step, "time": time.time()}).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        dir_fd = os.open(self.marker.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        print(f"gangflow: fault injection: {self.fault.spec} fires on rank {self.rank} at step {step}", flush=True)
+        if self.fault.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(60)  # pragma: no cover - never returns
+        elif self.fault.action == "term":
+            os.kill(os.getpid(), signal.SIGTERM)
+        elif self.fault.action == "exit":
+            os._exit(self.fault.code)
+
+    def maybe_raise(self, step: int) -> None:
+        """Called inside training step `step` (1-based): the user-bug fault."""
+        f = self.fault
+        if f is not None and f.action == "raise" and step == f.step and f.targets(self.rank):
+            raise ValueError(f"injected fault {ENV}={f.spec!r}: a ValueError from training step {step} on rank {self.rank}")

@@ -1,0 +1,333 @@
+"""The training loop of one rank: set up, resume, train, checkpoint, stop, export.
+
+`run()` is called by the entry point after the config was validated. `Trainer.fit()` is the
+loop; everything else is a small helper around it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainer import EXIT_OK, EXIT_PREEMPTED, errors
+from trainer.checkpoint import Checkpointer, CorruptCheckpoint, Snapshot, cpu_copy, flatten_optimizer, rng_state, set_rng_state
+from trainer.config import Config, resolve_factory
+from trainer.data import file_md5, make_loader
+from trainer.distributed import Dist, Launch, StopAgreement, setup, teardown
+from trainer.errors import CheckpointError, DataError, user_code
+from trainer.export import write_final
+from trainer.faults import Fault, FaultInjector
+from trainer.tracking import Tracker
+
+
+class Preemption:
+    """SIGTERM sets a flag (the loop stops at the next agreed step boundary); a watchdog exits
+    with EXIT_PREEMPTED if the final checkpoint has not finished within the grace period."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.requested = False
+        self.received_at: float | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        if self.requested:
+            return
+        self.requested = True
+        self.received_at = time.monotonic()
+        timer = threading.Timer(self.grace_s, self._expire)
+        timer.daemon = True
+        timer.start()
+
+    def _expire(self) -> None:
+        os.write(2, f"gangflow: grace period of {self.grace_s:g}s after SIGTERM exceeded; exiting "
+                    f"{EXIT_PREEMPTED} (the last committed checkpoint stands)\n".encode())
+        os._exit(EXIT_PREEMPTED)
+
+
+def lr_factor(cfg: Config):
+    warmup, total, cosine = cfg.train.warmup_steps, cfg.train.max_steps, cfg.train.lr_schedule == "cosine"
+
+    def factor(k: int) -> float:  # k = completed steps
+        f = min(1.0, (k + 1) / warmup) if warmup > 0 else 1.0
+        if cosine:
+            f *= 0.5 * (1.0 + math.cos(math.pi * min(k, total) / total))
+        return f
+
+    return factor
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, fault: Fault | None, d: Dist, run_dir: Path, preempt: Preemption) -> None:
+        self.cfg, self.d, self.run_dir, self.preempt = cfg, d, run_dir, preempt
+        self.faults = FaultInjector(fault, run_dir, d.rank, d.world_size)  # reads markers before any step
+        t = cfg.train
+        self.global_batch = t.batch_size
+        self.local_batch = t.batch_size // d.world_size
+        with user_code():
+            self.train_set = resolve_factory(cfg.data.factory, "data.factory")(cfg.data.train_path)
+            self.model_kwargs = self._model_kwargs()
+            seed_all(t.seed)  # identical initial weights on every rank and at every world size
+            self.model = resolve_factory(cfg.model.factory, "model.factory")(**self.model_kwargs).to(d.device)
+        params = self.model.parameters()
+        if t.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+        else:
+            self.optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(cfg))
+        self.loader, self.sampler = make_loader(self.train_set, batch_size=self.local_batch, rank=d.rank,
+                                                world_size=d.world_size, seed=t.seed, num_workers=cfg.data.num_workers)
+        if len(self.sampler) // self.local_batch == 0:
+            raise DataError(f"the training set has {len(self.train_set)} rows, fewer than one global batch "
+                            f"(train.batch_size={t.batch_size})")
+        self.tracker = Tracker(run_dir, enabled=d.is_main, mlflow_uri=cfg.tracking.mlflow_uri,
+                               experiment=cfg.tracking.experiment, flush_every_s=cfg.tracking.flush_every_s,
+                               params=cfg.to_dict(), tags={"gangflow.world_size": str(d.world_size),
+                                                           "gangflow.run_dir": str(run_dir)})
+        self.ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint, rank=d.rank, log=self.log,
+                                 on_commit=self._on_commit)
+        self.config_dict = cfg.to_dict()
+        self.step = self.epoch = self.batch_in_epoch = 0
+        self.resumed_from: int | None = None
+        self.ckpt_blocked_s = 0.0
+
+    def log(self, message: str) -> None:
+        if self.d.is_main:
+            print(message, flush=True)
+
+    def _model_kwargs(self) -> dict[str, Any]:
+        kwargs = dict(self.cfg.model.kwargs)
+        factory = resolve_factory(self.cfg.model.factory, "model.factory")
+        if "input_dim" not in kwargs and "input_dim" in inspect.signature(factory).parameters:
+            kwargs["input_dim"] = int(torch.as_tensor(self.train_set[0][0]).numel())
+        return kwargs
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    def fit(self) -> int:
+        t, d = self.cfg.train, self.d
+        self.resume()
+        model = DDP(self.model, device_ids=[d.device] if d.device.type == "cuda" else None) if d.world_size > 1 else self.model
+        model.train()
+        stop = StopAgreement(d, lambda: self.preempt.requested)
+        self.sampler.set_epoch(self.epoch)
+        self.sampler.set_start(self.batch_in_epoch * self.local_batch)
+        self._it = iter(self.loader)
+        window_loss, window_steps, window_t0, train_t0 = torch.zeros((), device=d.device), 0, time.perf_counter(), time.perf_counter()
+        while self.step < t.max_steps and not stop.should_stop():
+            errors.context.step = self.step + 1  # the step in progress, for error records
+            x, y = self.next_batch()
+            loss = self.train_step(model, x, y, self.step + 1)
+            self.step += 1
+            window_loss += loss.detach()
+            window_steps += 1
+            if self.step % t.log_every_steps == 0 or self.step == t.max_steps:
+                elapsed = time.perf_counter() - window_t0
+                self.tracker.step(self.step, loss=d.mean(float(window_loss) / window_steps), lr=self.scheduler.get_last_lr()[0],
+                                  samples_per_sec=window_steps * self.global_batch / elapsed, epoch=self.epoch)
+                window_loss.zero_()
+                window_t0, window_steps = time.perf_counter(), 0
+            if self.step % self.cfg.checkpoint.every_steps == 0 and self.step < t.max_steps:
+                self.ckpt_blocked_s += self.checkpoint()
+            if self.faults.process_fault_due(self.step):
+                self.ckpt.wait()
+                d.barrier()
+                self.faults.fire(self.step)
+        train_s = time.perf_counter() - train_t0
+        stop.drain()
+        if stop.stopped and self.step < t.max_steps:
+            return self.preempted()
+        self.checkpoint(block=True)
+        return self.finish(train_s)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            x, y = next(self._it)
+        except StopIteration:
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+            self.sampler.set_epoch(self.epoch)
+            self.sampler.set_start(0)
+            self._it = iter(self.loader)
+            x, y = next(self._it)
+        self.batch_in_epoch += 1
+        return x.to(self.d.device, non_blocking=True), y.to(self.d.device, non_blocking=True)
+
+    def train_step(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
+        with user_code():
+            loss = F.cross_entropy(model(x), y)
+            self.faults.maybe_raise(step)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        return loss
+
+    # --- checkpoints ----------------------------------------------------------------------------
+
+    def checkpoint(self, block: bool = False) -> float:
+        """Save the state at self.step on every rank (rank 0 writes). Returns the time blocked."""
+        if self.ckpt.last_step == self.step:
+            self.ckpt.wait()
+            return 0.0
+        t0 = time.perf_counter()
+        rng = self.d.gather_json(rng_state(self.d.device))
+        opt_tensors, opt_json = flatten_optimizer(self.optimizer.state_dict())
+        state = {
+            "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+            "samples_seen": self.step * self.global_batch, "global_batch": self.global_batch,
+            "world_size": self.d.world_size, "config": self.config_dict, "model_kwargs": self.model_kwargs,
+            "scheduler": self.scheduler.state_dict(), "optimizer": opt_json, "rng": rng,
+            "torch_version": torch.__version__, "time": time.time(),
+        }
+        snap = Snapshot(self.step, cpu_copy(self.model.state_dict()), opt_tensors, state)
+        snap.blocked_s = time.perf_counter() - t0
+        self.ckpt.save(snap, block=block)
+        return time.perf_counter() - t0
+
+    def _on_commit(self, info: dict[str, Any]) -> None:
+        self.tracker.event("checkpoint", info["step"], mlflow_prefix="checkpoint_", duration_s=info["duration_s"],
+                           blocked_s=info["blocked_s"], bytes=info["bytes"], path=info["path"])
+
+    def resume(self) -> None:
+        d = self.d
+        chosen = None
+        if d.is_main:
+            self.ckpt.cleanup_stale()
+            chosen = self.ckpt.select()
+        step = d.broadcast_int(chosen[0] if chosen else None)
+        if step is None:
+            seed_all(self.cfg.train.seed + d.rank)
+            self.log("gangflow: starting from step 0")
+            self.tracker.event("start", 0, world_size=d.world_size)
+            return
+        try:
+            loaded = self.ckpt.read(step)
+        except CorruptCheckpoint as exc:
+            raise CheckpointError(f"rank {d.rank} cannot read checkpoint step-{step}: {exc}") from None
+        state = loaded.state
+        self.model.load_state_dict(loaded.model)
+        self.optimizer.load_state_dict(loaded.optimizer)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        self.resumed_from = step
+        errors.context.step = step
+        saved_rng = state["rng"]
+        if d.rank < len(saved_rng):
+            set_rng_state(saved_rng[d.rank], d.device)
+        else:  # a rank that did not exist when the checkpoint was written
+            seed_all(self.cfg.train.seed + d.rank + 1_000_003 * step)
+        if state["world_size"] != d.world_size:
+            self.log(f"gangflow: checkpoint step-{step} was written by {state['world_size']} ranks; continuing on "
+                     f"{d.world_size} (global batch {self.global_batch} and sample order unchanged)")
+        if state["global_batch"] != self.global_batch:
+            self.log(f"gangflow: warning: train.batch_size changed from {state['global_batch']} to "
+                     f"{self.global_batch}; the position in the epoch is kept in batches, the sample order changes")
+        self.log(f"gangflow: resuming from checkpoint step-{step} ({loaded.path})")
+        self.tracker.event("resume", step, world_size=d.world_size, checkpoint_world_size=state["world_size"])
+
+    # --- endings --------------------------------------------------------------------------------
+
+    def preempted(self) -> int:
+        if self.step > 0:
+            self.checkpoint(block=True)
+        self.d.barrier()  # every rank exits only once the checkpoint is committed
+        since = (f"{time.monotonic() - self.preempt.received_at:.2f}s after the signal" if self.preempt.received_at
+                 else "(SIGTERM was received by another rank)")
+        self.log(f"gangflow: preempted (SIGTERM): stopped at step {self.step}; checkpoint step-{self.step} committed "
+                 f"{since}; exiting with {EXIT_PREEMPTED}")
+        self.tracker.event("preempted", self.step)
+        self.tracker.close(status=None)
+        return EXIT_PREEMPTED
+
+    def evaluate(self) -> dict[str, float]:
+        with user_code():
+            test_set = resolve_factory(self.cfg.data.factory, "data.factory")(self.cfg.data.test_path)
+        loader = torch.utils.data.DataLoader(test_set, batch_size=1024)
+        self.model.eval()
+        correct, total, loss = 0, 0, 0.0
+        with torch.no_grad():
+            for x, y in loader:
+                x, y = x.to(self.d.device), y.to(self.d.device)
+                out = self.model(x)
+                loss += float(F.cross_entropy(out, y, reduction="sum"))
+                correct += int((out.argmax(dim=1) == y).sum())
+                total += len(y)
+        self.model.train()
+        return {"test_accuracy": correct / max(total, 1), "test_loss": loss / max(total, 1)}
+
+    def finish(self, train_s: float) -> int:
+        d = self.d
+        if d.is_main:
+            metrics = self.evaluate()
+            card = {
+                "model": {"factory": self.cfg.model.factory, "kwargs": self.model_kwargs},
+                "config": self.cfg.to_dict(),
+                "data": {"train_path": self.cfg.data.train_path, "train_md5": file_md5(self.cfg.data.train_path),
+                         "test_path": self.cfg.data.test_path,
+                         "test_md5": file_md5(self.cfg.data.test_path) if Path(self.cfg.data.test_path).is_file() else None},
+                "metrics": metrics, "world_size": d.world_size, "steps": self.step,
+                "global_batch": self.global_batch, "resumed_from_step": self.resumed_from,
+                "torch_version": torch.__version__, "python_version": sys.version.split()[0],
+                "mlflow_run_id": self.tracker.mlflow_run_id, "created": time.time(),
+            }
+            final = write_final(self.run_dir, self.model, card)
+            self.tracker.event("final", self.step, mlflow_prefix="", **metrics, world_size=d.world_size,
+                               train_s=round(train_s, 4), checkpoint_blocked_s=round(self.ckpt_blocked_s, 6))
+            self.log(f"gangflow: done: {self.step} steps on {d.world_size} rank(s); test accuracy "
+                     f"{metrics['test_accuracy']:.4f}; final weights at {final / 'model.safetensors'}")
+        d.barrier()
+        self.tracker.close(status="FINISHED")
+        return EXIT_OK
+
+    def close(self, status: str | None) -> None:
+        try:
+            self.ckpt.close()
+        finally:
+            self.tracker.close(status=status)
+
+
+def run(cfg: Config, fault: Fault | None, launch: Launch, run_dir: Path) -> int:
+    """Train on this rank; returns the exit code (exceptions propagate after writing error records)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    preempt = Preemption(cfg.checkpoint.grace_period_s)
+    preempt.install()
+    errors.context.rank = launch.rank
+    trainer = None
+    try:
+        d = setup(launch, cfg.train.device)
+        trainer = Trainer(cfg, fault, d, run_dir, preempt)
+        code = trainer.fit()
+        trainer.close(status=None)
+        return code
+    except BaseException as exc:
+        if not isinstance(exc, SystemExit):
+            errors.write_records(exc, rank=launch.rank, step=errors.context.step, run_dir=run_dir)
+        if trainer is not None:
+            try:
+                trainer.close(status="FAILED")
+            except BaseException:  # noqa: BLE001 - the original error matters
+                pass
+        raise
+    finally:
+        teardown()

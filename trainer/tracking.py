@@ -1,0 +1,179 @@
+"""Metrics: `DIR/metrics.jsonl` always; MLflow too when a tracking URI is configured.
+
+Only rank 0 tracks. Every line of metrics.jsonl is one JSON object: training steps
+(`step`, `loss`, `lr`, `samples_per_sec`, `epoch`, `time`) and events (`event`: `start`,
+`checkpoint` with `duration_s`, `blocked_s` and `bytes`, `preempted`, `final`).
+
+MLflow (`tracking.mlflow_uri` or env MLFLOW_TRACKING_URI) is imported lazily and only then. The
+run is env MLFLOW_RUN_ID when set (the Airflow operator creates it; a retry logs into the same
+run), else the run recorded in `DIR/tracking.json` by an earlier attempt, else a new run in
+`tracking.experiment`. Nothing blocks the loop: metrics are queued and a background thread sends
+them with `MlflowClient.log_batch` every `tracking.flush_every_s`. MLflow errors are reported
+once on stderr and never stop training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+_MAX_BATCH = 900  # MLflow accepts 1000 metrics per log_batch
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = json.dumps(value) if isinstance(value, (list, bool)) or value is None else str(value)
+    return out
+
+
+class MlflowSink:
+    """Batches metrics to one MLflow run from a background thread."""
+
+    def __init__(self, uri: str, experiment: str, run_dir: Path, flush_every_s: float, params: dict[str, Any], tags: dict[str, str]):
+        from mlflow.tracking import MlflowClient  # lazy: only when configured
+
+        self.client = MlflowClient(tracking_uri=uri)
+        self.uri = uri
+        self.flush_every_s = flush_every_s
+        self.owned = False
+        self.run_id = self._run_id(experiment, run_dir)
+        self._queue: queue.Queue = queue.Queue()
+        self._closed = threading.Event()
+        self._warned = False
+        from mlflow.entities import Param, RunTag
+
+        self._send(tags=[RunTag(k, v) for k, v in tags.items()])
+        self._send(params=[Param(k, v[:6000]) for k, v in params.items()])  # fails (warned) if a resume changed them
+        self._thread = threading.Thread(target=self._run, name="gangflow-mlflow", daemon=True)
+        self._thread.start()
+
+    def _run_id(self, experiment: str, run_dir: Path) -> str:
+        if os.environ.get("MLFLOW_RUN_ID"):
+            return os.environ["MLFLOW_RUN_ID"]
+        record = run_dir / "tracking.json"
+        if record.is_file():
+            try:
+                saved = json.loads(record.read_text())
+                if saved.get("uri") == self.uri and saved.get("run_id"):
+                    self.owned = bool(saved.get("owned", True))
+                    return saved["run_id"]
+            except ValueError:
+                pass
+        exp = self.client.get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(experiment)
+        run = self.client.create_run(exp_id, run_name=run_dir.name or None, tags={"gangflow.run_dir": str(run_dir)})
+        self.owned = True
+        tmp = record.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"uri": self.uri, "run_id": run.info.run_id, "owned": True}))
+        tmp.replace(record)
+        return run.info.run_id
+
+    def log(self, key: str, value: float, step: int) -> None:
+        self._queue.put((key, float(value), int(time.time() * 1000), int(step)))
+
+    def _send(self, metrics=(), params=(), tags=()) -> None:
+        try:
+            self.client.log_batch(self.run_id, metrics=list(metrics), params=list(params), tags=list(tags))
+        except Exception as exc:  # noqa: BLE001 - tracking must never stop training
+            if not self._warned:
+                self._warned = True
+                print(f"gangflow: warning: MLflow logging failed ({type(exc).__name__}: {exc}); continuing", file=sys.stderr, flush=True)
+
+    def _drain(self) -> None:
+        from mlflow.entities import Metric
+
+        batch = []
+        while True:
+            try:
+                key, value, ts, step = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            batch.append(Metric(key, value, ts, step))
+            if len(batch) >= _MAX_BATCH:
+                self._send(metrics=batch)
+                batch = []
+        if batch:
+            self._send(metrics=batch)
+
+    def _run(self) -> None:
+        while not self._closed.wait(self.flush_every_s):
+            self._drain()
+
+    def close(self, status: str | None) -> None:
+        self._closed.set()
+        self._thread.join(timeout=30)
+        self._drain()
+        if self.owned and status is not None:
+            try:
+                self.client.set_terminated(self.run_id, status)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class Tracker:
+    """Rank 0's metrics sink. Safe to call from the checkpoint thread. No-op on other ranks."""
+
+    def __init__(self, run_dir: str | Path, *, enabled: bool, mlflow_uri: str = "", experiment: str = "gangflow",
+                 flush_every_s: float = 5.0, params: dict[str, Any] | None = None, tags: dict[str, str] | None = None):
+        self.enabled = enabled
+        self.mlflow: MlflowSink | None = None
+        self._lock = threading.Lock()
+        self._fh = None
+        if not enabled:
+            return
+        run_dir = Path(run_dir)
+        self._fh = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+        if uri:
+            try:
+                self.mlflow = MlflowSink(uri, experiment, run_dir, flush_every_s, _flatten(params or {}), tags or {})
+            except Exception as exc:  # noqa: BLE001 - tracking must never stop training
+                print(f"gangflow: warning: MLflow at {uri} unavailable ({type(exc).__name__}: {exc}); "
+                      "metrics go to metrics.jsonl only", file=sys.stderr, flush=True)
+
+    @property
+    def mlflow_run_id(self) -> str | None:
+        return self.mlflow.run_id if self.mlflow else None
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {**record, "time": round(time.time(), 3)}
+        with self._lock:
+            self._fh.write(json.dumps(record) + "\n")
+
+    def step(self, step: int, **metrics: float) -> None:
+        if not self.enabled:
+            return
+        self.write({"step": step, **metrics})
+        if self.mlflow:
+            for key, value in metrics.items():
+                self.mlflow.log(key, value, step)
+
+    def event(self, event: str, step: int, mlflow_prefix: str | None = None, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        self.write({"event": event, "step": step, **fields})
+        if self.mlflow and mlflow_prefix is not None:
+            for key, value in fields.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.mlflow.log(f"{mlflow_prefix}{key}", value, step)
+
+    def close(self, status: str | None = None) -> None:
+        if self.mlflow:
+            self.mlflow.close(status)
+            self.mlflow = None
+        if self._fh:
+            self._fh.close()
+            self._fh = None
