@@ -42,7 +42,7 @@ class GangFailure(GangflowError):
         self.verdict = verdict
         self.evidence = evidence or {}
         self.attempt = attempt
-        super().__init__(f"{verdict.kind} failure: {verdict.reason}")
+        super().__init__(verdict.reason)  # the reason names the kind and the decisive signal
 
     @property
     def kind(self) -> str:  # type: ignore[override]

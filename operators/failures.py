@@ -26,7 +26,9 @@ Precedence (the first rule of `RULES` that matches decides; the table is in that
    image pulls (throttled: infra; missing or unauthorized: user),
    `CreateContainerConfigError`, `DeadlineExceeded`.
 3. The trainer said why: its dedicated exit codes (75 = preempted, 2 = bad config) and its
-   error record's `source`.
+   error record's `source` ("config": user; "user": user unless the exception is itself an
+   infrastructure symptom, see 4; an explicit null: not the user's code, so rule
+   `user-exception` does not blame the user for that rank).
 4. A Python exception from the training process: CUDA out of memory, import and syntax
    errors, an illegal memory access (a kernel/indexing bug, unless the same evidence shows
    a hardware Xid/ECC error), or any exception raised through the trainer's or the user's
@@ -189,6 +191,7 @@ class _Record:
     step: int | None
     source: str | None  # "user" | "config" (gangflow trainer) or None
     callstack: str
+    source_given: bool = False  # the trainer wrote `source` (null: "not the user's code")
 
 
 @dataclass
@@ -311,13 +314,18 @@ def _parse_record(value: Any) -> _Record | None:
     inner = message if isinstance(message, dict) else {}
     text = _text(inner.get("message") if inner else message)
     extra = inner.get("extraInfo") or outer.get("extraInfo") or {}
-    callstack = _text(extra.get("py_callstack") if isinstance(extra, dict) else "")
+    extra = extra if isinstance(extra, dict) else {}
+    sources = (outer, inner, extra)
 
     def pick(key: str) -> Any:
-        for source in (outer, inner, extra if isinstance(extra, dict) else {}):
+        for source in sources:
             if key in source:
                 return source[key]
         return None
+
+    # TorchElastic keeps the stack in extraInfo.py_callstack; the trainer's own record
+    # (DIR/errors/rank-R.json, the Kubernetes termination message) in `traceback`.
+    callstack = _text(extra.get("py_callstack") or pick("traceback"))
 
     exc_type = _text(pick("exc_type")).strip()
     exc: _Exc | None = None
@@ -335,7 +343,8 @@ def _parse_record(value: Any) -> _Record | None:
     if exc is not None and callstack:
         exc.frames = [f"{m.group(1)}:{m.group(2)}" for m in re.finditer(r'File "([^"]+)", line (\d+)', callstack)]
     source = _text(pick("source")).strip().lower() or None
-    return _Record(exc, _int(pick("rank")), _int(pick("step")), source, callstack)
+    given = any("source" in d for d in sources)
+    return _Record(exc, _int(pick("rank")), _int(pick("step")), source, callstack, given)
 
 
 def _facts(ev: Mapping[str, Any]) -> _Facts:
@@ -665,11 +674,9 @@ def _oom_killed(f: _Facts) -> Hit | None:
 def _image_events(f: _Facts) -> list[tuple[str, str]]:
     pull = {"errimagepull", "imagepullbackoff", "backoff", "failed", "failed to pull image", "invalidimagename"}
     found = [(r, m) for r, m in f.event_texts() if r.lower() in pull and re.search(r"pull|image|manifest", m, re.I)]
-    if f.pod_reason in {"ErrImagePull", "ImagePullBackOff", "InvalidImageName"} or f.termination_reason in {
-        "ErrImagePull",
-        "ImagePullBackOff",
-    }:
-        found.append((f.pod_reason or f.termination_reason, f.pod_message))
+    pulling = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+    if f.pod_reason in pulling or f.termination_reason in pulling:  # a waiting container's reason
+        found.append((f.termination_reason if f.termination_reason in pulling else f.pod_reason, f.pod_message))
     return found
 
 
@@ -780,6 +787,8 @@ def _illegal_memory_access(f: _Facts) -> Hit | None:
 
 
 def _user_exception(f: _Facts) -> Hit | None:
+    if f.record is not None and f.record.source_given and f.record.source is None:
+        return None  # the trainer's record says this exception did not come from user code
     for exc in _candidate_exceptions(f):
         if _is_infra_exc(exc):
             continue

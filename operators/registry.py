@@ -173,10 +173,28 @@ def _pip_requirements() -> list[str]:
     reqs = []
     for dist in ("torch", "safetensors", "numpy", "pandas", "mlflow"):
         try:
-            reqs.append(f"{dist}=={version(dist)}")
+            reqs.append(f"{dist}=={version(dist).split('+')[0]}")  # 2.13.0+cpu -> 2.13.0
         except PackageNotFoundError:
             reqs.append(dist)
     return reqs
+
+
+def _bundled_code(final_dir: Path) -> list[str] | None:
+    """The `trainer` package, bundled with the model when the card's factory lives in it, so the
+    model loads without gangflow installed and with the model code it was trained with."""
+    try:
+        card = json.loads((final_dir / "model_card.json").read_text())
+        factory = str(card["model"]["factory"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if factory.split(":", 1)[0].split(".", 1)[0] != "trainer":
+        return None
+    import importlib.util
+
+    spec = importlib.util.find_spec("trainer")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return [str(Path(next(iter(spec.submodule_search_locations))).resolve())]
 
 
 def log_pyfunc_model(
@@ -189,7 +207,8 @@ def log_pyfunc_model(
 ) -> str:
     """Log `final_dir` (model.safetensors + model_card.json) as an MLflow pyfunc *from code*
     (operators/model_pyfunc.py, no pickle), linked to run `run_id`; returns the model id
-    (register `models:/<model_id>`)."""
+    (register `models:/<model_id>`). When the model factory is in the `trainer` package, that
+    package is bundled (`code/trainer/`), so the model loads where gangflow is not installed."""
     import mlflow
     import pandas as pd
     from mlflow.models import Model
@@ -223,6 +242,7 @@ def log_pyfunc_model(
                 signature=_pyfunc_signature(),
                 input_example=example,
                 pip_requirements=_pip_requirements(),
+                code_paths=_bundled_code(staged),
             )
     return logged.model_id
 

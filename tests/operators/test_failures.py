@@ -226,6 +226,47 @@ def test_error_file_as_raw_json_string_and_plain_message():
     assert verdict.reason == "user: ValueError raised in training code at rank 0, step 3: bad shape"
 
 
+TRAINER_TB = (
+    "Traceback (most recent call last):\n"
+    '  File "/work/trainer/loop.py", line 120, in run\n'
+    "    self.checkpointer.save(step)\n"
+    '  File "/work/trainer/checkpoint.py", line 88, in save\n'
+    "    raise CheckpointError(msg)\n"
+    "trainer.errors.CheckpointError: manifest of step 40 lists a missing shard\n"
+)
+
+
+def test_trainer_termination_log_record():
+    """The trainer's own record format (DIR/errors/rank-R.json, the Kubernetes termination message)."""
+    record = {
+        "exc_type": "ValueError", "message": "injected fault at step 5", "source": "user", "rank": 1, "step": 5,
+        "time": 1764428400.0, "traceback": "Traceback (most recent call last):\n  File \"/work/trainer/loop.py\", "
+        "line 88, in train_step\n    raise ValueError(msg)\nValueError: injected fault at step 5\n",
+    }  # fmt: skip
+    verdict = classify({"exit_code": 1, "termination_reason": "Error", "error_file": record})
+    assert verdict.reason == "user: ValueError raised in training code at rank 1, step 5: injected fault at step 5"
+
+
+def test_trainer_record_with_null_source_is_not_blamed_on_the_user():
+    record = {"exc_type": "CheckpointError", "message": "manifest of step 40 lists a missing shard",
+              "source": None, "rank": 0, "step": 40, "traceback": TRAINER_TB}  # fmt: skip
+    verdict = classify({"exit_code": 1, "error_file": record, "log_tail": TRAINER_TB})
+    assert verdict.kind == "unknown" and "rank 0, step 40" in verdict.reason
+    # Without the trainer's word, the same traceback through the trainer's frames is a code bug.
+    assert classify({"exit_code": 1, "log_tail": TRAINER_TB}).rule == "user-exception"
+    # And with an infrastructure message it is infra either way.
+    record = dict(record, exc_type="RuntimeError", message="[pair.cc:598] Connection closed by peer [10.0.0.3]:41")
+    assert classify({"exit_code": 1, "error_file": record}).rule == "peer-connection-lost"
+
+
+def test_waiting_reason_and_message_of_an_image_pull():
+    evidence = {
+        "termination_reason": "ErrImagePull",
+        "pod_message": 'rpc error: code = NotFound desc = failed to pull and unpack image "ghcr.io/acme/train:v9": not found',
+    }
+    assert classify(evidence).rule == "image-missing"
+
+
 def test_reason_is_clipped_to_one_line():
     verdict = classify({"log_tail": "OSError: [Errno 5] Input/output error: " + "x" * 2000 + "\nmore"})
     assert verdict.rule == "transient-storage"

@@ -287,3 +287,7 @@ def test_the_trainers_own_final_dir_registers_and_loads(client, new_run, tmp_pat
     got = registry.download_version(client, v, tmp_path / "dl")
     assert evaluation.evaluate_final_dir(got, TEST_SPLIT)["accuracy"] == \
         evaluation.evaluate_final_dir(final, TEST_SPLIT)["accuracy"]
+    # The trainer's model code travels with the model (loadable without gangflow installed).
+    root = got.parents[1]  # <model>/artifacts/final -> <model>
+    assert (root / "code" / "trainer" / "models.py").read_text() == Path(models.__file__).read_text()
+    assert not list(root.rglob("__pycache__"))

@@ -90,6 +90,7 @@ class InMemoryKubernetesApi:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # one response = one round trip, no 40 ms delayed-ACK stalls
 
             def log_message(self, *args):  # quiet
                 pass
@@ -123,7 +124,7 @@ class InMemoryKubernetesApi:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="InMemoryKubernetesApi", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, name="InMemoryKubernetesApi", daemon=True)
         self._thread.start()
         return self
 

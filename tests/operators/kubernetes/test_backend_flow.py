@@ -233,17 +233,17 @@ def test_success_deletes_or_keeps_the_gang(fake_k8s):
 
 def test_admission_timeout_raises_with_kueues_reason_and_tears_down(fake_k8s):
     api = fake_k8s
-    b = backend(runtime={"admissionTimeoutSeconds": 1}, poll_interval=0.2)
+    b = backend(runtime={"admissionTimeoutSeconds": 2}, poll_interval=0.2)
     handle = b.submit(spec())
     fx = fixtures_for(handle)
     api.steps = [kueue_pending(fx, "pending_topology")]
     trigger = b.trigger(handle)
     event = run_trigger(trigger)
     assert event["status"] == "timeout" and event["phase"] == "admission"
-    assert "not admitted within admissionTimeoutSeconds=1" in event["message"]
+    assert "not admitted within admissionTimeoutSeconds=2" in event["message"]
     assert any("waiting for admission for" in line for line in trigger.reports)
     assert 'topology \\"gpu-topology\\" doesn\'t allow to fit any of 4 pod(s)' in json.dumps(event["message"])
-    with pytest.raises(GangAdmissionTimeout, match="admissionTimeoutSeconds=1 "):
+    with pytest.raises(GangAdmissionTimeout, match="admissionTimeoutSeconds=2 "):
         b.collect(handle, event)
     assert api.get(*JS, NAMESPACE, handle["name"]) is None
 
@@ -424,7 +424,7 @@ def test_invalid_object_is_refused_with_the_api_message(fake_k8s):
         return plan
 
     b.plan = broken
-    with pytest.raises(KubernetesRequestError, match="HTTP 422.*imagePullPolicy2"):
+    with pytest.raises(KubernetesRequestError, match="(?s)create JobSet ml/train-demo-t1: HTTP 422.*imagePullPolicy2"):
         b.submit(spec())
 
 
@@ -543,3 +543,40 @@ def test_volcano_flow_logs_podgroup_reason_then_succeeds(fake_k8s):
     assert any("4/4 tasks in gang unschedulable: pod group is not ready, 4 Pending, 4 minAvailable" in w["reason"] for w in event["waiting"])
     assert b.collect(handle, event).succeeded
     assert api.get(*VJ, NAMESPACE, handle["name"]) is None
+
+
+# --- Kubeflow Trainer TrainJob ------------------------------------------------------------------------
+
+
+def test_trainjob_submit_validates_and_completes(fake_k8s):
+    api = fake_k8s
+    b = backend(runtime={"api": "trainjob"})
+    handle = b.submit(spec())  # the double validates the body against the TrainJob CRD (strict)
+    assert handle["kind"] == "TrainJob" and handle["container"] == "node"
+    body = api.get("trainer.kubeflow.org", "trainjobs", NAMESPACE, handle["name"])
+    assert body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gangflow" and body["spec"]["trainer"]["numNodes"] == 4
+    fx = fixtures_for(handle)
+
+    def admitted(a):
+        workload = fx.workload("admitted")
+        for cond in workload["status"]["conditions"]:
+            cond["lastTransitionTime"] = _now()
+        a.put(*KQ, workload)
+        a.set_status("trainer.kubeflow.org", "trainjobs", NAMESPACE, fx.name, {"conditions": []}, suspend=False)
+        for rank in range(4):
+            a.put("", "pods", fx.pod("running", rank))
+
+    def complete(a):
+        a.set_status(
+            "trainer.kubeflow.org",
+            "trainjobs",
+            NAMESPACE,
+            fx.name,
+            {"conditions": [{"type": "Complete", "status": "True", "reason": "JobsCompleted", "message": "jobset completed successfully", "lastTransitionTime": _now()}]},
+        )
+
+    api.steps = [admitted, nothing, complete]
+    event = run_trigger(b.trigger(handle))
+    assert event["status"] == "success" and "TrainJob ml/train-demo-t1 succeeded" in event["message"]
+    assert b.collect(handle, event).succeeded
+    assert api.get("trainer.kubeflow.org", "trainjobs", NAMESPACE, handle["name"]) is None

@@ -1,0 +1,270 @@
+"""PromoteModelOperator against a real MLflow on a temporary SQLite store, with small models
+trained here on the real digits split (bad ~0.25, ok ~0.9, good ~0.96 accuracy)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from operators import evaluation, registry, tracking
+from operators.exceptions import RegistryUnavailable, UserError
+from operators.promotion import PromoteModelOperator
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+TEST_SPLIT = PROJECT_ROOT / "data" / "digits" / "test.parquet"
+TRAIN_SPLIT = PROJECT_ROOT / "data" / "digits" / "train.parquet"
+RESULT_KEYS = {"promoted", "reason", "model_name", "model_version", "candidate_accuracy", "champion_version",
+               "champion_accuracy"}
+
+
+def tiny_mlp(hidden: int = 16, num_classes: int = 10) -> torch.nn.Module:
+    """The test model factory named in the model cards below (`<this module>:tiny_mlp`)."""
+    return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, num_classes))
+
+
+def write_final_dir(run_dir: Path, state_dict: dict, factory: str | None = None) -> Path:
+    """A run's `final/` as the trainer leaves it (trainer/export.py's card layout)."""
+    final = run_dir / "final"
+    final.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state_dict.items()}, str(final / "model.safetensors"))
+    card = {"format": "gangflow-model-card/1",
+            "model": {"factory": factory or f"{__name__}:tiny_mlp", "kwargs": {"hidden": 16}},
+            "data": {"train_md5": evaluation.file_md5(TRAIN_SPLIT)}}
+    (final / "model_card.json").write_text(json.dumps(card))
+    return final
+
+
+@pytest.fixture(scope="module")
+def weights():
+    """State dicts after 5 (bad), 40 (ok) and 200 (good) full-batch Adam steps, one training."""
+    torch.set_num_threads(1)
+    x, y = (torch.from_numpy(a) for a in evaluation.load_test_arrays(TRAIN_SPLIT))
+    torch.manual_seed(0)
+    model = tiny_mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    snaps = {}
+    for step in range(1, 201):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if step in (5, 40, 200):
+            snaps[{5: "bad", 40: "ok", 200: "good"}[step]] = {k: v.clone() for k, v in model.state_dict().items()}
+    return snaps
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """One temp state dir (so one SQLite store) per module: MLflow's migrations take seconds.
+
+    The cwd moves to an empty folder meanwhile: anything that ignored the tracking URI and fell
+    back to MLflow's defaults (./mlflow.db, ./mlruns) would show up there.
+    """
+    path = tmp_path_factory.mktemp("gangflow-home")
+    cwd = tmp_path_factory.mktemp("cwd")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GANGFLOW_HOME", str(path))
+    mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+    mp.chdir(cwd)
+    yield path
+    mp.undo()
+    assert not list(cwd.iterdir()), f"MLflow wrote to the cwd: {list(cwd.iterdir())}"
+
+
+@pytest.fixture(scope="module")
+def client(home):
+    return tracking.get_client()
+
+
+class Candidate:
+    """A training run as the DAG leaves it: a run dir with final/, an MLflow run, its metrics."""
+
+    def __init__(self, client, tmp: Path, label: str, state_dict: dict, *, factory: str | None = None):
+        self.dag_run_id = f"manual__{label}"
+        self.run_dir = tmp / label
+        write_final_dir(self.run_dir, state_dict, factory)
+        exp = tracking.ensure_experiment(client, "gangflow")
+        self.mlflow_run_id = tracking.ensure_run(client, exp, dag_id="gangflow_train", dag_run_id=self.dag_run_id)
+        self.metrics = None if factory else evaluation.evaluate_final_dir(self.run_dir / "final", TEST_SPLIT)
+
+    def operator(self, name: str, **kwargs) -> PromoteModelOperator:
+        args = dict(task_id="promote", model_name=name, run_dir=str(self.run_dir), test_path=str(TEST_SPLIT),
+                    mlflow_run_id=self.mlflow_run_id, candidate_metrics=self.metrics, floor=0.5,
+                    lineage={"dataset_version": "d82dc74b", "train_try_number": 1})
+        return PromoteModelOperator(**(args | kwargs))
+
+    def context(self, try_number: int = 1) -> dict:
+        ti = SimpleNamespace(dag_id="gangflow_train", run_id=self.dag_run_id, try_number=try_number)
+        return {"ti": ti, "run_id": self.dag_run_id}
+
+    def promote(self, name: str, try_number: int = 1, **kwargs) -> dict:
+        result = self.operator(name, **kwargs).execute(self.context(try_number))
+        json.dumps(result)  # XCom-serialisable
+        return result
+
+
+@pytest.fixture
+def make(client, weights, tmp_path):
+    def _make(label: str, which: str, **kwargs) -> Candidate:
+        return Candidate(client, tmp_path, label, weights[which], **kwargs)
+
+    return _make
+
+
+def test_template_fields_cover_every_argument():
+    assert set(PromoteModelOperator.template_fields) == {
+        "model_name", "run_dir", "test_path", "mlflow_run_id", "candidate_metrics", "floor", "min_improvement",
+        "lineage", "tracking_uri"}
+
+
+def test_promotion_lifecycle(client, make):
+    name = "digits"
+    ok = make("ok", "ok")
+    assert 0.85 < ok.metrics["accuracy"] < 0.95
+
+    # 1. First candidate, no champion: promoted.
+    first = ok.promote(name)
+    assert set(first) >= RESULT_KEYS
+    assert first["promoted"] is True and first["model_version"] == 1 and first["model_name"] == name
+    assert first["champion_version"] is None and first["champion_accuracy"] is None
+    assert first["candidate_accuracy"] == ok.metrics["accuracy"]
+    assert "no champion yet" in first["reason"]
+    assert str(registry.current_champion(client, name).version) == "1"
+    v1 = client.get_model_version(name, "1")
+    assert v1.tags["gangflow.decision"] == "promoted"
+    assert v1.tags["gangflow.candidate_accuracy"] == f"{ok.metrics['accuracy']:.6f}"
+    assert v1.tags["gangflow.champion_version"] == "none"
+    # Lineage.
+    assert v1.tags["gangflow.dataset_version"] == "d82dc74b"
+    assert v1.tags["gangflow.dag_id"] == "gangflow_train"
+    assert v1.tags["gangflow.dag_run_id"] == "manual__ok"
+    assert v1.tags["gangflow.try_number"] == "1"
+    assert v1.tags["gangflow.mlflow_run_id"] == ok.mlflow_run_id == v1.run_id
+    assert v1.tags["gangflow.git_commit"] == registry.git_commit()
+    assert v1.tags["gangflow.test_data_md5"] == evaluation.file_md5(TEST_SPLIT)
+    assert v1.tags["gangflow.card_data_train_md5"] == evaluation.file_md5(TRAIN_SPLIT)
+    assert v1.tags["gangflow.card_model_factory"].endswith(":tiny_mlp")
+
+    # 2. The same task retried after the alias moved: same version, promoted, nothing re-decided.
+    retry = ok.promote(name, try_number=2)
+    assert retry["promoted"] is True and retry["model_version"] == 1 and retry["reason"] == first["reason"]
+    assert len(client.search_model_versions(f"name='{name}'")) == 1
+
+    # 3. Identical training re-run (the second `make demo`): equal scores, NOT promoted.
+    same = make("ok-again", "ok")
+    tie = same.promote(name)
+    assert tie["promoted"] is False and tie["model_version"] == 2
+    assert tie["champion_version"] == 1 and tie["champion_accuracy"] == ok.metrics["accuracy"]
+    assert tie["candidate_accuracy"] == tie["champion_accuracy"]
+    assert "does not beat champion v1" in tie["reason"]
+    assert str(registry.current_champion(client, name).version) == "1"
+    v2 = client.get_model_version(name, "2")
+    assert v2.tags["gangflow.decision"] == "rejected" and v2.tags["gangflow.reason"] == tie["reason"]
+    assert v2.tags["gangflow.champion_version"] == "1"
+    assert v2.tags["gangflow.champion_accuracy"] == f"{ok.metrics['accuracy']:.6f}"
+    assert client.get_registered_model(name).tags["gangflow.last_decision"] == f"v2 rejected: {tie['reason']}"
+
+    # 4. A bad model: below the floor, NOT promoted, and not a task failure.
+    bad = make("bad", "bad")
+    low = bad.promote(name)
+    assert low["promoted"] is False and "below the floor 0.5000" in low["reason"]
+    assert str(registry.current_champion(client, name).version) == "1"
+
+    # 5. A better model: promoted; the champion was re-evaluated on the same split.
+    good = make("good", "good")
+    win = good.promote(name)
+    assert win["promoted"] is True and win["model_version"] == 4
+    assert win["champion_version"] == 1 and win["champion_accuracy"] == ok.metrics["accuracy"]
+    assert win["candidate_accuracy"] == good.metrics["accuracy"] > ok.metrics["accuracy"]
+    assert "beats champion v1" in win["reason"]
+    assert str(registry.current_champion(client, name).version) == "4"
+    assert "Champion: v4" in client.get_registered_model(name).description
+
+    # 6. A worse model than the new champion (ok beat the floor, not v4): NOT promoted.
+    worse = make("ok-3", "ok")
+    lose = worse.promote(name, min_improvement="0.0")
+    assert lose["promoted"] is False and lose["champion_version"] == 4
+    assert str(registry.current_champion(client, name).version) == "4"
+
+
+def test_min_improvement_blocks_a_small_gain(client, make):
+    name = "digits-margin"
+    make("m-ok", "ok").promote(name)
+    result = make("m-good", "good").promote(name, min_improvement=0.5)
+    assert result["promoted"] is False
+    assert "minimum improvement 0.5000" in result["reason"]
+
+
+def test_templated_gate_values_and_missing_candidate_metrics(client, make):
+    cand = make("tmpl", "ok")
+    # Rendered templates arrive as strings; no candidate metrics: the operator evaluates itself.
+    result = cand.promote("digits-templated", floor="0.5", min_improvement="0.01", candidate_metrics=None)
+    assert result["promoted"] is True
+    assert result["candidate_accuracy"] == cand.metrics["accuracy"]
+
+
+def test_candidate_metrics_of_another_test_file_are_recomputed(client, make):
+    cand = make("other-split", "ok")
+    stale = dict(cand.metrics, accuracy=0.99, test_md5="0" * 32)
+    result = cand.promote("digits-stale", candidate_metrics=stale)
+    assert result["candidate_accuracy"] == cand.metrics["accuracy"]
+
+
+def test_bad_gate_values(make):
+    with pytest.raises(ValueError, match=r"floor=1.5: must be a number in \[0, 1\]"):
+        PromoteModelOperator(task_id="p", model_name="m", run_dir="r", test_path="t", mlflow_run_id="x", floor=1.5)
+    cand = make("bad-gate", "ok")
+    with pytest.raises(UserError, match="min_improvement='lots'"):
+        cand.promote("digits-bad-gate", min_improvement="lots")
+    with pytest.raises(UserError, match=r"floor=2.0: must be a number in \[0, 1\]"):
+        cand.promote("digits-bad-gate", floor="2.0")
+
+
+def test_subclass_gates_on_macro_f1(client, make):
+    class F1Gate(PromoteModelOperator):
+        metric_name = "macro_f1"
+
+        def score(self, metrics):
+            return float(metrics["macro_f1"])
+
+    cand = make("f1", "ok")
+    result = F1Gate(task_id="promote", model_name="digits-f1", run_dir=str(cand.run_dir), test_path=str(TEST_SPLIT),
+                    mlflow_run_id=cand.mlflow_run_id, candidate_metrics=cand.metrics, floor=0.5
+                    ).execute(cand.context())
+    assert result["metric"] == "macro_f1" and result["candidate_score"] == cand.metrics["macro_f1"]
+    assert result["candidate_accuracy"] == cand.metrics["accuracy"]
+    tags = client.get_model_version("digits-f1", "1").tags
+    assert tags["gangflow.candidate_macro_f1"] == f"{cand.metrics['macro_f1']:.6f}"
+    assert tags["gangflow.gate_metric"] == "macro_f1"
+
+
+def test_champion_that_cannot_be_evaluated_fails_the_task(client, make):
+    name = "digits-broken-champion"
+    broken = make("broken", "ok", factory="gangflow_no_such_module:mlp")
+    # Register and crown it directly (as if the factory was removed after it was promoted).
+    version = registry.register_version(client, name, run_id=broken.mlflow_run_id,
+                                        source_dir_or_artifact_path=broken.run_dir / "final")
+    registry.promote(client, version)
+    with pytest.raises(registry.ChampionEvaluationFailed, match="cannot evaluate champion"):
+        make("after-broken", "good").promote(name)
+    assert str(registry.current_champion(client, name).version) == "1"
+
+
+def test_missing_final_weights_is_a_user_error(tmp_path):
+    op = PromoteModelOperator(task_id="p", model_name="m", run_dir=str(tmp_path), test_path=str(TEST_SPLIT),
+                              mlflow_run_id="abc")
+    with pytest.raises(UserError, match="no final weights"):
+        op.execute({})
+
+
+def test_unreachable_registry_is_retryable(make, monkeypatch):
+    cand = make("offline", "ok")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    with pytest.raises(RegistryUnavailable, match=r"http://127\.0\.0\.1:9") as info:
+        cand.promote("digits-offline", tracking_uri="http://127.0.0.1:9")
+    assert info.value.retryable
