@@ -74,9 +74,10 @@ class PromoteModelOperator(BaseOperator):
     5. record the decision on the version and the registered model (`gangflow.*` tags, see
        docs/registry.md) and, only when promoted, move the `champion` alias.
 
-    Returns (XCom): `promoted`, `reason`, `model_name`, `model_version`, `candidate_accuracy`,
-    `champion_version` (None without a champion), `champion_accuracy`, plus `metric`,
-    `candidate_score`, `champion_score` (the gated metric; equal to the accuracies by default).
+    Returns (XCom): `promoted`, `reason`, `model_name`, `model_version` (str, as in MLflow's REST
+    API and UI), `candidate_accuracy`, `champion_version` (the champion compared against, str;
+    None without one), `champion_accuracy`, plus `metric`, `candidate_score`, `champion_score`
+    (the gated metric; equal to the accuracies by default).
 
     :param model_name: registered model name (templated).
     :param run_dir: training run dir holding `final/` (templated).
@@ -237,7 +238,7 @@ class PromoteModelOperator(BaseOperator):
             prev_score = recorded.get(f"gangflow.champion_{gate.metric}", "none")
             return self._result(
                 Decision(True, reason), version, candidate_metrics, candidate_score,
-                champion_version=None if prev_version == "none" else int(prev_version),
+                champion_version=None if prev_version == "none" else prev_version,
                 champion_metrics=None, champion_score=None if prev_score == "none" else float(prev_score),
             )
 
@@ -251,11 +252,11 @@ class PromoteModelOperator(BaseOperator):
             promote(client, version)
             log.info("PROMOTED %s v%s to @%s. %s", name, version.version, CHAMPION_ALIAS, decision.reason)
         else:
-            stays = f"v{champion.version}" if champion is not None else "none"
-            log.info("NOT PROMOTED %s v%s (champion stays %s). %s", name, version.version, stays, decision.reason)
+            stays = f"champion stays v{champion.version}" if champion is not None else "there is still no champion"
+            log.info("NOT PROMOTED %s v%s (%s). %s", name, version.version, stays, decision.reason)
         return self._result(
             decision, version, candidate_metrics, candidate_score,
-            champion_version=int(champion.version) if champion is not None else None,
+            champion_version=str(champion.version) if champion is not None else None,
             champion_metrics=champion_metrics, champion_score=champion_score,
         )
 
@@ -266,7 +267,7 @@ class PromoteModelOperator(BaseOperator):
         candidate_metrics: Mapping[str, Any],
         candidate_score: float,
         *,
-        champion_version: int | None,
+        champion_version: str | None,
         champion_metrics: Mapping[str, Any] | None,
         champion_score: float | None,
     ) -> dict[str, Any]:
@@ -279,7 +280,7 @@ class PromoteModelOperator(BaseOperator):
             "promoted": bool(decision.promote),
             "reason": decision.reason,
             "model_name": str(self.model_name),
-            "model_version": int(version.version),
+            "model_version": str(version.version),
             "candidate_accuracy": acc(candidate_metrics, candidate_score),
             "champion_version": champion_version,
             "champion_accuracy": acc(champion_metrics, champion_score),

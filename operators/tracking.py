@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
@@ -99,7 +100,9 @@ def get_client(tracking_uri: str | None = None) -> MlflowClient:
     """An `MlflowClient` for tracking and the model registry (both on the same URI).
 
     Default: `settings.tracking_uri()` (MLFLOW_TRACKING_URI, else SQLite under the state dir).
+    Also turns MLflow's artifact progress bars off (unless set): they flood Airflow task logs.
     """
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from mlflow import MlflowClient
 
     uri = tracking_uri or settings.tracking_uri()

@@ -125,6 +125,8 @@ class ModelConfig:
     def from_section(cls, section: Mapping[str, Any]) -> ModelConfig:
         section = dict(section)
         factory = section.pop("factory", cls.factory)
+        if factory == cls.factory:  # the default factory's defaults apply under the given keys
+            section = {**cls().kwargs, **section}
         return cls(factory=factory, kwargs=section)
 
 

@@ -333,13 +333,18 @@ def _priority(ev: Mapping[str, Any]) -> int:
     return 2
 
 
+def root_cause_order(ranks: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Failed ranks, most likely root cause first: the first to fail; within the same second a
+    disruption/OOM before a rank's own error record before the rest; then by rank."""
+    return sorted(ranks, key=lambda e: (_finished_at(e), _priority(e), e.get("rank") if e.get("rank") is not None else 1 << 30))
+
+
 def gang_evidence(ranks: list[dict[str, Any]], *, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Top level = the root-cause pod's evidence (the first to fail); `ranks` = every failed pod.
 
     `extra` adds gang-level facts (Kueue eviction, JobSet Failed condition) to pod_conditions/events.
     """
-    ordered = sorted(ranks, key=lambda e: (_finished_at(e), _priority(e), e.get("rank") if e.get("rank") is not None else 1 << 30))
-    clean = [dict(e) for e in ordered]
+    clean = [dict(e) for e in root_cause_order(ranks)]
     evidence: dict[str, Any] = dict(clean[0]) if clean else {}
     extra = dict(extra or {})
     if extra.get("pod_conditions"):

@@ -69,13 +69,14 @@ async def gather_evidence(
     chosen = [p for p in pods if st.pod_view(p).failed or (p.get("metadata") or {}).get("name") in stuck]
     if not chosen:  # e.g. Kueue evicted the gang: pods are terminating, none failed yet
         chosen = [p for p in pods if st.pod_view(p).deleting or st.pod_view(p).waiting_reason in st.IMAGE_PULL_REASONS]
-    chosen.sort(key=lambda p: (st.pod_rank(p) if st.pod_rank(p) is not None else 1 << 30))
-    ranks = []
-    for pod in chosen[:max_pods]:
-        pod_name = pod["metadata"]["name"]
-        events = await api.list_events(pod_name, "Pod")
-        log = await api.read_log(pod_name, handle.get("container"), tail_lines=st.LOG_TAIL_LINES)
-        ranks.append(st.pod_evidence(pod, events=events, log=log, container=handle.get("container")))
+    # every failed pod is in the evidence; the likeliest root causes also get events and logs
+    by_name = {p["metadata"]["name"]: p for p in chosen}
+    ranks = [st.pod_evidence(p, container=handle.get("container")) for p in chosen]
+    for ev in st.root_cause_order(ranks)[:max_pods]:
+        pod = by_name[ev["pod"]]
+        events = await api.list_events(ev["pod"], "Pod")
+        log = await api.read_log(ev["pod"], handle.get("container"), tail_lines=st.LOG_TAIL_LINES)
+        ev.update(st.pod_evidence(pod, events=events, log=log, container=handle.get("container")))
     extra: dict[str, Any] = {}
     gang_conditions = []
     if obj is not None:

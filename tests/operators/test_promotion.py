@@ -129,7 +129,7 @@ def test_promotion_lifecycle(client, make):
     # 1. First candidate, no champion: promoted.
     first = ok.promote(name)
     assert set(first) >= RESULT_KEYS
-    assert first["promoted"] is True and first["model_version"] == 1 and first["model_name"] == name
+    assert first["promoted"] is True and first["model_version"] == "1" and first["model_name"] == name
     assert first["champion_version"] is None and first["champion_accuracy"] is None
     assert first["candidate_accuracy"] == ok.metrics["accuracy"]
     assert "no champion yet" in first["reason"]
@@ -151,14 +151,15 @@ def test_promotion_lifecycle(client, make):
 
     # 2. The same task retried after the alias moved: same version, promoted, nothing re-decided.
     retry = ok.promote(name, try_number=2)
-    assert retry["promoted"] is True and retry["model_version"] == 1 and retry["reason"] == first["reason"]
+    assert retry["promoted"] is True and retry["model_version"] == "1" and retry["reason"] == first["reason"]
+    assert retry["champion_version"] is None and retry["candidate_accuracy"] == first["candidate_accuracy"]
     assert len(client.search_model_versions(f"name='{name}'")) == 1
 
     # 3. Identical training re-run (the second `make demo`): equal scores, NOT promoted.
     same = make("ok-again", "ok")
     tie = same.promote(name)
-    assert tie["promoted"] is False and tie["model_version"] == 2
-    assert tie["champion_version"] == 1 and tie["champion_accuracy"] == ok.metrics["accuracy"]
+    assert tie["promoted"] is False and tie["model_version"] == "2"
+    assert tie["champion_version"] == "1" and tie["champion_accuracy"] == ok.metrics["accuracy"]
     assert tie["candidate_accuracy"] == tie["champion_accuracy"]
     assert "does not beat champion v1" in tie["reason"]
     assert str(registry.current_champion(client, name).version) == "1"
@@ -177,8 +178,8 @@ def test_promotion_lifecycle(client, make):
     # 5. A better model: promoted; the champion was re-evaluated on the same split.
     good = make("good", "good")
     win = good.promote(name)
-    assert win["promoted"] is True and win["model_version"] == 4
-    assert win["champion_version"] == 1 and win["champion_accuracy"] == ok.metrics["accuracy"]
+    assert win["promoted"] is True and win["model_version"] == "4"
+    assert win["champion_version"] == "1" and win["champion_accuracy"] == ok.metrics["accuracy"]
     assert win["candidate_accuracy"] == good.metrics["accuracy"] > ok.metrics["accuracy"]
     assert "beats champion v1" in win["reason"]
     assert str(registry.current_champion(client, name).version) == "4"
@@ -187,7 +188,7 @@ def test_promotion_lifecycle(client, make):
     # 6. A worse model than the new champion (ok beat the floor, not v4): NOT promoted.
     worse = make("ok-3", "ok")
     lose = worse.promote(name, min_improvement="0.0")
-    assert lose["promoted"] is False and lose["champion_version"] == 4
+    assert lose["promoted"] is False and lose["champion_version"] == "4"
     assert str(registry.current_champion(client, name).version) == "4"
 
 

@@ -218,7 +218,7 @@ def test_registered_model_is_a_pyfunc_from_code_without_pickle(client, new_run, 
     out = model.predict(frame)
     assert list(out.columns[:2]) == ["prediction", "prob_0"] and len(out) == 7
     expected = evaluation.load_final_model(final_dir)(torch.from_numpy(
-        frame.drop(columns="label").to_numpy(np.float32))).argmax(1).numpy()
+        frame.drop(columns="label").to_numpy(np.float32, copy=True))).argmax(1).numpy()
     np.testing.assert_array_equal(out["prediction"].to_numpy(), expected)
     np.testing.assert_allclose(out.filter(like="prob_").sum(axis=1), 1.0, rtol=1e-5)
 

@@ -53,7 +53,7 @@ def metrics(run_dir: Path) -> list[dict]:
 
 def torchrun_exitcodes(output: str) -> list[int]:
     """Child exit codes torchrun reported in its failure summary."""
-    return [int(m) for m in re.findall(r"exitcode\s*:\s*(-?\d+)", output)]
+    return [int(m) for m in re.findall(r"^\s+exitcode\s+:\s+(-?\d+)", output, re.MULTILINE)]
 
 
 @pytest.fixture(scope="session")

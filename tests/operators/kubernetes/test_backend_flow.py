@@ -580,3 +580,23 @@ def test_trainjob_submit_validates_and_completes(fake_k8s):
     assert event["status"] == "success" and "TrainJob ml/train-demo-t1 succeeded" in event["message"]
     assert b.collect(handle, event).succeeded
     assert api.get("trainer.kubeflow.org", "trainjobs", NAMESPACE, handle["name"]) is None
+
+
+def test_large_gang_keeps_every_failed_rank_and_logs_the_root_cause(fake_k8s):
+    api = fake_k8s
+    b = backend()
+    handle = b.submit(spec(world_size=16))
+    fx = fixtures_for(handle)
+
+    def many_fail(a):
+        for rank in range(16):
+            pod = fx.pod("oomkilled" if rank == 13 else "peer_nccl_error", rank)
+            a.put("", "pods", pod)
+            a.logs[(NAMESPACE, pod["metadata"]["name"])] = f"rank {rank} last words\n"
+
+    api.steps = [kueue_admit(fx, "running", ranks=range(16)), many_fail]
+    result = b.collect(handle, run_trigger(b.trigger(handle)))
+    ev = result.evidence
+    assert len(ev["ranks"]) == 16
+    assert ev["rank"] == 13 and ev["termination_reason"] == "OOMKilled" and ev["log_tail"] == "rank 13 last words"
+    assert sum(1 for r in ev["ranks"] if "log_tail" in r) >= 8

@@ -252,3 +252,18 @@ def test_build_gang_uses_spec_attempt_env_and_config(crd_registry):
     assert container["args"][container["args"].index("--config") + 1] == "/app/configs/big.yaml"
     assert {"name": "GANGFLOW_FAULT", "value": "kill@step=3,rank=1"} in container["env"]
     assert "--rdzv-id=run-1-t2" in container["args"]
+
+
+def test_cli_validate(tmp_path, crds_dir, capsys):
+    docs = render_documents(world_size=4)
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump_all(docs))
+    assert main(["validate", str(good), "--crds", str(crds_dir)]) == 0
+    assert "1 object(s) valid" in capsys.readouterr().out
+    docs[0]["spec"]["replicatedJobs"][0]["template"]["spec"]["backoffLimitt"] = 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump_all(docs))
+    with pytest.raises(SystemExit) as exc:
+        main(["validate", str(bad), "--crds", str(crds_dir)])
+    assert exc.value.code == 1
+    assert "'backoffLimitt' was unexpected" in capsys.readouterr().err

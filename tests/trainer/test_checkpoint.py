@@ -1,0 +1,148 @@
+"""Checkpoint commit/skip logic, in-process with a tiny model (no process group)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from trainer.checkpoint import (
+    Checkpointer,
+    CorruptCheckpoint,
+    Snapshot,
+    cpu_copy,
+    flatten_optimizer,
+    rng_state,
+    set_rng_state,
+    unflatten_optimizer,
+)
+from trainer.config import CheckpointConfig
+
+
+def _state(step: int):
+    torch.manual_seed(step)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    tensors, js = flatten_optimizer(opt.state_dict())
+    return model, opt, Snapshot(step, cpu_copy(model.state_dict()), tensors, {"step": step, "optimizer": js, "rng": [rng_state()]})
+
+
+def _ckpt(tmp_path, logs=None, **cfg):
+    return Checkpointer(tmp_path / "checkpoints", CheckpointConfig(**cfg), log=(logs.append if logs is not None else print))
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_save_commits_atomically_and_keeps_last(tmp_path, async_save):
+    commits = []
+    ck = _ckpt(tmp_path, keep_last=2, async_save=async_save)
+    ck.on_commit = commits.append
+    for step in (10, 20, 30):
+        ck.save(_state(step)[2])
+    ck.close()
+    assert [s for s, _ in ck.committed()] == [30, 20]
+    assert [c["step"] for c in commits] == [10, 20, 30]
+    assert all(c["bytes"] > 0 and c["duration_s"] >= 0 for c in commits)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["step-20", "step-30"]  # no temp or trash left
+    manifest = json.loads((tmp_path / "checkpoints" / "step-30" / "manifest.json").read_text())
+    assert set(manifest["files"]) == {"model.safetensors", "optimizer.safetensors", "state.json"}
+
+
+def test_round_trip_restores_model_optimizer_and_rng(tmp_path):
+    model, opt, snap = _state(5)
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    snap.state["rng"] = [rng_state()]
+    expected = (random.random(), np.random.rand(), torch.rand(1))
+    ck = _ckpt(tmp_path)
+    ck.save(snap, block=True)
+    loaded = ck.read(5)
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.model[key], value)
+    fresh = torch.optim.SGD(torch.nn.Linear(4, 3).parameters(), lr=0.1, momentum=0.9)
+    fresh.load_state_dict(loaded.optimizer)
+    for pid, entry in opt.state_dict()["state"].items():
+        assert torch.equal(fresh.state_dict()["state"][pid]["momentum_buffer"], entry["momentum_buffer"])
+    set_rng_state(loaded.state["rng"][0])
+    assert (random.random(), np.random.rand(), torch.rand(1)) == expected
+
+
+def test_optimizer_flatten_handles_adam_state():
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.randn(2, 3)).sum().backward()
+    opt.step()
+    tensors, js = flatten_optimizer(opt.state_dict())
+    json.dumps(js)
+    back = unflatten_optimizer(tensors, json.loads(json.dumps(js)))
+    fresh = torch.optim.AdamW(torch.nn.Linear(3, 2).parameters(), lr=0.01)
+    fresh.load_state_dict(back)
+    assert torch.equal(fresh.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+
+
+def _three(tmp_path, logs):
+    ck = _ckpt(tmp_path, logs, keep_last=5, async_save=False)
+    for step in (100, 200, 300):
+        ck.save(_state(step)[2])
+    return ck
+
+
+def test_truncated_newest_is_skipped_and_logged(tmp_path):
+    logs: list[str] = []
+    ck = _three(tmp_path, logs)
+    target = tmp_path / "checkpoints" / "step-300" / "model.safetensors"
+    os.truncate(target, target.stat().st_size // 2)
+    assert ck.select()[0] == 200
+    assert logs == [logs[0]] and "checkpoint step-300 is corrupt (model.safetensors has" in logs[0]
+    assert "resuming from step-200" in logs[0]
+    assert [s for s, _ in ck.committed()] == [200, 100]  # moved aside, kept for inspection
+    assert any(p.name.startswith("corrupt-step-300") for p in (tmp_path / "checkpoints").iterdir())
+
+
+def test_flipped_byte_and_missing_manifest_are_corrupt(tmp_path):
+    logs: list[str] = []
+    ck = _three(tmp_path, logs)
+    state = tmp_path / "checkpoints" / "step-300" / "optimizer.safetensors"
+    data = bytearray(state.read_bytes())
+    data[-1] ^= 0xFF
+    state.write_bytes(bytes(data))
+    (tmp_path / "checkpoints" / "step-200" / "manifest.json").unlink()
+    with pytest.raises(CorruptCheckpoint, match="sha256"):
+        ck.verify(tmp_path / "checkpoints" / "step-300")
+    assert ck.select()[0] == 100
+    assert "step-300 is corrupt (optimizer.safetensors: sha256" in logs[0]
+    assert "step-200 is corrupt (no manifest.json); resuming from step-100" in logs[1]
+
+
+def test_half_written_checkpoints_are_invisible_and_cleaned(tmp_path):
+    logs: list[str] = []
+    ck = _three(tmp_path, logs)
+    tmp = tmp_path / "checkpoints" / ".tmp-step-400-deadbeef"
+    tmp.mkdir()
+    (tmp / "model.safetensors").write_bytes(b"partial")
+    assert ck.select()[0] == 300 and not logs
+    ck.cleanup_stale()
+    assert not tmp.exists()
+
+
+def test_nothing_valid_means_start_from_zero(tmp_path):
+    logs: list[str] = []
+    ck = _ckpt(tmp_path, logs)
+    assert ck.select() is None
+    ck.save(_state(10)[2], block=True)
+    (tmp_path / "checkpoints" / "step-10" / "state.json").write_text("{}")
+    assert ck.select() is None
+    assert "no older checkpoint; starting from step 0" in logs[0]
+
+
+def test_resave_of_same_step_replaces_it(tmp_path):
+    ck = _ckpt(tmp_path, async_save=False)
+    ck.save(_state(10)[2])
+    ck.save(_state(10)[2])
+    assert [s for s, _ in ck.committed()] == [10]
+    ck.verify(tmp_path / "checkpoints" / "step-10")
