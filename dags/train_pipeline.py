@@ -89,7 +89,7 @@ SCHEDULE = (
             title="Promotion floor", description="Test accuracy a candidate needs at least to be promoted.",
         ),
         "min_improvement": Param(
-            DEFAULTS.min_improvement, type="number", minimum=0, maximum=1,
+            DEFAULTS.min_improvement, type="number", minimum=0, exclusiveMaximum=1,
             title="Minimum improvement", description="A candidate must beat the champion's accuracy by more than this.",
         ),
     },
