@@ -20,7 +20,7 @@ DAG_ID = "train_pipeline"
 
 
 def run_dag(conf: dict):
-    from airflow.models.dagbag import DagBag
+    from airflow.dag_processing.dagbag import DagBag
 
     bag = DagBag(dag_folder=str(settings.PROJECT_ROOT / "dags" / "train_pipeline.py"))
     if DAG_ID not in bag.dags:

@@ -42,14 +42,14 @@ def _load_yaml(path):
         return {}
 
 
-def pinned_dataset_version(lock: dict | None = None, out: str = "data/digits") -> str:
-    """The dataset version pinned in dvc.lock: the out's DVC md5, without `.dir`."""
-    lock = _load_yaml(settings.PROJECT_ROOT / "dvc.lock") if lock is None else lock
-    for stage in lock.get("stages", {}).values():
-        for item in stage.get("outs", []):
-            if item.get("path") == out:
-                return str(item["md5"]).removesuffix(".dir")
-    return ""
+def _pinned_version() -> str:
+    from operators.dataset import pinned_version
+    from operators.exceptions import DatasetVersionNotFound
+
+    try:
+        return pinned_version()
+    except DatasetVersionNotFound:  # no dvc.lock yet: the form then asks for a version
+        return ""
 
 
 @functools.cache
@@ -59,7 +59,7 @@ def defaults() -> PipelineDefaults:
     schedule = os.environ.get("GANGFLOW_SCHEDULE", pipeline.get("schedule"))
     return PipelineDefaults(
         schedule=None if schedule in (None, "", "none", "None") else schedule,
-        dataset_version=pinned_dataset_version(),
+        dataset_version=_pinned_version(),
         world_size=int(pipeline.get("world_size", 2)),
         local_world_sizes=tuple(int(n) for n in pipeline.get("local_world_sizes", [1, 2, 4, 8])),
         max_steps=int(train.get("max_steps", 600)),

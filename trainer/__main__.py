@@ -15,12 +15,13 @@ import traceback
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from trainer import EXIT_CONFIG_ERROR, EXIT_OK, EXIT_PREEMPTED, EXIT_USER_ERROR, cli, errors
+from trainer import EXIT_CONFIG_ERROR, EXIT_OK, EXIT_USER_ERROR, cli, errors
 from trainer.config import load_config
 from trainer.distributed import detect
 from trainer.errors import ConfigError, UserError
 from trainer.faults import ENV as FAULT_ENV
 from trainer.faults import parse_fault
+from trainer.preemption import Preemption
 
 
 def _refuse(exc: Exception, code: int, run_dir, rank: int, handler) -> int:
@@ -31,9 +32,15 @@ def _refuse(exc: Exception, code: int, run_dir, rank: int, handler) -> int:
     return code
 
 
-@functools.partial(record, error_handler=(_handler := errors.make_error_handler()))
+_ERROR_HANDLER = errors.make_error_handler()
+
+
+@functools.partial(record, error_handler=_ERROR_HANDLER)
 def main(argv: list[str] | None = None) -> int:
     args = cli.parse_args(argv)
+    # A SIGTERM from now on is a preemption request (the loop stops at the next step boundary).
+    preemption = Preemption()
+    preemption.install()
     rank = 0
     try:
         launch = detect()
@@ -45,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"train.batch_size={cfg.train.batch_size} is invalid: it is the global batch and must "
                               f"divide evenly over the world size {launch.world_size}")
     except ConfigError as exc:
-        return _refuse(exc, EXIT_CONFIG_ERROR, args.run_dir, rank, _handler)
+        return _refuse(exc, EXIT_CONFIG_ERROR, args.run_dir, rank, _ERROR_HANDLER)
     if args.print_config:
         print(json.dumps(cfg.to_dict(), indent=2))
         return EXIT_OK
@@ -55,10 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.data.train_md5:
             check_md5(cfg.data.train_path, cfg.data.train_md5)
     except UserError as exc:
-        return _refuse(exc, EXIT_USER_ERROR, args.run_dir, rank, _handler)
+        return _refuse(exc, EXIT_USER_ERROR, args.run_dir, rank, _ERROR_HANDLER)
     from trainer.loop import run
 
-    return run(cfg, fault, launch, args.run_dir)
+    preemption.grace_s = cfg.checkpoint.grace_period_s
+    return run(cfg, fault, launch, args.run_dir, preemption)
 
 
 def _exit(code: int) -> None:

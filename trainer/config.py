@@ -284,6 +284,13 @@ def parse_override(item: str) -> tuple[str, str, Any]:
     return section, name, value
 
 
+def _field_type(section: str, name: str) -> str | None:
+    cls = SECTIONS[section]
+    if cls is ModelConfig:
+        return "str" if name == "factory" else None
+    return next((f.type for f in fields(cls) if f.name == name), None)
+
+
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
     """Read `path` (None: built-in defaults), apply `--set` overrides, validate."""
     raw: dict[str, dict[str, Any]] = {}
@@ -308,5 +315,7 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
             raw[name] = dict(section)
     for item in overrides:
         section, name, value = parse_override(item)
+        if _field_type(section, name) == "str" and value is not None and not isinstance(value, str):
+            value = item.partition("=")[2].strip()  # e.g. an all-digit md5 stays a string
         raw.setdefault(section, {})[name] = value
     return Config.from_dict(raw)

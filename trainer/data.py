@@ -99,8 +99,9 @@ class ResumableDistributedSampler(DistributedSampler):
         self.start = start
 
     def __iter__(self):
-        indices = list(super().__iter__())
-        return iter(indices[self.start :])
+        if self.start == 0:
+            return super().__iter__()
+        return iter(list(super().__iter__())[self.start :])
 
     def __len__(self) -> int:
         return max(0, self.num_samples - self.start)

@@ -61,16 +61,28 @@ class CheckpointError(TrainerError):
     """A checkpoint could not be read or written."""
 
 
-@contextlib.contextmanager
-def user_code():
-    """Tag exceptions raised inside the block as coming from user code (`source: "user"`)."""
-    try:
-        yield
-    except BaseException as exc:
-        if getattr(exc, _SOURCE_ATTR, None) is None and not _is_infrastructure(exc):
+class _UserCode:
+    """`with user_code():` tags exceptions raised inside as coming from user code (`source: "user"`).
+
+    A class rather than a generator-based context manager: it wraps every training step."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is not None and getattr(exc, _SOURCE_ATTR, None) is None and not _is_infrastructure(exc):
             with contextlib.suppress(Exception):
                 setattr(exc, _SOURCE_ATTR, "user")
-        raise
+        return False
+
+
+_USER_CODE = _UserCode()
+
+
+def user_code() -> _UserCode:
+    return _USER_CODE
 
 
 def _is_infrastructure(exc: BaseException) -> bool:

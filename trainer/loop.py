@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import inspect
 import math
-import os
 import random
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,34 +27,8 @@ from trainer.distributed import Dist, Launch, StopAgreement, setup, teardown
 from trainer.errors import CheckpointError, DataError, user_code
 from trainer.export import write_final
 from trainer.faults import Fault, FaultInjector
+from trainer.preemption import Preemption
 from trainer.tracking import Tracker
-
-
-class Preemption:
-    """SIGTERM sets a flag (the loop stops at the next agreed step boundary); a watchdog exits
-    with EXIT_PREEMPTED if the final checkpoint has not finished within the grace period."""
-
-    def __init__(self, grace_s: float) -> None:
-        self.grace_s = grace_s
-        self.requested = False
-        self.received_at: float | None = None
-
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def _on_sigterm(self, signum, frame) -> None:
-        if self.requested:
-            return
-        self.requested = True
-        self.received_at = time.monotonic()
-        timer = threading.Timer(self.grace_s, self._expire)
-        timer.daemon = True
-        timer.start()
-
-    def _expire(self) -> None:
-        os.write(2, f"gangflow: grace period of {self.grace_s:g}s after SIGTERM exceeded; exiting "
-                    f"{EXIT_PREEMPTED} (the last committed checkpoint stands)\n".encode())
-        os._exit(EXIT_PREEMPTED)
 
 
 def lr_factor(cfg: Config):
@@ -76,6 +47,23 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+class _Window:
+    """Loss and time since the last log line (the loss stays on the device until logged)."""
+
+    def __init__(self) -> None:
+        self.losses: list[torch.Tensor] = []
+        self.t0 = time.perf_counter()
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.losses.append(loss.detach())
+
+    def take(self) -> tuple[float, int, float]:
+        steps = len(self.losses)
+        out = (float(torch.stack(self.losses).mean()) if steps else 0.0, steps, time.perf_counter() - self.t0)
+        self.losses, self.t0 = [], time.perf_counter()
+        return out
 
 
 class Trainer:
@@ -134,24 +122,18 @@ class Trainer:
         self.sampler.set_epoch(self.epoch)
         self.sampler.set_start(self.batch_in_epoch * self.local_batch)
         self._it = iter(self.loader)
-        window_loss, window_steps, window_t0, train_t0 = torch.zeros((), device=d.device), 0, time.perf_counter(), time.perf_counter()
+        window, train_t0 = _Window(), time.perf_counter()
         while self.step < t.max_steps and not stop.should_stop():
             errors.context.step = self.step + 1  # the step in progress, for error records
-            x, y = self.next_batch()
-            loss = self.train_step(model, x, y, self.step + 1)
+            loss = self.train_step(model, *self.next_batch(), step=self.step + 1)
             self.step += 1
-            window_loss += loss.detach()
-            window_steps += 1
+            window.add(loss)
             if self.step % t.log_every_steps == 0 or self.step == t.max_steps:
-                elapsed = time.perf_counter() - window_t0
-                self.tracker.step(self.step, loss=d.mean(float(window_loss) / window_steps), lr=self.scheduler.get_last_lr()[0],
-                                  samples_per_sec=window_steps * self.global_batch / elapsed, epoch=self.epoch)
-                window_loss.zero_()
-                window_t0, window_steps = time.perf_counter(), 0
+                self.log_metrics(window)
             if self.step % self.cfg.checkpoint.every_steps == 0 and self.step < t.max_steps:
                 self.ckpt_blocked_s += self.checkpoint()
             if self.faults.process_fault_due(self.step):
-                self.ckpt.wait()
+                self.ckpt.wait()  # drills are reproducible: pending writes are committed first
                 d.barrier()
                 self.faults.fire(self.step)
         train_s = time.perf_counter() - train_t0
@@ -171,9 +153,11 @@ class Trainer:
             self._it = iter(self.loader)
             x, y = next(self._it)
         self.batch_in_epoch += 1
+        if self.d.device.type == "cpu":
+            return x, y
         return x.to(self.d.device, non_blocking=True), y.to(self.d.device, non_blocking=True)
 
-    def train_step(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
+    def train_step(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, step: int) -> torch.Tensor:
         with user_code():
             loss = F.cross_entropy(model(x), y)
             self.faults.maybe_raise(step)
@@ -182,6 +166,12 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         return loss
+
+    def log_metrics(self, window: _Window) -> None:
+        """Every rank calls this at the same steps (the loss is averaged over ranks)."""
+        loss, steps, elapsed = window.take()
+        self.tracker.step(self.step, loss=self.d.mean(loss), lr=self.scheduler.get_last_lr()[0],
+                          samples_per_sec=steps * self.global_batch / elapsed, epoch=self.epoch)
 
     # --- checkpoints ----------------------------------------------------------------------------
 
@@ -254,8 +244,8 @@ class Trainer:
         self.d.barrier()  # every rank exits only once the checkpoint is committed
         since = (f"{time.monotonic() - self.preempt.received_at:.2f}s after the signal" if self.preempt.received_at
                  else "(SIGTERM was received by another rank)")
-        self.log(f"gangflow: preempted (SIGTERM): stopped at step {self.step}; checkpoint step-{self.step} committed "
-                 f"{since}; exiting with {EXIT_PREEMPTED}")
+        saved = f"checkpoint step-{self.step} committed" if self.step > 0 else "no step done, nothing to checkpoint"
+        self.log(f"gangflow: preempted (SIGTERM): stopped at step {self.step}; {saved} {since}; exiting with {EXIT_PREEMPTED}")
         self.tracker.event("preempted", self.step)
         self.tracker.close(status=None)
         return EXIT_PREEMPTED
@@ -307,11 +297,12 @@ class Trainer:
             self.tracker.close(status=status)
 
 
-def run(cfg: Config, fault: Fault | None, launch: Launch, run_dir: Path) -> int:
+def run(cfg: Config, fault: Fault | None, launch: Launch, run_dir: Path, preempt: Preemption | None = None) -> int:
     """Train on this rank; returns the exit code (exceptions propagate after writing error records)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    preempt = Preemption(cfg.checkpoint.grace_period_s)
-    preempt.install()
+    if preempt is None:
+        preempt = Preemption(cfg.checkpoint.grace_period_s)
+        preempt.install()
     errors.context.rank = launch.rank
     trainer = None
     try:

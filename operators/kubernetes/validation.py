@@ -99,7 +99,26 @@ class CrdRegistry:
             known = ", ".join(f"{a} {k}" for a, k in self.kinds())
             raise SchemaValidationError(f"no CRD schema for {api_version} {kind} in {self.crds_dir}; known: {known}")
         schema = strict_schema(self._schemas[key])
-        return jsonschema.Draft7Validator(schema)
+        # CRDs leave `metadata` open; the API server checks it as ObjectMeta, and so do we.
+        defs_id, registry = _object_meta_registry()
+        schema = {**schema, "properties": {**schema.get("properties", {}), "metadata": {"$ref": f"{defs_id}#/$defs/{OBJECT_META}"}}}
+        return jsonschema.Draft7Validator(schema, registry=registry)
+
+
+OBJECT_META = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+
+
+@functools.cache
+def _object_meta_registry(version: str = KUBERNETES_VERSION):
+    """kubernetes-validate's strict core definitions, as a `referencing` registry."""
+    import json
+
+    import importlib_resources
+    from referencing import Registry, Resource
+
+    path = f"kubernetes-json-schema/v{version}.0-local-strict/_definitions.json"
+    defs = json.loads(importlib_resources.files("kubernetes_validate").joinpath(path).read_text())
+    return defs["$id"], Resource.from_contents(defs) @ Registry()
 
 
 def _format_path(path: Iterable[Any]) -> str:

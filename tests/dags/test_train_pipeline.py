@@ -35,7 +35,7 @@ def test_dag_file_imports_nothing_heavy(tmp_path):
 def test_dag_shape_schedule_and_pools(tmp_path):
     code = (
         "import json\n"
-        "from airflow.models.dagbag import DagBag\n"
+        "from airflow.dag_processing.dagbag import DagBag\n"
         "bag = DagBag(dag_folder='dags')\n"
         "assert not bag.import_errors, bag.import_errors\n"
         "dag = bag.dags['train_pipeline']\n"
@@ -134,8 +134,10 @@ def test_preemption_commits_a_checkpoint_and_loses_no_steps(pipeline_home, tmp_p
 @pytest.mark.slow
 def test_corrupted_newest_checkpoint_resumes_from_the_one_before(pipeline_home, tmp_path):
     log = tmp_path / "run.log"
+    records = lambda: set((pipeline_home / "runs").glob("train_pipeline/*/failures/try-1.json"))  # noqa: E731
+    earlier = records()  # other tests' runs share this state dir
     proc = start_pipeline(pipeline_home, FAST, log, GANGFLOW_FAULT="kill@step=35,rank=0", GANGFLOW_RETRY_BASE_DELAY="15")
-    failure = _wait_for(lambda: next(iter(sorted((pipeline_home / "runs").glob("train_pipeline/*/failures/try-1.json"))), None), proc)
+    failure = _wait_for(lambda: next(iter(records() - earlier), None), proc)
     run_dir = failure.parent.parent
     newest = sorted(p for p in (run_dir / "checkpoints").iterdir() if p.is_dir() and not p.name.startswith("."))[-1]
     victim = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)

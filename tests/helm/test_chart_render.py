@@ -8,6 +8,8 @@ from collections import Counter
 import helm_python
 import pytest
 
+from operators.kubernetes.validation import SchemaValidationError
+
 ALL_OFF = {
     "rbac": {"enabled": False},
     "kueue": {"enabled": False},
@@ -177,5 +179,5 @@ def test_the_validator_rejects_what_the_api_server_would(render, validate, kind,
     obj = next(o for o in render() if o["kind"] == kind)
     validate(obj)
     mutate(obj)
-    with pytest.raises(AssertionError, match=error):
+    with pytest.raises(SchemaValidationError, match=error):
         validate(obj)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,8 +28,15 @@ def trainer_env(**extra: str) -> dict[str, str]:
     return env
 
 
+# A private copy of the digits data (set by the `digits` fixture): other work in the same tree
+# may rebuild data/digits while these tests run.
+DATA: dict[str, Path] = {}
+
+
 def command(run_dir: Path, sets=SMALL, nproc: int | None = 2) -> list[str]:
     args = ["-m", "trainer", "--run-dir", str(run_dir), "--config", str(ROOT / "params.yaml")]
+    if DATA:
+        sets = (f"data.train_path={DATA['train']}", f"data.test_path={DATA['test']}", *sets)
     for item in sets:
         args += ["--set", item]
     if nproc is None:
@@ -57,11 +66,24 @@ def torchrun_exitcodes(output: str) -> list[int]:
 
 
 @pytest.fixture(scope="session")
-def digits() -> Path:
+def digits(tmp_path_factory) -> Path:
+    """A private copy of data/digits ({train,test}.parquet), built first if missing."""
     folder = ROOT / "data" / "digits"
-    if not (folder / "train.parquet").is_file():
-        subprocess.run([PYTHON, "data/prepare.py", "--out", "data/digits"], cwd=ROOT, check=True)
-    return folder
+    copy = tmp_path_factory.mktemp("digits")
+    for attempt in range(3):
+        try:
+            if not (folder / "train.parquet").is_file() or not (folder / "test.parquet").is_file():
+                subprocess.run([PYTHON, "data/prepare.py", "--out", "data/digits"], cwd=ROOT, check=True,
+                               capture_output=True, timeout=300)
+            for name in ("train.parquet", "test.parquet"):
+                shutil.copyfile(folder / name, copy / name)
+            break
+        except (OSError, subprocess.CalledProcessError):
+            if attempt == 2:
+                raise
+            time.sleep(1)
+    DATA.update(train=copy / "train.parquet", test=copy / "test.parquet")
+    return copy
 
 
 class Helpers:
@@ -72,6 +94,7 @@ class Helpers:
     check_ok = staticmethod(check_ok)
     metrics = staticmethod(metrics)
     torchrun_exitcodes = staticmethod(torchrun_exitcodes)
+    root_cause_exitcode = staticmethod(root_cause_exitcode)
     trainer_env = staticmethod(trainer_env)
 
 

@@ -1,0 +1,42 @@
+"""SIGTERM = preemption: finish the step, agree on the boundary, commit a checkpoint, exit 75.
+
+The handler only sets a flag; the loop all-reduces it every step (see
+`trainer.distributed.StopAgreement`) so all ranks stop at the same step boundary. If the final
+checkpoint is not committed within `checkpoint.grace_period_s` (a rank stuck in a collective,
+slow storage), a watchdog exits with EXIT_PREEMPTED anyway: the previous committed checkpoint
+stands. Under torchrun, SIGTERM to the agent is forwarded to every worker (torchrun's
+`--signals-to-handle` default includes SIGTERM), which takes this same path.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from trainer import EXIT_PREEMPTED
+
+
+class Preemption:
+    def __init__(self, grace_s: float = 25.0) -> None:
+        self.grace_s = grace_s
+        self.requested = False
+        self.received_at: float | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        if self.requested:
+            return
+        self.requested = True
+        self.received_at = time.monotonic()
+        timer = threading.Timer(self.grace_s, self._expire)
+        timer.daemon = True
+        timer.start()
+
+    def _expire(self) -> None:
+        os.write(2, f"gangflow: grace period of {self.grace_s:g}s after SIGTERM exceeded; exiting "
+                    f"{EXIT_PREEMPTED} (the last committed checkpoint stands)\n".encode())
+        os._exit(EXIT_PREEMPTED)
