@@ -1,18 +1,21 @@
-"""Trainer overheads, measured side by side (the machine is noisy: repetitions are interleaved
-and medians reported). The last line printed is one JSON object:
+"""Trainer overheads, measured side by side. The last line printed is one JSON object:
 
 * `ddp_ws1_over_plain`: the trainer's step time at world size 1 over a plain single-process
-  loop (same model, data, batch, optimizer; DataLoader with shuffling). Goal <= 1.05.
+  loop (same model, data, global batch, optimizer; a shuffling DataLoader). Goal <= 1.05.
 * `checkpoint_stall_fraction`: time the loop is blocked in checkpoint saves over training time,
   at the default interval (params.yaml checkpoint.every_steps). Goal <= 0.02.
 * `ranks2_over_ranks1_throughput`: samples/s of 2 ranks (torchrun, gloo) over 1 rank (reported).
-* `checkpoint_overhead_fraction` (extra): step time with checkpoints at the default interval
-  over step time without, minus 1: the whole cost, including the background writer competing
-  for the CPU and the GIL, not only the time the loop is blocked.
+* `checkpoint_overhead_fraction` (extra): training time with checkpoints at the default interval
+  over training time without, minus 1: the whole cost, including the background writer
+  competing for the CPU and the GIL, not only the time the loop is blocked.
 
-Step times come from the trainer's own `final` event in metrics.jsonl (`train_s`: the loop from
-the first batch to the last step, `checkpoint_blocked_s`), so process start-up is excluded for
-both sides. Usage: `python benchmarks/trainer.py [--reps 4] [--steps 3000]` (a few minutes).
+The machine is shared and noisy, so: configurations are interleaved in every repetition; a
+run's step time is the median over its 10-step windows (a burst of interference spoils a few
+windows, not the run; the trainer's windows come from its own metrics.jsonl, the plain loop
+times the same windows); ratios are the median over repetitions of the per-repetition ratio
+(adjacent runs share the machine's mood). Process start-up is excluded on both sides.
+
+    python benchmarks/trainer.py [--reps 4] [--steps 3000]     # a few minutes
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,9 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 TORCHRUN = str(Path(PY).with_name("torchrun"))
+WINDOW = 10  # steps; the trainer's train.log_every_steps default
 
 
-def plain_loop(steps: int) -> dict:
+def plain_loop(steps: int, train_path: str) -> dict:
     """The baseline, run in its own process: a textbook single-process training loop."""
     import torch
     import torch.nn.functional as F
@@ -44,11 +49,12 @@ def plain_loop(steps: int) -> dict:
 
     cfg = load_config(ROOT / "params.yaml")
     torch.manual_seed(cfg.train.seed)
-    data = parquet_dataset(str(ROOT / cfg.data.train_path))
+    data = parquet_dataset(train_path)
     model = mlp(**cfg.model.kwargs)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr, momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay)
     loader = torch.utils.data.DataLoader(data, batch_size=cfg.train.batch_size, shuffle=True, drop_last=True)
-    t0 = time.perf_counter()
+    windows = []
+    t0 = w0 = time.perf_counter()
     done = 0
     while done < steps:
         for x, y in loader:
@@ -57,37 +63,45 @@ def plain_loop(steps: int) -> dict:
             loss.backward()
             opt.step()
             done += 1
+            if done % WINDOW == 0:
+                now = time.perf_counter()
+                windows.append((now - w0) / WINDOW)
+                w0 = now
             if done == steps:
                 break
-    return {"train_s": time.perf_counter() - t0, "loss": float(loss)}
+    return {"train_s": time.perf_counter() - t0, "windows": windows}
 
 
 def _env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def run_plain(steps: int) -> float:
-    out = subprocess.run([PY, __file__, "--plain", "--steps", str(steps)], cwd=ROOT, env=_env(),
+def run_plain(steps: int, data: Path) -> dict:
+    out = subprocess.run([PY, __file__, "--plain", "--steps", str(steps), "--data", str(data)], cwd=ROOT, env=_env(),
                          capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])["train_s"] / steps
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"step_s": statistics.median(result["windows"][1:]), "train_s": result["train_s"]}
 
 
 def run_trainer(world_size: int, steps: int, every: int, tmp: Path) -> dict:
     run_dir = Path(tempfile.mkdtemp(dir=tmp, prefix=f"ws{world_size}-"))
-    sets = ["--set", f"train.max_steps={steps}", "--set", f"checkpoint.every_steps={every}",
-            "--set", "checkpoint.keep_last=2"]
+    sets = [f"train.max_steps={steps}", f"checkpoint.every_steps={every}", "checkpoint.keep_last=2",
+            f"train.log_every_steps={WINDOW}", f"data.train_path={tmp / 'data' / 'train.parquet'}",
+            f"data.test_path={tmp / 'data' / 'test.parquet'}"]
+    args = ["-m", "trainer", "--run-dir", str(run_dir), *[a for s in sets for a in ("--set", s)]]
     if world_size == 1:
-        cmd = [PY, "-m", "trainer", "--run-dir", str(run_dir), *sets]
+        cmd = [PY, *args]
     else:
-        cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(world_size), "--max-restarts", "0",
-               "-m", "trainer", "--run-dir", str(run_dir), *sets]
+        cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(world_size), "--max-restarts", "0", *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     final = next(e for e in events if e.get("event") == "final")
-    return {"step_s": final["train_s"] / steps, "train_s": final["train_s"], "blocked_s": final["checkpoint_blocked_s"],
-            "checkpoints": sum(1 for e in events if e.get("event") == "checkpoint")}
+    batch = final["global_batch"]
+    windows = [batch / e["samples_per_sec"] for e in events if "samples_per_sec" in e]
+    return {"step_s": statistics.median(windows[1:]), "train_s": final["train_s"],
+            "blocked_s": final["checkpoint_blocked_s"], "checkpoints": sum(1 for e in events if e.get("event") == "checkpoint")}
 
 
 def main() -> int:
@@ -95,9 +109,10 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain:
-        print(json.dumps(plain_loop(args.steps)))
+        print(json.dumps(plain_loop(args.steps, args.data)))
         return 0
     sys.path.insert(0, str(ROOT))
     from trainer.config import load_config
@@ -107,26 +122,26 @@ def main() -> int:
         subprocess.run([PY, "data/prepare.py", "--out", "data/digits"], cwd=ROOT, check=True, capture_output=True)
     plain, ws1, ws1_ckpt, ws2 = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="gangflow-bench-") as tmp:
+        data = Path(tmp) / "data"  # a private copy: nothing else in the tree can change it mid-run
+        shutil.copytree(ROOT / "data" / "digits", data)
         for rep in range(args.reps):  # interleaved: every configuration sees the same noise
-            plain.append(run_plain(args.steps))
+            plain.append(run_plain(args.steps, data / "train.parquet"))
             ws1.append(run_trainer(1, args.steps, args.steps * 10, Path(tmp)))
             ws1_ckpt.append(run_trainer(1, args.steps, every, Path(tmp)))
             ws2.append(run_trainer(2, args.steps, args.steps * 10, Path(tmp)))
-            print(f"rep {rep + 1}/{args.reps}: plain {plain[-1] * 1e3:.3f} ms/step, trainer ws1 "
-                  f"{ws1[-1]['step_s'] * 1e3:.3f}, ws1+ckpt {ws1_ckpt[-1]['step_s'] * 1e3:.3f} "
-                  f"(blocked {ws1_ckpt[-1]['blocked_s'] * 1e3:.1f} ms in {ws1_ckpt[-1]['checkpoints']} saves), "
-                  f"ws2 {ws2[-1]['step_s'] * 1e3:.3f}", file=sys.stderr, flush=True)
+            print(f"rep {rep + 1}/{args.reps}: ms/step plain {plain[-1]['step_s'] * 1e3:.3f}, trainer ws1 "
+                  f"{ws1[-1]['step_s'] * 1e3:.3f}, ws2 {ws2[-1]['step_s'] * 1e3:.3f}; with checkpoints every {every}: "
+                  f"train {ws1_ckpt[-1]['train_s']:.2f}s vs {ws1[-1]['train_s']:.2f}s, blocked "
+                  f"{ws1_ckpt[-1]['blocked_s'] * 1e3:.1f} ms in {ws1_ckpt[-1]['checkpoints']} saves", file=sys.stderr, flush=True)
     med = statistics.median
-    plain_s, ws1_s, ws2_s = med(plain), med(r["step_s"] for r in ws1), med(r["step_s"] for r in ws2)
-    # Ratios are paired per repetition (adjacent runs share the machine's mood), then the median.
     result = {
-        "ddp_ws1_over_plain": round(med(w["step_s"] / p for w, p in zip(ws1, plain)), 4),
+        "ddp_ws1_over_plain": round(med(w["step_s"] / p["step_s"] for w, p in zip(ws1, plain)), 4),
         "checkpoint_stall_fraction": round(med(r["blocked_s"] / r["train_s"] for r in ws1_ckpt), 5),
         "ranks2_over_ranks1_throughput": round(med(a["step_s"] / b["step_s"] for a, b in zip(ws1, ws2)), 4),
-        "checkpoint_overhead_fraction": round(med(c["step_s"] / w["step_s"] for c, w in zip(ws1_ckpt, ws1)) - 1, 4),
-        "plain_step_ms": round(plain_s * 1e3, 4),
-        "trainer_ws1_step_ms": round(ws1_s * 1e3, 4),
-        "trainer_ws2_step_ms": round(ws2_s * 1e3, 4),
+        "checkpoint_overhead_fraction": round(med(c["train_s"] / w["train_s"] for c, w in zip(ws1_ckpt, ws1)) - 1, 4),
+        "plain_step_ms": round(med(p["step_s"] for p in plain) * 1e3, 4),
+        "trainer_ws1_step_ms": round(med(r["step_s"] for r in ws1) * 1e3, 4),
+        "trainer_ws2_step_ms": round(med(r["step_s"] for r in ws2) * 1e3, 4),
         "checkpoint_every_steps": every,
         "steps": args.steps,
         "reps": args.reps,

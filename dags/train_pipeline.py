@@ -78,7 +78,8 @@ SCHEDULE = (
             DEFAULTS.learning_rate, type="number", exclusiveMinimum=0, maximum=10, title="Learning rate",
         ),
         "batch_size": Param(
-            DEFAULTS.batch_size, type="integer", minimum=1, maximum=65536, title="Batch size (per rank)",
+            DEFAULTS.batch_size, type="integer", minimum=1, maximum=65536, title="Global batch size",
+            description="Samples per step across all ranks; each rank takes batch_size / world_size.",
         ),
         "checkpoint_every_steps": Param(
             DEFAULTS.checkpoint_every_steps, type="integer", minimum=1, maximum=10_000_000,

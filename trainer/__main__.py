@@ -17,7 +17,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer import EXIT_CONFIG_ERROR, EXIT_OK, EXIT_USER_ERROR, cli, errors
 from trainer.config import load_config
-from trainer.distributed import detect
+from trainer.distributed import check_device, detect
 from trainer.errors import ConfigError, UserError
 from trainer.faults import ENV as FAULT_ENV
 from trainer.faults import parse_fault
@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         rank = errors.context.rank = launch.rank
         cfg = load_config(args.config, args.overrides)
         fault = parse_fault(os.environ.get(FAULT_ENV))
+        if fault is not None and fault.rank is not None and fault.rank >= launch.world_size:
+            raise ConfigError(f"{FAULT_ENV}={fault.spec!r} is invalid: rank={fault.rank} but the world size is {launch.world_size}")
+        check_device(cfg.train.device)
         cfg.check_factories()
         if cfg.train.batch_size % launch.world_size:
             raise ConfigError(f"train.batch_size={cfg.train.batch_size} is invalid: it is the global batch and must "

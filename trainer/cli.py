@@ -63,6 +63,10 @@ exit codes:
   {EXIT_CONFIG_ERROR}   bad option, params file, override or GANGFLOW_FAULT (nothing was started)
   {EXIT_PREEMPTED}  stopped on SIGTERM after committing a final checkpoint (run again to resume)
 
+signals:
+  SIGTERM   preemption: all ranks stop at the same step boundary, a final checkpoint is
+            committed, exit 75 (under torchrun, SIGTERM the torchrun agent: it forwards it)
+
 environment:
   GANGFLOW_FAULT            fault injection, ACTION@step=N[,rank=R] with ACTION kill | term |
                             exit=CODE | raise (see docs/trainer.md)

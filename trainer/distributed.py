@@ -41,7 +41,8 @@ def _int_env(name: str) -> int:
 
 
 def detect(environ: dict[str, str] | None = None) -> Launch:
-    """Rank and world size from the environment, without starting anything (no torch needed)."""
+    """Rank and world size from the environment, without starting anything. Under mpirun, also
+    exports RANK/WORLD_SIZE/LOCAL_RANK (and MASTER_ADDR/PORT on one node) for env:// init."""
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
         launch = Launch(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0")), "torchrun")
@@ -53,7 +54,15 @@ def detect(environ: dict[str, str] | None = None) -> Launch:
         launch = Launch(0, 1, 0, "single")
     if not 0 <= launch.rank < launch.world_size:
         raise ConfigError(f"rank {launch.rank} is outside the world size {launch.world_size} ({launch.launcher} environment)")
+    if launch.launcher == "mpirun" and environ is None and launch.world_size > 1:
+        _export_mpi_env(launch)
     return launch
+
+
+def check_device(preference: str) -> None:
+    """Reject train.device=cuda where there is no GPU (before anything starts)."""
+    if preference == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device='cuda' is invalid here: CUDA is not available (use auto or cpu)")
 
 
 def _export_mpi_env(launch: Launch) -> None:
@@ -123,8 +132,7 @@ class Dist:
 def pick_device(preference: str, local_rank: int) -> torch.device:
     if preference == "cpu" or (preference == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ConfigError("train.device='cuda' is invalid here: CUDA is not available (use auto or cpu)")
+    check_device(preference)
     device = torch.device("cuda", local_rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
     return device
@@ -135,8 +143,6 @@ def setup(launch: Launch, device_preference: str = "auto", timeout_s: float = 60
     d = Dist(launch.rank, launch.world_size, launch.local_rank, launch.launcher, device)
     if launch.world_size == 1:
         return d
-    if launch.launcher == "mpirun":
-        _export_mpi_env(launch)
     d.backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs: dict[str, Any] = {}
     if device.type == "cuda":

@@ -31,16 +31,42 @@ from trainer.preemption import Preemption
 from trainer.tracking import Tracker
 
 
-def lr_factor(cfg: Config):
-    warmup, total, cosine = cfg.train.warmup_steps, cfg.train.max_steps, cfg.train.lr_schedule == "cosine"
+class WarmupCosine:
+    """LR scheduler: lr = base_lr * factor(completed steps); linear warm-up, then cosine to 0 at
+    `max_steps` (or constant). Its whole state is `state_dict()` (JSON), saved in checkpoints.
+    (A tiny class rather than LambdaLR: it runs every step and costs a microsecond.)"""
 
-    def factor(k: int) -> float:  # k = completed steps
-        f = min(1.0, (k + 1) / warmup) if warmup > 0 else 1.0
-        if cosine:
-            f *= 0.5 * (1.0 + math.cos(math.pi * min(k, total) / total))
+    def __init__(self, optimizer: torch.optim.Optimizer, cfg: Config) -> None:
+        self.optimizer = optimizer
+        self.warmup, self.total, self.cosine = cfg.train.warmup_steps, cfg.train.max_steps, cfg.train.lr_schedule == "cosine"
+        self.base_lrs = [group["lr"] for group in optimizer.param_groups]
+        self.last_step = 0
+        self._apply()
+
+    def factor(self, k: int) -> float:
+        f = min(1.0, (k + 1) / self.warmup) if self.warmup > 0 else 1.0
+        if self.cosine:
+            f *= 0.5 * (1.0 + math.cos(math.pi * min(k, self.total) / self.total))
         return f
 
-    return factor
+    def _apply(self) -> None:
+        f = self.factor(self.last_step)
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base * f
+
+    def step(self) -> None:
+        self.last_step += 1
+        self._apply()
+
+    def get_last_lr(self) -> list[float]:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_step": self.last_step, "base_lrs": list(self.base_lrs)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.last_step, self.base_lrs = int(state["last_step"]), [float(x) for x in state["base_lrs"]]
+        self._apply()
 
 
 def seed_all(seed: int) -> None:
@@ -83,7 +109,7 @@ class Trainer:
             self.optimizer = torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
         else:
             self.optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(cfg))
+        self.scheduler = WarmupCosine(self.optimizer, cfg)
         self.loader, self.sampler = make_loader(self.train_set, batch_size=self.local_batch, rank=d.rank,
                                                 world_size=d.world_size, seed=t.seed, num_workers=cfg.data.num_workers)
         if len(self.sampler) // self.local_batch == 0:
@@ -283,6 +309,7 @@ class Trainer:
             }
             final = write_final(self.run_dir, self.model, card)
             self.tracker.event("final", self.step, mlflow_prefix="", **metrics, world_size=d.world_size,
+                               global_batch=self.global_batch,
                                train_s=round(train_s, 4), checkpoint_blocked_s=round(self.ckpt_blocked_s, 6))
             self.log(f"gangflow: done: {self.step} steps on {d.world_size} rank(s); test accuracy "
                      f"{metrics['test_accuracy']:.4f}; final weights at {final / 'model.safetensors'}")

@@ -86,6 +86,13 @@ def digits(tmp_path_factory) -> Path:
     return copy
 
 
+def root_cause_exitcode(output: str) -> int | None:
+    """The exit code of torchrun's "Root Cause (first observed failure)"."""
+    _, _, tail = output.partition("Root Cause (first observed failure)")
+    codes = torchrun_exitcodes(tail)
+    return codes[0] if codes else None
+
+
 class Helpers:
     ROOT = ROOT
     SMALL = SMALL

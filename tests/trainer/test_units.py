@@ -138,3 +138,22 @@ def test_mlflow_logs_into_given_run_in_background(tmp_path, monkeypatch):
     assert [m.step for m in client.get_metric_history(run_id, "loss")] == [1, 2, 3, 4, 5]
     assert run.data.metrics["checkpoint_bytes"] == 1234
     assert run.info.status == "RUNNING"  # the operator owns the run it created
+
+
+def test_lr_schedule_and_its_state():
+    from trainer.config import load_config
+    from trainer.loop import WarmupCosine
+
+    cfg = load_config(None, ["train.max_steps=100", "train.warmup_steps=10", "train.lr=1.0"])
+    opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=cfg.train.lr)
+    sched = WarmupCosine(opt, cfg)
+    lrs = [sched.get_last_lr()[0]]
+    for _ in range(100):
+        sched.step()
+        lrs.append(sched.get_last_lr()[0])
+    assert lrs[0] == pytest.approx(0.1) and max(lrs) <= 1.0 and lrs[-1] == pytest.approx(0.0, abs=1e-12)
+    assert lrs[9] > lrs[0] and lrs[50] < lrs[10]
+    other = WarmupCosine(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0), cfg)
+    state = json.loads(json.dumps(sched.state_dict()))
+    other.load_state_dict({**state, "last_step": 37})
+    assert other.get_last_lr()[0] == lrs[37]

@@ -1,0 +1,149 @@
+"""Helpers shared by `benchmarks/pipeline.py` and `benchmarks/goodput.py` (stdlib only: the
+benchmark processes themselves stay light, everything measured runs in subprocesses).
+
+Conventions: progress goes to stderr, the result is one JSON object on the last line of stdout;
+repetitions of the two sides of a comparison are interleaved (A B A B ...) because the machine
+is shared and noisy, and medians are reported together with their spread.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+TORCHRUN = str(Path(PY).with_name("torchrun"))
+_STARTED = time.monotonic()
+
+
+def note(message: str) -> None:
+    """Progress line on stderr, stamped with the seconds since the benchmark started."""
+    print(f"[{time.monotonic() - _STARTED:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def summary(values: list[float], digits: int = 4) -> dict:
+    """Median, min, max and the relative spread ((max - min) / median) of repetitions."""
+    values = [float(v) for v in values]
+    med = statistics.median(values)
+    return {
+        "median": round(med, digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+        "spread": round((max(values) - min(values)) / med, 3) if med else None,
+        "n": len(values),
+        "values": [round(v, digits) for v in values],
+    }
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without Airflow/MLflow/gangflow settings, one BLAS thread per rank."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "MLFLOW", "GANGFLOW"))}
+    env |= {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return env | extra
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass
+    return rows
+
+
+def events(run_dir: Path, name: str) -> list[dict]:
+    """The trainer's `metrics.jsonl` events called `name` (`start`, `resume`, `checkpoint`, `final`)."""
+    return [row for row in read_jsonl(Path(run_dir) / "metrics.jsonl") if row.get("event") == name]
+
+
+def last_json_line(text: str) -> dict:
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                break
+    raise ValueError(f"no JSON object on the last line:\n{text[-3000:]}")
+
+
+def utc_epoch(text: str) -> float:
+    """Epoch seconds of an Airflow/structlog UTC timestamp ('2026-11-29 19:16:15.18' or '...T...Z')."""
+    text = text.strip().rstrip("Z").replace("T", " ")
+    text = text.split("+")[0]
+    return dt.datetime.fromisoformat(text).replace(tzinfo=dt.timezone.utc).timestamp()
+
+
+def bare_torchrun(run_dir: Path, trainer_args: list[str], *, world_size: int, env: dict[str, str], log: Path) -> dict:
+    """`torchrun --standalone --nproc-per-node N --max-restarts 0 -m trainer ...`, timed from just
+    before the process is spawned until it has exited."""
+    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(world_size), "--max-restarts", "0",
+           "-m", "trainer", "--run-dir", str(run_dir), *trainer_args]  # fmt: skip
+    with open(log, "w") as out:
+        t0 = time.time()
+        code = subprocess.run(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+        t1 = time.time()
+    if code != 0:
+        raise RuntimeError(f"bare torchrun exited {code}; see {log}:\n{log.read_text()[-3000:]}")
+    return {"wall_s": t1 - t0, "t0": t0, "t1": t1, **phases(run_dir, t0, t1)}
+
+
+def phases(run_dir: Path, t0: float, t1: float) -> dict:
+    """Split [t0, t1] with the trainer's own events: start-up (until the `start` event), the
+    training loop (`start` to `final`, which includes the test-set evaluation and writing
+    final/), and the tail (`final` until t1: process-group teardown, tracking close, exit)."""
+    start, final = events(run_dir, "start"), events(run_dir, "final")
+    if not start or not final:
+        return {}
+    return {
+        "startup_s": start[-1]["time"] - t0,
+        "train_to_final_s": final[-1]["time"] - start[-1]["time"],
+        "tail_s": t1 - final[-1]["time"],
+        "train_s": final[-1].get("train_s"),
+    }
+
+
+def safetensors_digest(path: Path) -> dict[str, str]:
+    """sha256 of each tensor's dtype, shape and raw bytes (safetensors header parsed by hand:
+    no torch or numpy import needed)."""
+    data = Path(path).read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    body = data[8 + size :]
+    out = {}
+    for name, info in sorted(header.items()):
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        h = hashlib.sha256(f"{info['dtype']}{info['shape']}".encode())
+        h.update(body[start:end])
+        out[name] = h.hexdigest()
+    return out
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def warm_up(scratch: Path, world_size: int = 2) -> None:
+    """One short, discarded gang run (10 steps on the repo's data/digits), so the first measured
+    repetition does not pay for a cold page cache (torch's libraries, the data files)."""
+    if not (ROOT / "data" / "digits" / "train.parquet").is_file():
+        return
+    try:
+        r = bare_torchrun(scratch / "warm-up", ["--config", str(ROOT / "params.yaml"), "--set", "train.max_steps=10"],
+                          world_size=world_size, env=clean_env(), log=scratch / "warm-up.log")  # fmt: skip
+        note(f"warm-up run (not counted): {r['wall_s']:.1f}s")
+    except RuntimeError as exc:
+        note(f"warm-up run failed (ignored): {str(exc).splitlines()[0]}")
