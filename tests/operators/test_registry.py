@@ -3,7 +3,6 @@ real MLflow on a temporary SQLite store (one store for the module: migrations ar
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -13,29 +12,14 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from safetensors.torch import save_file
+
+from model_cards import tiny_mlp, write_final_dir
 
 from operators import evaluation, registry, tracking
 from operators.registry import Decision, PromotionGate, decide
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TEST_SPLIT = PROJECT_ROOT / "data" / "digits" / "test.parquet"
-
-
-def tiny_mlp(hidden: int = 8, num_classes: int = 10) -> torch.nn.Module:
-    """The test model factory named in the model cards below (`<this module>:tiny_mlp`)."""
-    return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, num_classes))
-
-
-def write_final_dir(run_dir: Path, model: torch.nn.Module, **kwargs) -> Path:
-    """A run's `final/` as the trainer leaves it (trainer/export.py's card layout)."""
-    final = run_dir / "final"
-    final.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(final / "model.safetensors"))
-    card = {"format": "gangflow-model-card/1", "model": {"factory": f"{__name__}:tiny_mlp", "kwargs": kwargs}}
-    (final / "model_card.json").write_text(json.dumps(card))
-    (final / "optimizer_state.bin").write_bytes(b"not part of the model")  # must not be registered
-    return final
 
 
 # --------------------------------------------------------------------------- the gate
@@ -131,29 +115,6 @@ def test_lineage_tags_and_git_commit():
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    """One temp state dir (so one SQLite store) per module: MLflow's migrations take seconds.
-
-    The cwd moves to an empty folder meanwhile: anything that ignored the tracking URI and fell
-    back to MLflow's defaults (./mlflow.db, ./mlruns) would show up there.
-    """
-    path = tmp_path_factory.mktemp("gangflow-home")
-    cwd = tmp_path_factory.mktemp("cwd")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("GANGFLOW_HOME", str(path))
-    mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-    mp.chdir(cwd)
-    yield path
-    mp.undo()
-    assert not list(cwd.iterdir()), f"MLflow wrote to the cwd: {list(cwd.iterdir())}"
-
-
-@pytest.fixture(scope="module")
-def client(home):
-    return tracking.get_client()
-
-
-@pytest.fixture(scope="module")
 def experiment_id(client):
     return tracking.ensure_experiment(client, "gangflow")
 
@@ -172,7 +133,9 @@ def new_run(client, experiment_id, request):
 @pytest.fixture
 def final_dir(tmp_path):
     torch.manual_seed(0)
-    return write_final_dir(tmp_path / "run", tiny_mlp())
+    final = write_final_dir(tmp_path / "run", tiny_mlp())
+    (final / "optimizer_state.bin").write_bytes(b"not part of the model")  # must not be registered
+    return final
 
 
 def test_register_version_is_idempotent_per_run(client, new_run, final_dir):
