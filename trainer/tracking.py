@@ -7,9 +7,8 @@ Only rank 0 tracks. Every line of metrics.jsonl is one JSON object: training ste
 MLflow (`tracking.mlflow_uri` or env MLFLOW_TRACKING_URI) is imported lazily and only then. The
 run is env MLFLOW_RUN_ID when set (the Airflow operator creates it; a retry logs into the same
 run), else the run recorded in `DIR/tracking.json` by an earlier attempt, else a new run in
-`tracking.experiment`. Nothing blocks the loop: a background thread connects (importing mlflow
-takes seconds), then sends the queued metrics with `MlflowClient.log_batch` every
-`tracking.flush_every_s`. MLflow errors are reported
+`tracking.experiment`. Nothing blocks the loop: metrics are queued and a background thread sends
+them with `MlflowClient.log_batch` every `tracking.flush_every_s`. MLflow errors are reported
 once on stderr and never stop training.
 """
 
@@ -39,43 +38,27 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 class MlflowSink:
-    """Batches metrics to one MLflow run from a background thread.
-
-    Connecting (importing mlflow, opening the store, finding or creating the run, sending tags
-    and params) also happens in that thread: it takes seconds, and the loop must not wait for it.
-    Metrics logged meanwhile are queued.
-    """
+    """Batches metrics to one MLflow run from a background thread."""
 
     def __init__(self, uri: str, experiment: str, run_dir: Path, flush_every_s: float, params: dict[str, Any], tags: dict[str, str]):
+        from mlflow.tracking import MlflowClient  # lazy: only when configured
+
+        self.client = MlflowClient(tracking_uri=uri)
         self.uri = uri
         self.flush_every_s = flush_every_s
         self.owned = False
-        self.client = None
-        self._run_id: str | None = None
+        self.run_id = self._run_id(experiment, run_dir)
         self._queue: queue.Queue = queue.Queue()
         self._closed = threading.Event()
-        self._connected = threading.Event()
         self._warned = False
-        self._thread = threading.Thread(
-            target=self._run, args=(experiment, run_dir, params, tags), name="gangflow-mlflow", daemon=True
-        )
-        self._thread.start()
-
-    @property
-    def run_id(self) -> str | None:
-        self._connected.wait(timeout=60)
-        return self._run_id
-
-    def _connect(self, experiment: str, run_dir: Path, params: dict[str, str], tags: dict[str, str]) -> None:
         from mlflow.entities import Param, RunTag
-        from mlflow.tracking import MlflowClient  # lazy: only when configured
 
-        self.client = MlflowClient(tracking_uri=self.uri)
-        self._run_id = self._find_run(experiment, run_dir)
         self._send(tags=[RunTag(k, v) for k, v in tags.items()])
         self._send(params=[Param(k, v[:6000]) for k, v in params.items()])  # fails (warned) if a resume changed them
+        self._thread = threading.Thread(target=self._run, name="gangflow-mlflow", daemon=True)
+        self._thread.start()
 
-    def _find_run(self, experiment: str, run_dir: Path) -> str:
+    def _run_id(self, experiment: str, run_dir: Path) -> str:
         if os.environ.get("MLFLOW_RUN_ID"):
             return os.environ["MLFLOW_RUN_ID"]
         record = run_dir / "tracking.json"
@@ -99,16 +82,13 @@ class MlflowSink:
     def log(self, key: str, value: float, step: int) -> None:
         self._queue.put((key, float(value), int(time.time() * 1000), int(step)))
 
-    def _warn(self, exc: Exception) -> None:
-        if not self._warned:
-            self._warned = True
-            print(f"gangflow: warning: MLflow logging failed ({type(exc).__name__}: {exc}); continuing", file=sys.stderr, flush=True)
-
     def _send(self, metrics=(), params=(), tags=()) -> None:
         try:
-            self.client.log_batch(self._run_id, metrics=list(metrics), params=list(params), tags=list(tags))
+            self.client.log_batch(self.run_id, metrics=list(metrics), params=list(params), tags=list(tags))
         except Exception as exc:  # noqa: BLE001 - tracking must never stop training
-            self._warn(exc)
+            if not self._warned:
+                self._warned = True
+                print(f"gangflow: warning: MLflow logging failed ({type(exc).__name__}: {exc}); continuing", file=sys.stderr, flush=True)
 
     def _drain(self) -> None:
         from mlflow.entities import Metric
@@ -126,24 +106,13 @@ class MlflowSink:
         if batch:
             self._send(metrics=batch)
 
-    def _run(self, experiment: str, run_dir: Path, params: dict[str, str], tags: dict[str, str]) -> None:
-        try:
-            self._connect(experiment, run_dir, params, tags)
-        except Exception as exc:  # noqa: BLE001 - tracking must never stop training
-            print(f"gangflow: warning: MLflow at {self.uri} unavailable ({type(exc).__name__}: {exc}); "
-                  "metrics go to metrics.jsonl only", file=sys.stderr, flush=True)
-            self.client = None
-            return
-        finally:
-            self._connected.set()
+    def _run(self) -> None:
         while not self._closed.wait(self.flush_every_s):
             self._drain()
 
     def close(self, status: str | None) -> None:
         self._closed.set()
-        self._thread.join(timeout=60)
-        if self.client is None:
-            return
+        self._thread.join(timeout=30)
         self._drain()
         if self.owned and status is not None:
             try:
@@ -167,7 +136,11 @@ class Tracker:
         self._fh = open(run_dir / "metrics.jsonl", "a", buffering=1)
         uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
         if uri:
-            self.mlflow = MlflowSink(uri, experiment, run_dir, flush_every_s, _flatten(params or {}), tags or {})
+            try:
+                self.mlflow = MlflowSink(uri, experiment, run_dir, flush_every_s, _flatten(params or {}), tags or {})
+            except Exception as exc:  # noqa: BLE001 - tracking must never stop training
+                print(f"gangflow: warning: MLflow at {uri} unavailable ({type(exc).__name__}: {exc}); "
+                      "metrics go to metrics.jsonl only", file=sys.stderr, flush=True)
 
     @property
     def mlflow_run_id(self) -> str | None:
