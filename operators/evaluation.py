@@ -12,7 +12,6 @@ functions that use them): Airflow parses the DAG files that import this module.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -155,11 +154,10 @@ def load_final_model(final_dir: str | Path) -> torch.nn.Module:
 
 
 def file_md5(path: str | Path) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """md5 of the file's bytes, as DVC computes it (the test split's identity in tags)."""
+    from operators.dataset import md5_file
+
+    return md5_file(path)
 
 
 def evaluate_final_dir(final_dir: str | Path, test_path: str | Path, num_classes: int | None = None) -> dict[str, Any]:
