@@ -44,7 +44,8 @@ benchmarks: setup
 constraints:
 	rm -rf /tmp/gangflow-freeze && $(PYTHON) -m venv /tmp/gangflow-freeze
 	/tmp/gangflow-freeze/bin/pip install -q -e ".[kubernetes,dev]"
-	/tmp/gangflow-freeze/bin/pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/' > constraints.txt
+	{ sed -n '1,2p' constraints.txt; /tmp/gangflow-freeze/bin/pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 clean:
 	rm -rf .gangflow data/digits data/synthetic
