@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import re
 
 from operators import settings
 
 
 def failure_record_path(dag_id: str, run_id: str):
-    return settings.state_dir() / "failures" / dag_id / (re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id) + ".json")
+    return settings.state_dir() / "failures" / dag_id / f"{settings.run_key(run_id)}.json"
 
 
 def record_failure(context) -> None:

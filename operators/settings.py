@@ -15,6 +15,7 @@ Everything one machine needs lives under it:
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 PROJECT_ROOT = Path(os.environ.get("GANGFLOW_PROJECT", Path(__file__).resolve().parents[1]))
@@ -47,6 +48,16 @@ def dvc_cache() -> Path:
 
 def runs_dir() -> Path:
     return state_dir() / "runs"
+
+
+def run_key(run_id: str) -> str:
+    """A DAG run id as a folder or file name (run ids hold ':' and '+')."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)
+
+
+def run_dir(dag_id: str, run_id: str) -> Path:
+    """The training run dir of one DAG run: the same for all its tries, so a retry resumes."""
+    return runs_dir() / dag_id / run_key(run_id)
 
 
 def reports_dir() -> Path:

@@ -23,7 +23,8 @@ def airflow(*args: str, env: dict[str, str]) -> None:
 
 def main() -> int:
     started = time.monotonic()
-    env = {**os.environ, **embedded.apply()}
+    embedded.apply()  # into os.environ: the airflow subprocesses and dataset/tracking below read it
+    env = dict(os.environ)
     for path in (settings.state_dir(), settings.airflow_home(), settings.runs_dir(), settings.artifact_root()):
         path.mkdir(parents=True, exist_ok=True)
     airflow("db", "migrate", env=env)

@@ -17,7 +17,8 @@ from airflow.sdk import BaseOperator
 
 from operators import settings
 from operators.backends import GangResult, GangSpec, get_backend
-from operators.exceptions import GangFailure, InfraFailure, UnknownFailure, UserFailure
+from operators.backends.local import pool_slots
+from operators.exceptions import GangCapacityError, GangFailure, InfraFailure, UnknownFailure, UserFailure
 
 _FAILURES: dict[str, type[GangFailure]] = {"infra": InfraFailure, "user": UserFailure, "unknown": UnknownFailure}
 
@@ -104,10 +105,9 @@ class GangTrainingOperator(BaseOperator):
         env = {"GANGFLOW_DAG_ID": dag_id, "GANGFLOW_DAG_RUN_ID": run_id, "GANGFLOW_TRY_NUMBER": str(ti.try_number)}
         if mlflow_run_id:
             env |= {"MLFLOW_TRACKING_URI": settings.tracking_uri(), "MLFLOW_RUN_ID": mlflow_run_id}
-        safe_run = re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)
         return GangSpec(
             name=gang_name(dag_id, run_id),
-            run_dir=self.run_dir or str(settings.runs_dir() / dag_id / safe_run),
+            run_dir=self.run_dir or str(settings.run_dir(dag_id, run_id)),
             world_size=int(self.world_size),
             config_path=self.config_path or str(settings.params_file()),
             overrides=tuple(format_override(k, v) for k, v in sorted(overrides.items())),
@@ -190,9 +190,6 @@ def _spec_to_dict(spec: GangSpec) -> dict[str, Any]:
 
 def gang_task_id(*, backend: str, world_size: int, local_world_sizes) -> str:
     """The training task that runs a gang of this size (the DAG has one per local size)."""
-    from operators.backends.local import pool_slots
-    from operators.exceptions import GangCapacityError
-
     if backend == "kubernetes":
         return "train_kubernetes"
     if backend != "local":

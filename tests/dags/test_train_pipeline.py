@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from safetensors.numpy import load_file
 
+from operators.settings import run_key
+
 from pipeline_runs import FAST, PROJECT_ROOT, finish, pipeline_env, run_pipeline, start_pipeline
 
 HEAVY = ("torch", "mlflow", "great_expectations", "dvc", "pandas")
@@ -158,9 +160,8 @@ def _wait_for(probe, proc, timeout=600):
 
 
 def _weights(home: Path, summary: dict) -> dict:
-    run_dirs = [p for p in (home / "runs" / "train_pipeline").iterdir() if summary["dag_run_id"].replace(":", "_").replace("+", "_") in p.name]
-    assert len(run_dirs) == 1, run_dirs
-    return {k: v.tobytes() for k, v in load_file(run_dirs[0] / "final" / "model.safetensors").items()}
+    final = home / "runs" / "train_pipeline" / run_key(summary["dag_run_id"]) / "final" / "model.safetensors"
+    return {k: v.tobytes() for k, v in load_file(final).items()}
 
 
 def _registry(home: Path, model_name: str) -> dict:
