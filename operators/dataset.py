@@ -45,6 +45,7 @@ from operators.exceptions import (
     StorageUnavailable,
     UserError,
 )
+from operators.failures.catalogue import transient_exception
 from operators.settings import PROJECT_ROOT
 
 if TYPE_CHECKING:
@@ -417,13 +418,6 @@ def _remote_url(repo: Repo, oid: str | None = None) -> str:
     return url if "://" in url else Path(url).as_uri()
 
 
-_UNREACHABLE_NAMES = {
-    "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
-    "ProxyConnectionError", "ServerDisconnectedError", "ServerTimeoutError", "ClientConnectionError",
-    "TransportError", "ServiceUnavailable", "RetryError",
-}
-
-
 def _causes(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -436,18 +430,11 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
 def _unreachable(exc: BaseException) -> bool:
     """Whether an error (or its cause) means the storage could not be reached, not "absent".
 
-    fsspec's HTTP filesystem reports a refused connection as FileNotFoundError caused by an
-    aiohttp connection error, so the whole cause chain is looked at.
+    The failure catalogue decides (`operators.failures.catalogue`); it walks the cause chain,
+    since fsspec's HTTP filesystem reports a refused connection as FileNotFoundError caused by
+    an aiohttp connection error.
     """
-    for cause in _causes(exc):
-        if isinstance(cause, OSError) and not isinstance(cause, FileNotFoundError):
-            return True  # refused, reset, timed out, DNS failure, not mounted, permission denied
-        if type(cause).__name__ in _UNREACHABLE_NAMES:
-            return True
-        status = getattr(cause, "status", None) or getattr(cause, "status_code", None)
-        if isinstance(status, int) and (status >= 500 or status == 429):
-            return True
-    return False
+    return transient_exception(exc) is not None
 
 
 def _fetch(repo: Repo, oids: Iterable[str]) -> None:

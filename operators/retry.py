@@ -8,15 +8,19 @@ On a failure Airflow calls `evaluate` in the worker with the exception itself:
 
 * `GangFailure` (the gang's classified failure) decides by its `Verdict`;
 * any other `GangflowError` by its `kind`/`retryable` (`InfraError` retries, `UserError` fails);
-* other exceptions: common transient ones (ConnectionError, TimeoutError, OSError with EIO,
-  ETIMEDOUT, ECONNRESET..., an MLflow/HTTP 5xx or connection failure, S3 throttling,
-  SQLite "database is locked") count as infra; anything else gets Airflow's DEFAULT
-  handling (the task's plain `retries`).
+* other exceptions: the transient ones of the failure catalogue
+  (`operators.failures.catalogue`: connection errors, OSError with EIO, ETIMEDOUT,
+  ECONNRESET..., an MLflow/HTTP 5xx or 429, S3/GCS/Azure throttling, SQLite "database is
+  locked") count as infra; anything else gets Airflow's DEFAULT handling (the task's plain
+  `retries`).
 
 infra -> RETRY after `min(max_delay, base_delay * 2 ** (try_number - 1))`;
 user -> FAIL now, whatever `retries` says;
-unknown -> RETRY while `try_number <= unknown_retries` (by default: only a first-try unknown
-failure is retried, once, to see whether it recurs), then FAIL "treated as user".
+unknown -> RETRY while the task has had at most `unknown_retries` unknown failures (by default
+one: the first unknown failure of a task is retried once, to see whether it recurs, whatever
+its earlier tries failed of), then FAIL "treated as user". The count is kept per task
+instance (dag, run, task, map index) in `<state>/retries/`; without an Airflow context it
+assumes every earlier try was unknown (the cautious reading).
 
 Every decision is logged on the `gangflow.retry` logger, so the task log says, e.g.,
 "gangflow: user failure, not retrying: ValueError raised in training code at rank 1, step 5: ...".
@@ -29,16 +33,18 @@ for the RetryPolicy API contract and for anything that stores policies as JSON.
 
 from __future__ import annotations
 
-import errno
+import json
 import logging
-import re
-import sqlite3
+import os
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import RetryDecision, RetryPolicy
 
+from operators import settings
 from operators.exceptions import GangFailure, GangflowError
+from operators.failures.catalogue import transient_exception
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.context import Context
@@ -47,87 +53,47 @@ __all__ = ["ClassifiedRetryPolicy", "judge_exception"]
 
 log = logging.getLogger("gangflow.retry")
 
-_TRANSIENT_ERRNOS = {
-    errno.EIO, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNREFUSED, errno.EPIPE,
-    errno.ESTALE, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN,
-}  # fmt: skip
-_EAI_AGAIN = -3  # socket.gaierror: "Temporary failure in name resolution"
-# Exception class names (anywhere in the MRO) of HTTP/storage clients that mean "could not reach it".
-_TRANSIENT_CLASS_NAMES = {
-    "ConnectionError", "Timeout", "ConnectTimeout", "ReadTimeout", "ReadTimeoutError", "ConnectTimeoutError",
-    "NewConnectionError", "MaxRetryError", "ProtocolError", "RemoteDisconnected", "IncompleteRead",
-    "EndpointConnectionError", "ConnectionClosedError", "ServerDisconnectedError", "ClientConnectorError",
-    "ConnectError", "TimeoutException", "DistNetworkError",
-}  # fmt: skip
-_TRANSIENT_S3_CODES = {
-    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
-    "ServiceUnavailable", "InternalError", "RequestLimitExceeded", "500", "502", "503", "504",
-}  # fmt: skip
-_TRANSIENT_HTTP = {429, 500, 502, 503, 504}
-_TRANSIENT_MESSAGE = re.compile(
-    r"Max retries exceeded|Connection (?:refused|reset|aborted)|Temporary failure in name resolution"
-    r"|Read timed out|timed out|failed with error code (?:429|5\d\d)|\b(?:502|503|504) \w|database is locked"
-    r"|TEMPORARILY_UNAVAILABLE|REQUEST_LIMIT_EXCEEDED",
-    re.IGNORECASE,
-)
 
-
-def _mro_names(exc: BaseException) -> set[str]:
-    return {cls.__name__ for cls in type(exc).__mro__}
-
-
-def _module(exc: BaseException) -> str:
-    return type(exc).__module__ or ""
-
-
-def _http_status(exc: BaseException) -> int | None:
-    for attr in ("status_code", "status", "code"):
-        value = getattr(exc, attr, None)
-        if isinstance(value, int) and 100 <= value < 600:
-            return value
-    response = getattr(exc, "response", None)
-    value = getattr(response, "status_code", None) if response is not None else None
-    return value if isinstance(value, int) else None
-
-
-def _transient(exc: BaseException) -> str | None:
-    """Why `exc` (alone, not its causes) is a transient infrastructure error, or None."""
-    names = _mro_names(exc)
-    name = type(exc).__name__
-    if isinstance(exc, sqlite3.OperationalError) or (name == "OperationalError" and "sqlite" in str(exc).lower()):
-        return "SQLite database is locked" if "database is locked" in str(exc) else None
-    if isinstance(exc, (ConnectionError, TimeoutError)):
-        return f"{name} (a connection or timeout error)"
-    if isinstance(exc, OSError) and exc.errno is not None:
-        if exc.errno in _TRANSIENT_ERRNOS:
-            return f"{name} errno {errno.errorcode.get(exc.errno, exc.errno)}"
-        if exc.errno == _EAI_AGAIN and name == "gaierror":
-            return "DNS lookup failed (EAI_AGAIN)"
-    if "MlflowException" in names:
-        status = getattr(exc, "get_http_status_code", lambda: None)()
-        if ("RestException" in names and isinstance(status, int) and status >= 500) or _TRANSIENT_MESSAGE.search(str(exc)):  # fmt: skip
-            return f"MLflow server unavailable ({name})"
+def _ledger(context: Any) -> Path | None:
+    """This task instance's record of its tries' kinds, or None without an Airflow context."""
+    if not context:
         return None
-    if "ClientError" in names and isinstance(getattr(exc, "response", None), dict):
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        return f"object storage throttled or unavailable ({code})" if code in _TRANSIENT_S3_CODES else None
-    if "ApiException" in names and _module(exc).startswith("kubernetes"):
-        status = getattr(exc, "status", None)
-        return f"Kubernetes API {status}" if status in _TRANSIENT_HTTP else None
-    if names & _TRANSIENT_CLASS_NAMES and not _module(exc).startswith("builtins"):
-        return f"{name} (could not reach a remote service)"
-    if "HTTPError" in names and _http_status(exc) in _TRANSIENT_HTTP:
-        return f"HTTP {_http_status(exc)}"
-    return None
+    try:
+        ti = context["ti"]
+        run_id = context.get("run_id") or getattr(ti, "run_id", None)
+    except (KeyError, TypeError, AttributeError):
+        return None
+    dag_id, task_id = getattr(ti, "dag_id", None), getattr(ti, "task_id", None)
+    if not (isinstance(dag_id, str) and isinstance(task_id, str) and isinstance(run_id, str)):
+        return None
+    map_index = getattr(ti, "map_index", -1)
+    name = task_id if map_index in (None, -1) else f"{task_id}.{map_index}"
+    return settings.state_dir() / "retries" / dag_id / settings.run_key(run_id) / f"{settings.run_key(name)}.json"
 
 
-def _chain(exc: BaseException, depth: int = 6) -> list[BaseException]:
-    seen: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and len(seen) < depth and all(current is not s for s in seen):
-        seen.append(current)
-        current = current.__cause__ or current.__context__
-    return seen
+def _count_unknowns(context: Any, try_number: int, kind: str) -> int:
+    """How many earlier tries of this task instance failed `unknown`; records this try's kind.
+
+    Without a context (a direct call) every earlier try is assumed unknown: the cautious reading.
+    """
+    path = _ledger(context)
+    if path is None:
+        return max(try_number - 1, 0)
+    try:
+        kinds = json.loads(path.read_text())
+    except (OSError, ValueError):
+        kinds = {}
+    kinds = kinds if isinstance(kinds, dict) else {}
+    earlier = sum(1 for t, k in kinds.items() if k == "unknown" and str(t).isdigit() and int(t) < try_number)
+    kinds[str(try_number)] = kind
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(kinds, sort_keys=True))
+        os.replace(tmp, path)  # atomic: a reader never sees half a ledger
+    except OSError as exc:
+        log.warning("gangflow: cannot record try %d's failure kind in %s: %s", try_number, path, exc)
+    return earlier
 
 
 def _strip_kind(reason: str, kind: str) -> str:
@@ -144,11 +110,9 @@ def judge_exception(exception: BaseException) -> tuple[str | None, str]:
         if kind not in ("infra", "user", "unknown"):
             kind = "infra" if exception.retryable else "user"
         return kind, f"{type(exception).__name__}: {exception}"
-    for link in _chain(exception):
-        why = _transient(link)
-        if why:
-            via = "" if link is exception else f" (cause of {type(exception).__name__})"
-            return "infra", f"{why}{via}: {_short(link)}"
+    why = transient_exception(exception)
+    if why:
+        return "infra", f"{why}: {_short(exception)}"
     return None, f"{type(exception).__name__}: {_short(exception)}"
 
 
@@ -169,8 +133,8 @@ class ClassifiedRetryPolicy(RetryPolicy):
 
     :param base_delay: the delay before the first retry; doubled on each further try.
     :param max_delay: the cap on that delay.
-    :param unknown_retries: how many tries an unknown failure may be retried on (default 1:
-        only a first-try unknown failure is retried; after that it is treated as user).
+    :param unknown_retries: how many unknown failures of a task are retried (default 1: the
+        first is retried, whatever earlier tries failed of; the next is treated as user).
     """
 
     def __init__(
@@ -211,7 +175,8 @@ class ClassifiedRetryPolicy(RetryPolicy):
             return RetryDecision.default()
         budget = f" (try {try_number} of {max_tries + 1})" if max_tries > 0 else f" (try {try_number})"
         exhausted = max_tries > 0 and try_number > max_tries
-        if kind == "user" or (kind == "unknown" and try_number > self.unknown_retries):
+        unknowns_before = _count_unknowns(context, try_number, kind)
+        if kind == "user" or (kind == "unknown" and unknowns_before >= self.unknown_retries):
             if kind == "user":
                 reason = f"gangflow: user failure, not retrying: {why}"
             else:

@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 
 from operators import settings
 from operators.exceptions import RegistryUnavailable
+from operators.failures.catalogue import transient_exception
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -60,15 +61,8 @@ def is_unavailable(exc: BaseException) -> bool:
         # timeouts, too many 5xx).
         message = str(exc.message)
         return message.startswith("API request to ") and "failed with exception" in message
-    if isinstance(exc, (ConnectionError, TimeoutError)):
+    if transient_exception(exc):  # connection errors, timeouts, HTTP 5xx/429: the one catalogue
         return True
-    try:
-        import requests.exceptions as rexc
-
-        if isinstance(exc, (rexc.ConnectionError, rexc.Timeout)):
-            return True
-    except ImportError:  # pragma: no cover
-        pass
     try:
         import sqlalchemy.exc as saexc
 

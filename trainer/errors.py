@@ -86,12 +86,13 @@ def user_code() -> _UserCode:
 
 
 def _is_infrastructure(exc: BaseException) -> bool:
-    """Collective/network failures surface inside backward() but are not the user's fault."""
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    if names & {"DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "ConnectionError"}:
-        return True
-    text = str(exc)
-    return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "NCCL", "Gloo", "gloo"))
+    """Collective/network/storage failures surface inside backward() but are not the user's fault.
+
+    The failure catalogue decides (type first, message second: a ValueError the user raised
+    stays the user's whatever its message says)."""
+    from operators.failures.catalogue import transient_exception
+
+    return transient_exception(exc) is not None
 
 
 def source_of(exc: BaseException) -> str | None:

@@ -147,8 +147,8 @@ class LocalBackend(GangBackend):
                     item["error_file"] = {"message": Path(path).read_text()[:4000]}
             ranks.append(item)
         if not ranks:  # torchrun itself failed (bad flags, rendezvous): its own output is the evidence
-            code = -exit_code if exit_code < 0 else exit_code
-            return {"exit_code": code, "log_tail": agent_text[-6000:]}
+            # A negative code is the signal that killed torchrun (-9: SIGKILL): keep its sign.
+            return {"exit_code": exit_code, "log_tail": agent_text[-6000:]}
         return {**ranks[0], "ranks": ranks}
 
     def kill(self) -> None:

@@ -5,7 +5,8 @@ provider's `AsyncKubernetesHook` hands out), and returns the API server's JSON a
 the shape the status functions and test fixtures use. Errors are wrapped with the verb, the kind
 and namespace/name:
 
-- 5xx, 429, timeouts, connection errors -> `KubernetesApiError` (InfraError: retryable)
+- 5xx (but 501/505), 429, 408, timeouts, connection errors -> `KubernetesApiError` (InfraError:
+  retryable; the status classes are the failure catalogue's, `operators.failures.catalogue`)
 - other 4xx (403 RBAC, 422 invalid, 404 missing CRD) -> `KubernetesRequestError` (UserError)
 
 The backend's synchronous methods run these coroutines with `run_sync`.
@@ -27,6 +28,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from operators.exceptions import KubernetesApiError, KubernetesRequestError
+from operators.failures.catalogue import http_status_kind
 
 T = TypeVar("T")
 
@@ -119,7 +121,7 @@ class GangApi:
             if status == 404 and missing_ok:
                 return None
             message = f"{action} {what}: HTTP {status} {exc.reason or ''}: {_api_message(exc)}".replace("  ", " ")
-            if status >= 500 or status in (0, 408, 429):
+            if status == 0 or http_status_kind(status) == "infra":
                 raise KubernetesApiError(message) from None
             err = KubernetesRequestError(message)
             err.status = status  # type: ignore[attr-defined]

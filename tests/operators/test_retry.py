@@ -114,6 +114,39 @@ def test_unknown_is_retried_once_then_treated_as_user():
     assert "treated as user, not retrying" in second.reason
 
 
+class _Ti:
+    def __init__(self, try_number: int, task_id: str = "train", map_index: int = -1):
+        self.dag_id, self.task_id, self.map_index, self.try_number = "dag", task_id, map_index, try_number
+
+
+def _context(try_number: int, **kwargs) -> dict:
+    return {"ti": _Ti(try_number, **kwargs), "run_id": "manual__2026-11-30T21:00:00+00:00"}
+
+
+def test_unknown_is_retried_once_however_earlier_tries_failed(tmp_path, monkeypatch):
+    monkeypatch.setenv("GANGFLOW_HOME", str(tmp_path))
+    unknown = UnknownFailure(classify({"exit_code": 1}))
+    infra = InfraError("node lost")
+    assert POLICY.evaluate(infra, try_number=1, max_tries=5, context=_context(1)).action is RetryAction.RETRY
+    second = POLICY.evaluate(unknown, try_number=2, max_tries=5, context=_context(2))
+    assert second.action is RetryAction.RETRY, second.reason  # the task's first unknown: retried once
+    third = POLICY.evaluate(unknown, try_number=3, max_tries=5, context=_context(3))
+    assert third.action is RetryAction.FAIL and "treated as user" in third.reason
+    # Another task (or mapped instance) of the same run has its own count.
+    other = POLICY.evaluate(unknown, try_number=1, max_tries=5, context=_context(1, task_id="train", map_index=1))
+    assert other.action is RetryAction.RETRY
+    # An infra failure between two unknowns does not reset the count.
+    assert POLICY.evaluate(infra, try_number=2, max_tries=5, context=_context(2, map_index=1)).action is RetryAction.RETRY
+    assert POLICY.evaluate(unknown, try_number=3, max_tries=5, context=_context(3, map_index=1)).action is RetryAction.FAIL
+
+
+def test_a_reevaluated_try_is_counted_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("GANGFLOW_HOME", str(tmp_path))
+    unknown = UnknownFailure(classify({"exit_code": 1}))
+    for _ in range(2):  # the same try judged twice (a re-run callback) is still the first unknown
+        assert POLICY.evaluate(unknown, try_number=1, max_tries=5, context=_context(1)).action is RetryAction.RETRY
+
+
 def test_unknown_retries_is_configurable():
     exc = UnknownFailure(classify({}))
     assert decide(exc, 1, policy=ClassifiedRetryPolicy(unknown_retries=0)).action is RetryAction.FAIL
@@ -346,9 +379,16 @@ with DAG("gangflow_retry_policy_e2e", schedule=None, catchup=False):
     def unknown_every_time():
         raise UnknownFailure(classify({"exit_code": 1}))
 
+    @task(retries=3, retry_delay=timedelta(0), retry_policy=POLICY)
+    def infra_then_unknown():
+        if get_current_context()["ti"].try_number == 1:
+            raise InfraError("node lost")
+        raise UnknownFailure(classify({"exit_code": 1}))
+
     user_error()
     infra_then_ok()
     unknown_every_time()
+    infra_then_unknown()
 '''
 
 
@@ -362,6 +402,8 @@ def test_dag_test_honours_the_policy(migrated_airflow):
     assert (user.state, user.try_number) == ("failed", 1), tail  # retries=3, but a user error fails at once
     assert (infra.state, infra.try_number) == ("success", 2), tail  # retried once, then succeeded
     assert (unknown.state, unknown.try_number) == ("failed", 2), tail  # retried once, then treated as user
+    late = result.tasks["infra_then_unknown"]
+    assert (late.state, late.try_number) == ("failed", 3), tail  # infra retried, then its unknown once
     assert "gangflow: user failure, not retrying: UserError: bad config: train.lr=-1" in result.output
     assert "gangflow: infra failure, retrying in 0s (try 1 of 4): InfraError: object store unreachable" in result.output
     assert "treated as user, not retrying" in result.output

@@ -1,0 +1,5 @@
+import sys
+
+from operators.failures.cli import main
+
+sys.exit(main())

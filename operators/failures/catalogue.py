@@ -1,0 +1,401 @@
+"""The one catalogue of transient (infrastructure) conditions.
+
+Everything in gangflow that asks "is this failure worth another try?" asks here: the
+classifier (text evidence), the retry policy, the dataset fetch, the tracking client, the
+Kubernetes client and the trainer's error records (live exceptions). Keep it so: a condition
+added here is known everywhere at once.
+
+An exception is judged by its TYPE first and its message second:
+
+* a type that only infrastructure raises (`ConnectionResetError`, `BrokenPipeError`, an OSError
+  whose errno is transient, botocore's `EndpointConnectionError`, torch's `DistNetworkError`...)
+  is infra wherever it was raised;
+* a generic type a program raises itself (`TimeoutError`, `ConnectionError`, `OSError`) is the
+  user's when user code raised it (a `raise` statement in a user frame), infra otherwise;
+* a type that says "the program is wrong" (`ValueError`, `KeyError`, `TypeError`...) raised by
+  user code is the user's, whatever its message says ("Connection reset by peer" included);
+* only then is the message read: error codes (S3 `SlowDown`, GCS/Azure `ServerBusy`), HTTP
+  status classes (5xx and 429 transient, other 4xx not), NCCL/gloo/CUDA error names.
+
+Pure standard library: imported by the trainer and by Airflow workers alike.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+from collections.abc import Iterator
+from typing import Literal
+
+__all__ = [
+    "INFRA_EXCEPTION_NAMES",
+    "TRANSIENT_CLOUD_CODES",
+    "TRANSIENT_ERRNOS",
+    "USER_EXCEPTION_NAMES",
+    "http_status_kind",
+    "judge_exception_text",
+    "transient_errno",
+    "transient_exception",
+    "transient_message",
+    "TRANSIENT_MESSAGE",
+    "GPU_HARDWARE",
+    "COLLECTIVE_TIMEOUT",
+    "PEER_LOST",
+    "RENDEZVOUS",
+    "STORAGE",
+    "NETWORK",
+    "HTTP_TRANSIENT",
+    "is_library_path",
+]
+
+Judgement = tuple[Literal["infra", "user"], str]
+
+# errno values that mean "the machine, the network or the storage failed", not "you asked for
+# something that does not exist" (ENOENT, EACCES, EISDIR... are the caller's mistake).
+TRANSIENT_ERRNOS: frozenset[int] = frozenset(
+    getattr(errno, name)
+    for name in (
+        "EIO", "ESTALE", "ETIMEDOUT", "ECONNRESET", "ECONNABORTED", "ECONNREFUSED", "EPIPE",
+        "ENETUNREACH", "ENETDOWN", "ENETRESET", "EHOSTUNREACH", "EHOSTDOWN", "EREMOTEIO", "ENOLINK",
+        "ECOMM", "EPROTO", "EAGAIN",
+    )
+    if hasattr(errno, name)
+)  # fmt: skip
+# getaddrinfo's EAI_AGAIN ("Temporary failure in name resolution") and EAI_NONAME with a
+# resolver that is down look alike; only EAI_AGAIN is transient by definition.
+EAI_AGAIN = -3
+
+# Exception class names that only infrastructure raises: infra wherever they were raised.
+INFRA_EXCEPTION_NAMES: frozenset[str] = frozenset({
+    # Python built-ins (OSError subclasses with a transient meaning)
+    "ConnectionResetError", "ConnectionAbortedError", "BrokenPipeError", "ConnectionRefusedError",
+    "gaierror", "IncompleteRead", "RemoteDisconnected",
+    # torch.distributed / TorchElastic
+    "DistNetworkError", "DistStoreError", "RendezvousTimeoutError", "RendezvousClosedError",
+    "RendezvousConnectionError", "RendezvousStateError",
+    # urllib3 / requests / httpx / aiohttp
+    "NewConnectionError", "MaxRetryError", "ProtocolError", "ConnectTimeoutError", "ReadTimeoutError",
+    "ConnectTimeout", "ReadTimeout", "ConnectError", "RemoteProtocolError", "ServerDisconnectedError",
+    "ClientConnectorError", "ClientConnectionError", "ClientOSError", "ServerTimeoutError",
+    "ProxyConnectionError", "ChunkedEncodingError",
+    # botocore / s3fs / gcsfs / google-api-core / azure-core
+    "EndpointConnectionError", "ConnectionClosedError", "ServiceUnavailable", "TooManyRequests",
+    "InternalServerError", "BadGateway", "GatewayTimeout", "ServiceResponseError",
+    "ServiceRequestError", "RetryError", "TransportError",
+    # Ray
+    "NodeDiedError", "RayActorError", "ActorDiedError", "ObjectLostError", "OwnerDiedError",
+    "WorkerCrashedError", "RaySystemError", "GetTimeoutError", "ActorUnavailableError",
+    "NodeAffinitySchedulingStrategyError", "RayChannelTimeoutError",
+})  # fmt: skip
+# Generic types a program often raises itself: the user's when user code raised them.
+AMBIGUOUS_EXCEPTION_NAMES: frozenset[str] = frozenset({
+    "TimeoutError", "timeout", "ConnectionError", "OSError", "IOError", "EnvironmentError",
+    "DistBackendError", "DistError", "ChildFailedError",
+})  # fmt: skip
+# Types that say "the program, its config or its data is wrong" when user code raised them.
+USER_EXCEPTION_NAMES: frozenset[str] = frozenset({
+    "ValueError", "TypeError", "KeyError", "IndexError", "AttributeError", "NameError",
+    "UnboundLocalError", "AssertionError", "ZeroDivisionError", "NotImplementedError",
+    "ImportError", "ModuleNotFoundError", "SyntaxError", "IndentationError", "TabError",
+    "FileNotFoundError", "IsADirectoryError", "NotADirectoryError", "PermissionError",
+    "FileExistsError", "RecursionError", "OverflowError", "LookupError", "UnicodeDecodeError",
+    "UnicodeEncodeError", "JSONDecodeError", "UnpicklingError", "StopIteration", "ArithmeticError",
+    "FloatingPointError", "ConfigError", "ValidationError", "HFValidationError",
+})  # fmt: skip
+
+# Cloud storage / API error codes that mean "throttled or briefly unavailable": botocore
+# (S3, STS, DynamoDB), Google Cloud Storage JSON API reasons, Azure Storage error codes.
+TRANSIENT_CLOUD_CODES: frozenset[str] = frozenset({
+    # AWS
+    "SlowDown", "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",
+    "RequestThrottledException", "TooManyRequestsException", "ProvisionedThroughputExceededException",
+    "RequestLimitExceeded", "RequestTimeout", "RequestTimeoutException", "ServiceUnavailable",
+    "InternalError", "InternalFailure", "BandwidthLimitExceeded", "EC2ThrottledException",
+    "PriorRequestNotComplete", "TransactionInProgressException", "IDPCommunicationError",
+    # Google Cloud Storage / API
+    "rateLimitExceeded", "userRateLimitExceeded", "backendError", "internalError",
+    "UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "ABORTED", "INTERNAL",
+    # Azure Storage
+    "ServerBusy", "OperationTimedOut", "InternalError", "ServiceUnavailable",
+    # MLflow REST error codes
+    "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED",
+})  # fmt: skip
+
+# The HTTP statuses worth a retry: 408, 429 and the 5xx class except 501/505 (the server will
+# never support that request).
+_NOT_TRANSIENT_5XX = {501, 505}
+
+
+def http_status_kind(status: object) -> Literal["infra", "user"] | None:
+    """'infra' for a transient HTTP status (5xx but 501/505, 429, 408), 'user' for other 4xx."""
+    if isinstance(status, bool) or not isinstance(status, int):
+        return None
+    if status in (408, 429) or (500 <= status < 600 and status not in _NOT_TRANSIENT_5XX):
+        return "infra"
+    if 400 <= status < 500 or status in _NOT_TRANSIENT_5XX:
+        return "user"
+    return None
+
+
+def transient_errno(number: object) -> str | None:
+    """The errno's name when it is a transient one, else None."""
+    if isinstance(number, bool) or not isinstance(number, int):
+        return None
+    if number in TRANSIENT_ERRNOS:
+        return errno.errorcode.get(number, str(number))
+    if number == EAI_AGAIN:
+        return "EAI_AGAIN"
+    return None
+
+
+# -- messages ------------------------------------------------------------------------------------
+
+
+def _rx(*patterns: str) -> re.Pattern[str]:
+    return re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE)
+
+
+_TRANSIENT_ERRNO_NAMES = "|".join(sorted(errno.errorcode[n] for n in TRANSIENT_ERRNOS if n in errno.errorcode))
+
+# Messages naming a transient condition, by family (the classifier's rules are named after
+# them). Each pattern names a condition (an errno, a status class, an error code), never one
+# tracker's wording.
+GPU_HARDWARE = _rx(
+    r"uncorrectable ECC error", r"ECC_UNCORRECTABLE", r"\bdouble[- ]bit ECC", r"fallen off the bus",
+    r"CUDA error: unspecified launch failure", r"CUDA error: (?:an )?uncorrectable NVLink error",
+    r"GPU (?:is lost|has fallen)", r"CUDA-capable device\(s\) is/are busy or unavailable",
+    r"cudaErrorDevicesUnavailable", r"CUDA_ERROR_ECC_UNCORRECTABLE", r"the launch timed out and was terminated",
+)  # fmt: skip
+COLLECTIVE_TIMEOUT = _rx(
+    r"Watchdog caught collective operation timeout", r"NCCL watchdog[^\n]*time(?:d )?out",
+    r"ProcessGroupNCCL[^\n]*time(?:d )?out", r"ProcessGroupGloo[^\n]*Timed out", r"gloo[^\n]*Timed out waiting",
+    r"Some NCCL operations have failed or timed out", r"NCCL communicator was aborted",
+)  # fmt: skip
+PEER_LOST = _rx(
+    r"Connection closed by (?:remote )?peer", r"Connection reset by peer", r"ncclRemoteError",
+    r"remote process exited or there was a network error", r"Got completion from peer [^\n]* with (?:error|status)",
+    r"NET/IB[^\n]*error", r"Broken pipe",
+)  # fmt: skip
+RENDEZVOUS = _rx(
+    r"RendezvousTimeoutError", r"RendezvousClosedError", r"RendezvousConnectionError",
+    r"The client socket has timed out after \d+", r"connect\(\) timed out\. Original timeout",
+)  # fmt: skip
+STORAGE = _rx(
+    r"Stale (?:NFS )?file handle", r"\[Errno 116\]", r"Input/output error", r"\[Errno 5\]", r"\bEIO\b",
+    r"\bESTALE\b", r"\bEREMOTEIO\b",
+    # cloud storage throttling / availability codes, as botocore, gcsfs and azure print them
+    r"An error occurred \((?:SlowDown|Throttling\w*|RequestTimeout\w*|ServiceUnavailable|InternalError|RequestLimitExceeded|ProvisionedThroughputExceeded\w*|InternalFailure|TooManyRequests\w*|BandwidthLimitExceeded)\)",
+    r"\bSlowDown\b", r"Please reduce your request rate", r"\bServerBusy\b", r"\bOperationTimedOut\b",
+    r"\b(?:rateLimitExceeded|backendError)\b", r"\bRequestTimeout\b", r"\bServiceUnavailable\b",
+)  # fmt: skip
+NETWORK = _rx(
+    r"Temporary failure in name resolution", r"\bEAI_AGAIN\b", r"\bgaierror\b", r"\bConnectionError\b",
+    r"ConnectionRefusedError", r"ConnectionResetError", r"ConnectionAbortedError", r"NewConnectionError",
+    r"Max retries exceeded with url", r"RemoteDisconnected", r"Remote end closed connection", r"Connection timed out",
+    r"\bETIMEDOUT\b", r"\bECONNRESET\b", r"\bECONNREFUSED\b", r"Network is (?:unreachable|down)", r"No route to host",
+    r"\b(?:TimeoutError|BrokenPipeError|DistNetworkError|EndpointConnectionError|ReadTimeout|ConnectTimeout)\b",
+    r"Could not connect to the endpoint URL", r"Read timed out", r"Failed to establish a new connection",
+    r"\[Errno (?:101|103|104|110|111|113)\]", r"TLS handshake timeout", r"\bi/o timeout\b",
+    r"EOF occurred in violation of protocol", r"failed to connect to all addresses", r"\bStatusCode\.UNAVAILABLE\b",
+    r"server closed the connection unexpectedly", r"database is locked",
+)  # fmt: skip
+# HTTP status classes: 5xx (but 501/505), 429 and 408 are transient; said by a remote service.
+HTTP_TRANSIENT = _rx(
+    r"\b(?:HTTP(?:/\d(?:\.\d)?)?(?: Error)?|[Ss]tatus(?: [Cc]ode)?|response code|error code|returned)[ :=]*(?:429|408|50[02346789]|5[1-9]\d)\b",
+    r"\b(?:50[02346789]|5[1-9]\d) (?:Server Error|Internal Server Error|Bad Gateway|Service Unavailable|Gateway Time-?out)",
+    r"\b(?:Internal Server Error|Bad Gateway|Service Unavailable|Service Temporarily Unavailable|Gateway Time-?out|Too Many Requests)\b",
+    r"\b(?:TEMPORARILY_UNAVAILABLE|REQUEST_LIMIT_EXCEEDED|RESOURCE_EXHAUSTED)\b",
+)  # fmt: skip
+# Every family together: a message matching it names a transient condition.
+TRANSIENT_MESSAGE = re.compile(
+    "|".join(f"(?:{p.pattern})" for p in (GPU_HARDWARE, COLLECTIVE_TIMEOUT, PEER_LOST, RENDEZVOUS, STORAGE, NETWORK, HTTP_TRANSIENT)),
+    re.IGNORECASE,
+)
+# Messages that name a request the user got wrong (a 4xx, a bad code or credentials).
+USER_REQUEST_MESSAGE = _rx(
+    r"\b(?:HTTP(?:/\d(?:\.\d)?)?(?: Error)?|[Ss]tatus(?: [Cc]ode)?|response code|error code|returned)[ :=]*(?:40[0-7]|409|41\d|42[0-8])\b",
+    r"\b(?:401 Client Error|403 Client Error|404 Client Error|Unauthorized|Forbidden)\b",
+    r"An error occurred \((?:AccessDenied|NoSuchBucket|NoSuchKey|InvalidAccessKeyId|SignatureDoesNotMatch|403|404|ExpiredToken|InvalidToken)\)",
+    r"\b(?:RepositoryNotFoundError|GatedRepoError|EntryNotFoundError|RevisionNotFoundError)\b",
+)
+
+
+def transient_message(text: str) -> str | None:
+    """The words of `text` naming a transient condition, or None."""
+    match = TRANSIENT_MESSAGE.search(text or "")
+    return match.group(0) if match else None
+
+
+_ERRNO_IN_MESSAGE = re.compile(r"\[Errno (-?\d+)\]")
+
+
+def judge_exception_text(
+    type_name: str, message: str, *, raised_by_user: bool | None, in_user_frames: bool
+) -> Judgement | None:
+    """Judge an exception as printed (type name and message) by its type first, message second.
+
+    `raised_by_user`: its innermost frame is user code running a `raise`/`assert` statement
+    (None: no traceback to tell); `in_user_frames`: its traceback passes through user code.
+    Returns ("infra"|"user", why) or None when neither its type nor its message decides.
+    """
+    name = (type_name or "").rsplit(".", 1)[-1]
+    message = message or ""
+    if name in INFRA_EXCEPTION_NAMES:
+        return "infra", f"{name} (an infrastructure error type)"
+    errno_match = _ERRNO_IN_MESSAGE.search(message)
+    if name in AMBIGUOUS_EXCEPTION_NAMES:
+        if raised_by_user:
+            return "user", f"{name} raised by user code"
+        if errno_match and name not in ("TimeoutError", "timeout"):
+            number = int(errno_match.group(1))
+            why = transient_errno(number)
+            if why:
+                return "infra", f"{name} errno {why}"
+        if name in ("TimeoutError", "timeout", "ConnectionError"):
+            return "infra", f"{name} (a connection or timeout error)"
+    elif name in USER_EXCEPTION_NAMES and (raised_by_user or (raised_by_user is None and in_user_frames)):
+        return "user", f"{name} raised by user code"
+    if errno_match and (name.endswith("Error") or name == "OSError"):
+        why = transient_errno(int(errno_match.group(1)))
+        if why:
+            return "infra", f"{name} errno {why}"
+    words = transient_message(message)
+    if words:
+        return "infra", f"{name}: {words}"
+    return None
+
+
+# -- live exceptions -------------------------------------------------------------------------------
+
+
+def _causes(exc: BaseException, depth: int = 8) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < depth:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _mro_names(exc: BaseException) -> set[str]:
+    return {cls.__name__ for cls in type(exc).__mro__}
+
+
+def _status(exc: BaseException) -> int | None:
+    for attr in ("status_code", "status", "code", "http_status"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool) and 100 <= value < 600:
+            return value
+    response = getattr(exc, "response", None)
+    value = getattr(response, "status_code", None) if response is not None else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(response, dict):  # botocore: response["ResponseMetadata"]["HTTPStatusCode"]
+        meta = response.get("ResponseMetadata")
+        value = meta.get("HTTPStatusCode") if isinstance(meta, dict) else None
+        return value if isinstance(value, int) else None
+    return None
+
+
+def _raised_by_user_code(exc: BaseException) -> bool:
+    """The innermost frame is outside the standard library and site-packages and runs `raise`."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    filename = tb.tb_frame.f_code.co_filename
+    if is_library_path(filename):
+        return False
+    import linecache
+
+    line = linecache.getline(filename, tb.tb_lineno).strip()
+    return line.startswith(("raise", "assert"))
+
+
+def _transient_one(exc: BaseException) -> str | None:
+    names = _mro_names(exc)
+    name = type(exc).__name__
+    module = type(exc).__module__ or ""
+    if name == "OperationalError" and "database is locked" in str(exc):
+        return "database is locked"
+    if isinstance(exc, (TimeoutError, ConnectionError)) and type(exc) in (TimeoutError, ConnectionError):
+        # The bare built-ins: a program raises these itself too.
+        return None if _raised_by_user_code(exc) else f"{name} (a connection or timeout error)"
+    if isinstance(exc, ConnectionError):
+        return f"{name} (a connection error)"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        why = transient_errno(exc.errno)
+        if why == "EAI_AGAIN" and name != "gaierror":
+            why = None
+        if why:
+            return f"{name} errno {why}"
+    # botocore ClientError: the service's error code, then its HTTP status.
+    response = getattr(exc, "response", None)
+    if "ClientError" in names and isinstance(response, dict):
+        error = response.get("Error")
+        code = str(error.get("Code", "")) if isinstance(error, dict) else ""
+        if code in TRANSIENT_CLOUD_CODES or http_status_kind(_int_or_none(code)) == "infra":
+            return f"cloud error code {code} (throttled or unavailable)"
+        return None
+    error_code = getattr(exc, "error_code", None)  # MLflow RestException, Azure HttpResponseError
+    if isinstance(error_code, str) and error_code in TRANSIENT_CLOUD_CODES:
+        return f"{name} error code {error_code}"
+    status = _status(exc)
+    if status is not None and ("HTTPError" in names or "ApiException" in names or "HttpError" in names
+                               or "HttpResponseError" in names or "ClientResponseError" in names or "GoogleAPICallError" in names):  # fmt: skip
+        return f"HTTP {status}" if http_status_kind(status) == "infra" else None
+    if "MlflowException" in names:
+        # The REST client's wording once its own retries are spent (refused, DNS, 5xx...).
+        words = transient_message(str(exc)) or re.search(r"API request to \S+ failed with exception", str(exc))
+        return f"MLflow server unavailable ({name})" if words else None
+    if names & (INFRA_EXCEPTION_NAMES | _CLIENT_UNREACHABLE) and not module.startswith("builtins"):
+        return f"{name} (could not reach a remote service)"
+    if name in {"RuntimeError", "DistBackendError", "DistError"} or "torch" in module:
+        # torch reports NCCL/gloo/CUDA failures as RuntimeError and friends: the message
+        # decides, unless user code raised it.
+        words = transient_message(str(exc)[:8192])
+        return f"{name}: {words}" if words and not _raised_by_user_code(exc) else None
+    return None
+
+
+# Client-library classes (requests, httpx...) named like the built-ins: "could not reach it".
+_CLIENT_UNREACHABLE = frozenset({"ConnectionError", "Timeout", "TimeoutError", "TimeoutException"})
+
+
+def _int_or_none(text: str) -> int | None:
+    return int(text) if text.isdigit() and len(text) < 4 else None
+
+
+def transient_exception(exc: BaseException) -> str | None:
+    """Why a live exception (or one of its causes) is a transient infrastructure error, or None.
+
+    The type decides; a bare `TimeoutError`/`ConnectionError` raised by user code (a `raise`
+    statement outside site-packages and the standard library) is not transient.
+    """
+    for link in _causes(exc):
+        why = _transient_one(link)
+        if why:
+            return why if link is exc else f"{why} (cause of {type(exc).__name__})"
+    return None
+
+
+# -- where code lives --------------------------------------------------------------------------------
+
+# Frameworks whose frames are library code even when run from a source checkout.
+_FRAMEWORK_DIRS = re.compile(
+    r"/(?:torch|torchvision|torchaudio|transformers|accelerate|deepspeed|lightning|pytorch_lightning|numpy"
+    r"|ray|megatron|vllm|peft|trl|datasets|huggingface_hub|safetensors|botocore|boto3|s3fs|fsspec|gcsfs"
+    r"|urllib3|requests|httpx|aiohttp|grpc|google|azure|mlflow|airflow|kubernetes|jax|flax|tensorflow|keras)/"
+)
+
+
+def is_library_path(path: str) -> bool:
+    """Whether a traceback frame's file is library code (site-packages, stdlib, a framework)."""
+    norm = path.replace("\\", "/")
+    if norm.startswith("<"):
+        return True
+    markers = ("/site-packages/", "/dist-packages/", "/lib/python", "/lib64/python", "/runpy.py")
+    if any(m in norm for m in markers) or _FRAMEWORK_DIRS.search(norm):
+        return True
+    return norm.rsplit("/", 2)[-2:-1] == ["bin"]

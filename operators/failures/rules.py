@@ -1,0 +1,450 @@
+"""The rule table: each rule reads typed `Evidence` and says what it saw (a `Hit`) or nothing.
+
+Precedence is the table's order (see docs/failures.md for the table and the reasons behind it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from operators.failures import catalogue
+from operators.failures.evidence import (
+    LAUNCHER_EXIT,
+    RANK_PREFIX,
+    SIGNAL_NAMES,
+    Evidence,
+    Exc,
+    one_line,
+    parse_exception_line,
+)
+
+Kind = Literal["infra", "user", "unknown"]
+PREEMPTED_EXIT_CODE = 75  # the trainer exits 75 (EX_TEMPFAIL) after a graceful SIGTERM stop
+CONFIG_EXIT_CODE = 2  # the trainer (argparse) exits 2 on a bad command line or config
+_RANK_IN_LINE = re.compile(r"\[(?:rank|Rank|RANK)\s*(\d+)\]|\bRank (\d+)\b")
+
+
+
+def _rx(*patterns: str) -> re.Pattern[str]:
+    return re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE)
+
+
+# Hardware Xids (NVIDIA's Xid catalogue): 13/31/43/45 are usually the application's own fault
+# (illegal address, MMU fault, stopped/cleaned-up channel) and are not decisive on their own.
+_XID = re.compile(r"NVRM: Xid \([^)]*\):\s*(\d+)", re.IGNORECASE)
+_APP_XIDS = {13, 31, 43, 45}
+_GPU_HARDWARE = catalogue.GPU_HARDWARE
+_COLLECTIVE_TIMEOUT = catalogue.COLLECTIVE_TIMEOUT
+_PEER_LOST = catalogue.PEER_LOST
+_RENDEZVOUS = catalogue.RENDEZVOUS
+_STORAGE = catalogue.STORAGE
+_NETWORK = catalogue.NETWORK
+# Launcher wrappers: their traceback is torchrun's, not the cause.
+_WRAPPERS = {"ChildFailedError", "SignalException", "SystemExit", "KeyboardInterrupt", "CalledProcessError"}
+_CUDA_OOM = _rx(r"CUDA out of memory", r"\bOutOfMemoryError\b", r"CUDA error: out of memory")
+_IMPORT_ERROR = re.compile(r"^(?:\[\w*\d+\]:\s*)?(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|TabError)\b:?(.*)$", re.MULTILINE)  # fmt: skip
+_ILLEGAL_ACCESS = _rx(
+    r"CUDA error: an illegal memory access was encountered",
+    r"CUDA error: device-side assert triggered",
+    r"CUDA error: misaligned address",
+    r"CUDA error: an illegal instruction was encountered",
+)
+_IMAGE_THROTTLED = _rx(r"toomanyrequests", r"429 Too Many Requests", r"pull rate limit", r"rate[- ]limit")
+_IMAGE_MISSING = _rx(
+    r"manifest unknown",
+    r"not found",
+    r"unauthorized",
+    r"pull access denied",
+    r"repository does not exist",
+    r"authentication required",
+    r"denied: requested access",
+    r"InvalidImageName",
+)
+_CONTAINER_LIMIT = _rx(
+    r"exceeds the total limit of containers",
+    r"exceeded its local ephemeral storage limit",
+    r"exceeds its limit",
+    r"emptyDir usage exceeds",
+)
+_NODE_LOST = _rx(
+    r"\bNodeLost\b",
+    r"\bnode\b[^\n]{0,80}\bnot ready\b",
+    r"NodeNotReady",
+    r"node[^\n]{0,40}unreachable",
+    r"Node \S+ which was running pod \S+ is unresponsive",
+)
+
+
+def _first(pattern: re.Pattern[str], texts: Iterable[str]) -> tuple[str, str] | None:
+    """(matched line, matched text) of the first match of `pattern` in `texts`.
+
+    An unindented line (an exception or log line) is preferred over an indented one (the
+    source line `raise X()` that a traceback prints just before the exception itself).
+    """
+    first: tuple[str, str] | None = None
+    for text in texts:
+        for match in pattern.finditer(text):
+            start = text.rfind("\n", 0, match.start()) + 1
+            end = text.find("\n", match.end())
+            raw = text[start : end if end >= 0 else len(text)]
+            found = (raw.strip(), match.group(0))
+            body = raw[RANK_PREFIX.match(raw).end() :] if RANK_PREFIX.match(raw) else raw
+            if not body[:1].isspace():
+                return found
+            first = first or found
+    return first
+
+
+def _line_rank(line: str) -> int | None:
+    match = _RANK_IN_LINE.search(line) or RANK_PREFIX.match(line)
+    if not match:
+        return None
+    return int(next(g for g in match.groups() if g is not None))
+
+
+def judge(exc: Exc) -> catalogue.Judgement | None:
+    """The catalogue's judgement of an exception: an infra cause in its chain, else its own."""
+    links = exc.all()
+    for cause in links[:-1]:
+        found = _judge_one(cause)
+        if found and found[0] == "infra":
+            return found
+    return _judge_one(links[-1])
+
+
+def _judge_one(exc: Exc) -> catalogue.Judgement | None:
+    return catalogue.judge_exception_text(
+        exc.type, exc.message, raised_by_user=exc.raised_by_user, in_user_frames=exc.user_frame() is not None
+    )
+
+
+def _is_infra_exc(exc: Exc) -> bool:
+    found = judge(exc)
+    return found is not None and found[0] == "infra"
+
+
+def _short_path(frame: str) -> str:
+    path, _, line = frame.rpartition(":")
+    parts = path.replace("\\", "/").split("/")
+    return "/".join(parts[-2:]) + (f":{line}" if line else "")
+
+
+# --------------------------------------------------------------------------------------------
+# Rules
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hit:
+    """What a rule saw: `what` names the signal, `excerpt` quotes the evidence."""
+
+    what: str
+    excerpt: str = ""
+    rank: int | None = None
+    step: int | None = None
+    focus: str = ""  # the decisive words inside `excerpt`, kept visible when it is cut
+
+
+Matcher = Callable[[Evidence], "Hit | None"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    kind: Kind
+    tier: int  # 1 Kubernetes, 2 container runtime, 3 trainer, 4 exception, 5 infra log, 6 exit code
+    matcher: Matcher
+    secondary: bool = False  # how a rank dies because another one did (see module docstring)
+    summary: str = ""
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind != "user"
+
+
+def _disruption_condition(f: Evidence) -> Hit | None:
+    for cond in f.conditions:
+        if cond.type == "DisruptionTarget" and (cond.status or "True") != "False":
+            reason = cond.reason or "unspecified"
+            return Hit(f"pod condition DisruptionTarget ({reason})", cond.message)
+    return None
+
+
+def _node_lost(f: Evidence) -> Hit | None:
+    if f.pod_reason == "NodeLost" or (f.pod_phase == "Unknown" and _NODE_LOST.search(f.pod_message)):
+        return Hit(f"pod reason {f.pod_reason or 'NodeLost'}", f.pod_message)
+    for reason, message in f.event_texts():
+        if reason in {"NodeNotReady", "NodeLost", "NodeShutdown"}:
+            return Hit(f"event {reason}", message)
+    if _NODE_LOST.search(f.pod_message):
+        return Hit("pod message: node not ready", f.pod_message)
+    return None
+
+
+def _preempted(f: Evidence) -> Hit | None:
+    if f.pod_reason in {"Preempting", "Preempted"}:
+        return Hit(f"pod reason {f.pod_reason}", f.pod_message)
+    for reason, message in f.event_texts():
+        if reason == "Preempted" or reason == "Preempting" or "Preempted to accommodate" in message:
+            return Hit(f"event {reason}", message)
+    if f.termination_reason in {"Preempted", "Preempting"}:
+        return Hit(f"termination reason {f.termination_reason}")
+    return None
+
+
+def _container_limit_eviction(f: Evidence) -> Hit | None:
+    texts = [f.pod_message] if f.pod_reason == "Evicted" else []
+    texts += [m for _, m in f.event_texts("Evicted")]
+    texts += [c.message for c in f.conditions if c.type == "DisruptionTarget"]
+    for text in texts:
+        if _CONTAINER_LIMIT.search(text):
+            return Hit("evicted for exceeding the pod's own limit", text)
+    return None
+
+
+def _evicted(f: Evidence) -> Hit | None:
+    if f.pod_reason == "Evicted" or f.termination_reason == "Evicted":
+        return Hit("pod reason Evicted", f.pod_message)
+    for reason, message in f.event_texts("Evicted"):
+        return Hit(f"event {reason}", message)
+    return None
+
+
+def _oom_killed(f: Evidence) -> Hit | None:
+    if f.termination_reason == "OOMKilled" or f.pod_reason == "OOMKilled":
+        code = f" (exit code {f.exit_code})" if f.exit_code is not None else ""
+        return Hit(f"container OOMKilled{code}: its memory limit is too small for the job", f.pod_message)
+    return None
+
+
+def _image_events(f: Evidence) -> list[tuple[str, str]]:
+    pull = {"errimagepull", "imagepullbackoff", "backoff", "failed", "failed to pull image", "invalidimagename"}
+    found = [(r, m) for r, m in f.event_texts() if r.lower() in pull and re.search(r"pull|image|manifest", m, re.I)]
+    pulling = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+    if f.pod_reason in pulling or f.termination_reason in pulling:  # a waiting container's reason
+        found.append((f.termination_reason if f.termination_reason in pulling else f.pod_reason, f.pod_message))
+    return found
+
+
+def _image_throttled(f: Evidence) -> Hit | None:
+    for reason, message in _image_events(f):
+        match = _IMAGE_THROTTLED.search(message)
+        if match:
+            return Hit(f"image pull throttled (event {reason})", message, focus=match.group(0))
+    return None
+
+
+def _image_missing(f: Evidence) -> Hit | None:
+    for reason, message in _image_events(f):
+        matches = list(_IMAGE_MISSING.finditer(message))  # the registry's verdict ends the message
+        if matches or reason == "InvalidImageName":
+            focus = message[matches[0].start() : matches[-1].end()] if matches else ""
+            return Hit(f"image cannot be pulled (event {reason})", message, focus=focus)
+    return None
+
+
+def _create_container_config_error(f: Evidence) -> Hit | None:
+    if "CreateContainerConfigError" in (f.pod_reason, f.termination_reason):
+        return Hit("CreateContainerConfigError (a missing Secret/ConfigMap or key)", f.pod_message)
+    for reason, message in f.event_texts():
+        if reason == "CreateContainerConfigError" or re.search(
+            r"(?:secrets?|configmaps?) \"[^\"]+\" not found|couldn't find key \S+ in (?:Secret|ConfigMap)", message
+        ):
+            return Hit("CreateContainerConfigError (a missing Secret/ConfigMap or key)", message)
+    return None
+
+
+def _deadline_exceeded(f: Evidence) -> Hit | None:
+    if f.pod_reason == "DeadlineExceeded" or f.termination_reason == "DeadlineExceeded":
+        return Hit("pod reason DeadlineExceeded: the job's activeDeadlineSeconds is too short", f.pod_message)
+    return None
+
+
+def _trainer_preempted(f: Evidence) -> Hit | None:
+    if f.exit_code == PREEMPTED_EXIT_CODE:
+        return Hit(f"trainer exit code {PREEMPTED_EXIT_CODE} (stopped on SIGTERM, the preemption path)")
+    return None
+
+
+def _trainer_config_error(f: Evidence) -> Hit | None:
+    rec = f.record
+    if rec is not None and rec.source == "config":
+        exc = rec.exc
+        return Hit(f"bad config ({exc.name if exc else 'trainer error record'})", exc.message if exc else "")
+    if f.exit_code == CONFIG_EXIT_CODE:
+        usage = _first(re.compile(r"^.*error: .*$", re.MULTILINE), [f.log_tail])
+        return Hit(f"trainer exit code {CONFIG_EXIT_CODE} (bad command line or config)", usage[0] if usage else "")
+    return None
+
+
+def _trainer_user_record(f: Evidence) -> Hit | None:
+    rec = f.record
+    if rec is None or rec.source != "user" or rec.exc is None or _is_infra_exc(rec.exc):
+        return None
+    return Hit(f"{rec.exc.name} raised in training code", rec.exc.message, rec.rank, rec.step)
+
+
+def _candidate_exceptions(f: Evidence) -> list[Exc]:
+    excs = [e for e in f.tracebacks if e.name not in _WRAPPERS]
+    rec = f.record
+    if rec is not None and rec.exc is not None and rec.source is None and rec.exc.name not in _WRAPPERS:
+        excs.insert(0, rec.exc)
+    return excs
+
+
+def _cuda_oom(f: Evidence) -> Hit | None:
+    for exc in _candidate_exceptions(f):
+        if _CUDA_OOM.search(exc.text):
+            return Hit("CUDA out of memory (batch or model too large for the GPU)", exc.text, exc.rank)
+    hit = _first(_CUDA_OOM, f.log_texts)
+    if hit:
+        return Hit("CUDA out of memory (batch or model too large for the GPU)", hit[0], _line_rank(hit[0]))
+    return None
+
+
+def _import_error(f: Evidence) -> Hit | None:
+    for exc in _candidate_exceptions(f):
+        if exc.name in {"ModuleNotFoundError", "ImportError", "SyntaxError", "IndentationError", "TabError"}:
+            return Hit(f"{exc.name} (the code or its environment is broken)", exc.message, exc.rank)
+    for text in f.log_texts:
+        match = _IMPORT_ERROR.search(text)
+        if match:
+            return Hit(f"{match.group(1)} (the code or its environment is broken)", match.group(0).strip())
+    return None
+
+
+def _gpu_hardware(f: Evidence) -> Hit | None:
+    for text in f.log_texts:
+        for match in _XID.finditer(text):
+            if int(match.group(1)) not in _APP_XIDS:
+                line = text[text.rfind("\n", 0, match.start()) + 1 :].split("\n", 1)[0]
+                return Hit(f"GPU hardware error (Xid {match.group(1)})", line.strip())
+    hit = _first(_GPU_HARDWARE, f.log_texts)
+    if hit:
+        return Hit(f"GPU hardware error ({hit[1]})", hit[0], _line_rank(hit[0]), focus=hit[1])
+    return None
+
+
+def _illegal_memory_access(f: Evidence) -> Hit | None:
+    hit = _first(_ILLEGAL_ACCESS, f.log_texts)
+    if hit is None or _gpu_hardware(f) is not None:
+        return None
+    return Hit(f"{hit[1]} (a kernel or indexing bug; rerun with CUDA_LAUNCH_BLOCKING=1)", hit[0], _line_rank(hit[0]))
+
+
+def _user_exception(f: Evidence) -> Hit | None:
+    if f.record is not None and f.record.source_given and f.record.source is None:
+        return None  # the trainer's record says this exception did not come from user code
+    for exc in _candidate_exceptions(f):
+        if _is_infra_exc(exc):
+            continue
+        frame = exc.user_frame()
+        if frame is None:
+            continue
+        rec = f.record
+        step = rec.step if rec is not None and rec.exc is exc else None
+        return Hit(f"{exc.name} raised in training code", f"{exc.message} ({_short_path(frame)})", exc.rank, step)
+    return None
+
+
+def _infra_exception(f: Evidence) -> Hit | None:
+    for exc in [*_candidate_exceptions(f), *_bare_exceptions(f)]:
+        found = judge(exc)
+        if found and found[0] == "infra":
+            return Hit(found[1], exc.text, exc.rank, focus=exc.name)
+    return None
+
+
+def _bare_exceptions(f: Evidence) -> list[Exc]:
+    """Exception lines printed without a traceback ("RuntimeError: ..." at a line start), last first."""
+    found = []
+    for line in reversed(f.log_tail.splitlines()[-400:]):
+        body = line[RANK_PREFIX.match(line).end() :] if RANK_PREFIX.match(line) else line
+        parsed = parse_exception_line(body)
+        if parsed and parsed[1] and (parsed[0].endswith(("Error", "Exception", "Exit", "Interrupt")) or "." in parsed[0]):
+            found.append(Exc(parsed[0], parsed[1], rank=_line_rank(line)))
+    return found
+
+
+def _log_rule(pattern: re.Pattern[str], what: str) -> Matcher:
+    def matcher(f: Evidence) -> Hit | None:
+        hit = _first(pattern, f.log_texts)
+        return Hit(what, hit[0], _line_rank(hit[0]), focus=hit[1]) if hit else None
+
+    return matcher
+
+
+def _failed_scheduling(f: Evidence) -> Hit | None:
+    for reason, message in f.event_texts("FailedScheduling"):
+        return Hit("event FailedScheduling (no room for the gang right now)", message)
+    return None
+
+
+def _signal_hit(f: Evidence, number: int, what: str) -> Hit | None:
+    if f.signal == number:
+        how = f"exit code {f.exit_code}" if f.exit_code is not None else "signal"
+        return Hit(f"{SIGNAL_NAMES[number]} ({how}){what}")
+    if f.signal is None and f.launcher_signal == number:
+        line = _first(LAUNCHER_EXIT, [f.log_tail])
+        how = f"torchrun: local_rank {f.launcher_rank} exit code -{number}"
+        return Hit(f"{SIGNAL_NAMES[number]} ({how}){what}", line[0] if line else "")
+    return None
+
+
+def _sigterm(f: Evidence) -> Hit | None:
+    return _signal_hit(f, 15, ": the preemption/eviction path")
+
+
+def _sigkill(f: Evidence) -> Hit | None:
+    return _signal_hit(f, 9, " without OOMKilled: killed from outside")
+
+
+RULES: tuple[Rule, ...] = (
+    # 1. Kubernetes said why.
+    Rule("evicted-over-own-limit", "user", 1, _container_limit_eviction, summary="Evicted: pod exceeded its own limit"),
+    Rule("k8s-disruption", "infra", 1, _disruption_condition, summary="DisruptionTarget pod condition"),
+    Rule("node-lost", "infra", 1, _node_lost, summary="NodeLost / NodeNotReady / node not ready"),
+    Rule("k8s-preempted", "infra", 1, _preempted, summary="pod reason Preempting, event Preempted"),
+    Rule("k8s-evicted", "infra", 1, _evicted, summary="pod reason / event Evicted (node pressure)"),
+    # 2. The container runtime said why.
+    Rule("oom-killed", "user", 2, _oom_killed, summary="termination reason OOMKilled"),
+    Rule("image-pull-throttled", "infra", 2, _image_throttled, summary="pull failed: toomanyrequests / 429"),
+    Rule("image-missing", "user", 2, _image_missing, summary="pull failed: manifest unknown / not found / unauthorized"),
+    Rule("container-config-error", "user", 2, _create_container_config_error, summary="CreateContainerConfigError"),
+    Rule("deadline-exceeded", "user", 2, _deadline_exceeded, summary="pod reason DeadlineExceeded"),
+    # 3. The trainer said why.
+    Rule("trainer-preempted-exit", "infra", 3, _trainer_preempted, summary="trainer exit code 75"),
+    Rule("trainer-config-error", "user", 3, _trainer_config_error, summary="error record source config / exit code 2"),
+    Rule("trainer-user-error", "user", 3, _trainer_user_record, summary="error record source user"),
+    # 4. An exception from the training process.
+    Rule("cuda-oom", "user", 4, _cuda_oom, summary="CUDA out of memory"),
+    Rule("import-error", "user", 4, _import_error, summary="ModuleNotFoundError / ImportError / SyntaxError"),
+    Rule("illegal-memory-access", "user", 4, _illegal_memory_access, summary="CUDA illegal memory access, no Xid/ECC"),
+    Rule("user-exception", "user", 4, _user_exception, summary="traceback through the trainer's/user's frames"),
+    # 5. Infrastructure log patterns.
+    Rule("gpu-hardware", "infra", 5, _gpu_hardware, summary="NVRM Xid (hardware), ECC, unspecified launch failure"),
+    Rule(
+        "collective-timeout", "infra", 5, _log_rule(_COLLECTIVE_TIMEOUT, "collective timeout (a peer stopped answering)"),
+        secondary=True, summary="NCCL/gloo watchdog timeout",
+    ),  # fmt: skip
+    Rule(
+        "peer-connection-lost", "infra", 5, _log_rule(_PEER_LOST, "connection to a peer lost"),
+        secondary=True, summary="Connection closed/reset by peer, ncclRemoteError",
+    ),  # fmt: skip
+    Rule(
+        "rendezvous-failure", "infra", 5, _log_rule(_RENDEZVOUS, "rendezvous failed"),
+        secondary=True, summary="RendezvousTimeoutError / RendezvousClosedError",
+    ),  # fmt: skip
+    Rule("transient-storage", "infra", 5, _log_rule(_STORAGE, "transient storage error"), summary="EIO, ESTALE, S3 SlowDown, 503"),  # fmt: skip
+    Rule("transient-network", "infra", 5, _log_rule(_NETWORK, "transient network error"), summary="DNS, ConnectionError"),  # fmt: skip
+    Rule("remote-service-unavailable", "infra", 5, _log_rule(catalogue.HTTP_TRANSIENT, "a remote service is unavailable or throttling"), summary="HTTP 5xx (not 501/505), 429, 408"),  # fmt: skip
+    Rule("infra-exception", "infra", 5, _infra_exception, summary="an exception whose type only infrastructure raises"),
+    Rule("failed-scheduling", "infra", 5, _failed_scheduling, summary="event FailedScheduling"),
+    # 6. The exit code or signal alone.
+    Rule("sigterm", "infra", 6, _sigterm, secondary=True, summary="SIGTERM / exit code 143"),
+    Rule("killed-from-outside", "infra", 6, _sigkill, summary="SIGKILL / exit code 137 without OOMKilled"),
+)
+RULE_INDEX = {rule.name: i for i, rule in enumerate(RULES)}

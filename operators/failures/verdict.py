@@ -1,0 +1,39 @@
+"""The classifier's answer (contract 4's JSON object)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Kind = Literal["infra", "user", "unknown"]
+KINDS = ("infra", "user", "unknown")
+MAX_REASON = 299
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The classifier's answer. `rule` names the decisive rule (not part of the JSON contract)."""
+
+    kind: Kind
+    retryable: bool
+    reason: str
+    rule: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind={self.kind!r}: must be one of {KINDS}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The contract-4 JSON object: {"kind", "retryable", "reason"}."""
+        return {"kind": self.kind, "retryable": self.retryable, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
+        kind = data.get("kind", "unknown")
+        return cls(kind=kind, retryable=bool(data.get("retryable", kind != "user")), reason=str(data.get("reason", "")))
+
+
+def clip(reason: str) -> str:
+    reason = " ".join(reason.split())
+    return reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 1].rstrip() + "…"
