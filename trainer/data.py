@@ -14,7 +14,6 @@ W. Resuming at another world size therefore continues the same global sample ord
 
 from __future__ import annotations
 
-import hashlib
 import math
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from trainer.datastore import file_md5  # noqa: F401 - one md5 helper, re-exported
 from trainer.errors import DataError
 
 LABEL = "label"
@@ -64,14 +64,6 @@ class ArrayDataset(Dataset):
 def parquet_dataset(path: str) -> ArrayDataset:
     """The default dataset factory: `trainer.data:parquet_dataset`."""
     return ArrayDataset(*load_arrays(path))
-
-
-def file_md5(path: str | Path) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_md5(path: str | Path, expected: str) -> str:

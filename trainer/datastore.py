@@ -1,0 +1,164 @@
+"""A dataset version fetched by content address from a DVC 3 remote, verified by md5.
+
+A version is the md5 of a DVC directory object. The remote (any fsspec URL: a local folder,
+`file:///...`, `s3://bucket/prefix`, `gs://...`) stores it as DVC 3 does:
+
+    <remote>/files/md5/<v[:2]>/<v[2:]>.dir        JSON list [{"md5": ..., "relpath": ...}, ...]
+    <remote>/files/md5/<m[:2]>/<m[2:]>            the file whose md5 is m
+
+`dir_listing(remote, version)` reads the listing and checks that it hashes to `version` (as
+dvc_data's `Tree.digest` computes it: md5 of `json.dumps(sorted [{md5, relpath}], sort_keys=True)`;
+checked against a real `dvc push`), so a listing cannot be swapped under a version.
+`fetch_dataset(remote, version, dest_dir)` downloads the files into `dest_dir/<version>/`,
+hashing while it writes; a file whose md5 differs from the listing is refused and never lands
+under its name. Files are written to a unique temporary name and renamed into place, so ranks
+sharing a scratch folder never see each other's partial files; a file already there is
+re-verified and reused.
+
+Torch-free and Airflow-free (fsspec + hashlib): the trainer and the Airflow side both import it.
+Errors are `DataError`s (bad or missing data: the user's, not retried); storage/network errors
+propagate as the OSErrors they are (infrastructure).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from trainer.errors import DataError
+
+DATASET_FILES = ("train.parquet", "test.parquet")
+_MD5 = re.compile(r"^[0-9a-f]{32}$")
+_CHUNK = 1 << 20
+
+
+class DatasetNotFound(DataError):
+    """The remote has no object for this version, or the listing lacks a required file."""
+
+
+class ChecksumMismatch(DataError):
+    """A listing or a file does not hash to the md5 it is addressed by."""
+
+    def __init__(self, message: str, *, expected: str, actual: str) -> None:
+        super().__init__(message)
+        self.expected, self.actual = expected, actual
+
+
+def _check_version(version: str) -> str:
+    if not isinstance(version, str) or not _MD5.match(version):
+        raise DataError(f"data.version={version!r} is invalid: must be 32 lowercase hex digits "
+                        "(the md5 of the DVC directory object, as in dvc.lock without '.dir')")
+    return version
+
+
+def _fs(remote: str):
+    import fsspec  # noqa: PLC0415 - keeps `import trainer.datastore` light
+
+    if not remote:
+        raise DataError("data.remote is empty: a dataset version needs the DVC remote's URL "
+                        "(e.g. s3://bucket/dvc or file:///abs/dvc-remote)")
+    fs, root = fsspec.core.url_to_fs(remote)
+    return fs, root.rstrip("/")
+
+
+def object_path(root: str, md5: str, suffix: str = "") -> str:
+    """Where DVC 3 stores the object `md5` under a remote's root."""
+    return f"{root}/files/md5/{md5[:2]}/{md5[2:]}{suffix}"
+
+
+def listing_digest(entries: Iterable[dict[str, Any]]) -> str:
+    """The version a listing hashes to (dvc_data.hashfile.tree.Tree.digest without meta)."""
+    rows = sorted(({"md5": e["md5"], "relpath": e["relpath"]} for e in entries), key=lambda e: e["relpath"])
+    return hashlib.md5(json.dumps(rows, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def dir_listing(remote: str, version: str) -> list[dict[str, str]]:
+    """The verified listing [{"md5", "relpath"}] of dataset `version` on `remote`."""
+    _check_version(version)
+    fs, root = _fs(remote)
+    path = object_path(root, version, ".dir")
+    try:
+        raw = fs.cat_file(path)
+    except FileNotFoundError:
+        raise DatasetNotFound(f"dataset version {version} is not on the remote {remote} (no object {path}); "
+                              "was it pushed (dvc push)?") from None
+    try:
+        entries = json.loads(raw)
+    except ValueError as exc:
+        raise DataError(f"dataset version {version}: {path} is not a DVC directory listing ({exc})") from None
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("relpath"), str) and isinstance(e.get("md5"), str) and _MD5.match(e["md5"])
+        for e in entries
+    ):
+        raise DataError(f"dataset version {version}: {path} is not a DVC directory listing "
+                        "(expected a JSON list of {md5, relpath} objects)")
+    actual = listing_digest(entries)
+    if actual != version:
+        raise ChecksumMismatch(f"dataset version {version}: the listing {path} has md5 {actual}, expected {version} "
+                               "(the remote's object was changed; refusing it)", expected=version, actual=actual)
+    return [{"md5": e["md5"], "relpath": e["relpath"]} for e in entries]
+
+
+def file_md5(path: str | os.PathLike) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _download(fs, src: str, target: Path, expected: str, what: str) -> None:
+    """Copy src to target through a unique temporary file, hashing as it goes; rename if it matches."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.part")
+    digest = hashlib.md5()
+    try:
+        try:
+            with fs.open(src, "rb") as source, open(tmp, "wb") as out:
+                for chunk in iter(lambda: source.read(_CHUNK), b""):
+                    digest.update(chunk)
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+        except FileNotFoundError:
+            raise DatasetNotFound(f"{what}: the object {src} is missing on the remote") from None
+        actual = digest.hexdigest()
+        if actual != expected:
+            raise ChecksumMismatch(f"{what}: md5 mismatch: expected {expected}, actual {actual} "
+                                   f"(the remote's object {src} is corrupt or was changed; refusing it)",
+                                   expected=expected, actual=actual)
+        os.replace(tmp, target)  # atomic: another rank's copy, if any, has the same bytes
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def fetch_dataset(remote: str, version: str, dest_dir: str | os.PathLike, *,
+                  relpaths: Iterable[str] = DATASET_FILES) -> dict[str, Path]:
+    """Fetch and verify `relpaths` of dataset `version` into `dest_dir/<version>/`; {relpath: local path}."""
+    listing = dir_listing(remote, version)
+    by_path = {e["relpath"]: e["md5"] for e in listing}
+    wanted = list(relpaths)
+    missing = [r for r in wanted if r not in by_path]
+    if missing:
+        raise DatasetNotFound(f"dataset version {version} has no {', '.join(missing)}; "
+                              f"its files are: {', '.join(sorted(by_path)) or '(none)'}")
+    fs, root = _fs(remote)
+    folder = Path(dest_dir) / version
+    out: dict[str, Path] = {}
+    for relpath in wanted:
+        if relpath.startswith("/") or ".." in relpath.split("/"):
+            raise DataError(f"dataset version {version}: relpath {relpath!r} escapes the dataset folder")
+        expected = by_path[relpath]
+        target = folder / relpath
+        what = f"dataset version {version} file {relpath}"
+        if not (target.is_file() and file_md5(target) == expected):  # reuse a verified earlier fetch
+            _download(fs, object_path(root, expected), target, expected, what)
+        out[relpath] = target
+    return out
