@@ -1,5 +1,8 @@
 """TEST DOUBLE of the Kubernetes API server: `InMemoryKubernetesApi`.
 
+Used by the Kubernetes backend tests (tests/operators/kubernetes) and by `make cluster-drill`,
+which runs the pods it stores as local processes. Never use it as an API server for anything else.
+
 An in-memory object store behind a small HTTP server on 127.0.0.1 that serves the real REST
 paths the gang backend uses, so the real clients (the provider's `AsyncKubernetesHook` ->
 `kubernetes_asyncio`) are exercised end to end:

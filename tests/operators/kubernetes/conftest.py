@@ -1,5 +1,6 @@
 """Fixtures of the Kubernetes backend tests: upstream schemas, the API test double
-(fake_api.py) and realistic object fixtures (support.py)."""
+(operators/kubernetes/drill/api_double.py, shared with `make cluster-drill`) and realistic object
+fixtures (support.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from operators.kubernetes.drill.api_double import InMemoryKubernetesApi
 
 HERE = Path(__file__).resolve().parent
 
@@ -27,9 +30,7 @@ def _load_module(name: str, path: Path):
 
 
 # test files import these by module name (pytest runs with --import-mode=importlib: no packages)
-fake_api = _load_module("gangflow_tests_k8s_fake_api", HERE / "fake_api.py")
 support = _load_module("gangflow_tests_k8s_support", HERE / "support.py")
-InMemoryKubernetesApi = fake_api.InMemoryKubernetesApi
 NAMESPACE, CONN_ID, RUNTIME = support.NAMESPACE, support.CONN_ID, support.RUNTIME
 
 
