@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DIR = Path(os.environ.get("GANGFLOW_SHARED", PROJECT_ROOT.parent / "shared"))
+# Upstream CRDs vendored in the package (operators/kubernetes/crds/README.md names their commits):
+# the tests need nothing beside the repository (contract 8, docs/contracts.md).
+CRDS_DIR = PROJECT_ROOT / "operators" / "kubernetes" / "crds"
 
 
 @pytest.fixture(scope="session")
@@ -18,7 +19,6 @@ def project_root() -> Path:
 
 @pytest.fixture(scope="session")
 def crds_dir() -> Path:
-    path = SHARED_DIR / "crds"
-    if not path.is_dir():
-        pytest.fail(f"upstream CRDs not found at {path}: set GANGFLOW_SHARED to the shared/ folder")
-    return path
+    if not any(CRDS_DIR.glob("*.yaml")):
+        pytest.fail(f"vendored upstream CRDs missing under {CRDS_DIR}: restore them from git or run operators/kubernetes/crds/refresh.py")
+    return CRDS_DIR

@@ -28,17 +28,9 @@ def _world_size(text: str) -> int:
     return value
 
 
-def _default_crds() -> str | None:
-    env = os.environ.get("GANGFLOW_CRDS")
-    if env:
-        return env
-    shared = os.environ.get("GANGFLOW_SHARED")
-    candidates = [Path(shared) / "crds"] if shared else []
-    candidates.append(Path(__file__).resolve().parents[2].parent / "shared" / "crds")
-    for path in candidates:
-        if path.is_dir():
-            return str(path)
-    return None
+def _default_crds() -> str:
+    """$GANGFLOW_CRDS, else the upstream CRDs vendored in the package (crds/README.md)."""
+    return os.environ.get("GANGFLOW_CRDS") or str(Path(__file__).resolve().parent / "crds")
 
 
 def _read_runtime(path: str) -> dict:
@@ -69,10 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     render.add_argument("--namespace", help="namespace (overrides runtime namespace)")
     render.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="trainer --set override, repeatable")
     render.add_argument("--validate", action="store_true", help="also validate the output against the upstream schemas")
-    render.add_argument("--crds", default=None, help="folder of upstream CRD manifests (default: $GANGFLOW_CRDS or ../shared/crds)")
+    render.add_argument("--crds", default=None, help="folder of upstream CRD manifests (default: $GANGFLOW_CRDS or the vendored operators/kubernetes/crds)")
     validate = sub.add_parser("validate", help="validate YAML objects against the upstream schemas")
     validate.add_argument("files", nargs="+", metavar="FILE", help="YAML files ('-' for stdin)")
-    validate.add_argument("--crds", default=None, help="folder of upstream CRD manifests (default: $GANGFLOW_CRDS or ../shared/crds)")
+    validate.add_argument("--crds", default=None, help="folder of upstream CRD manifests (default: $GANGFLOW_CRDS or the vendored operators/kubernetes/crds)")
     validate.add_argument("--kubernetes-version", default="1.33", help="schema version for core kinds (default 1.33)")
     return parser
 
