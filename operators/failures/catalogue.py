@@ -61,15 +61,15 @@ TRANSIENT_ERRNOS: frozenset[int] = frozenset(
     )
     if hasattr(errno, name)
 )  # fmt: skip
-# getaddrinfo's EAI_AGAIN ("Temporary failure in name resolution") and EAI_NONAME with a
-# resolver that is down look alike; only EAI_AGAIN is transient by definition.
+# getaddrinfo's EAI_AGAIN ("Temporary failure in name resolution") is transient by definition;
+# EAI_NONAME ("Name or service not known") is most often a wrong host name (a user's MASTER_ADDR).
 EAI_AGAIN = -3
 
 # Exception class names that only infrastructure raises: infra wherever they were raised.
 INFRA_EXCEPTION_NAMES: frozenset[str] = frozenset({
     # Python built-ins (OSError subclasses with a transient meaning)
     "ConnectionResetError", "ConnectionAbortedError", "BrokenPipeError", "ConnectionRefusedError",
-    "gaierror", "IncompleteRead", "RemoteDisconnected",
+    "IncompleteRead", "RemoteDisconnected",
     # torch.distributed / TorchElastic
     "DistNetworkError", "DistStoreError", "RendezvousTimeoutError", "RendezvousClosedError",
     "RendezvousConnectionError", "RendezvousStateError",
@@ -89,7 +89,7 @@ INFRA_EXCEPTION_NAMES: frozenset[str] = frozenset({
 })  # fmt: skip
 # Generic types a program often raises itself: the user's when user code raised them.
 AMBIGUOUS_EXCEPTION_NAMES: frozenset[str] = frozenset({
-    "TimeoutError", "timeout", "ConnectionError", "OSError", "IOError", "EnvironmentError",
+    "TimeoutError", "timeout", "ConnectionError", "OSError", "IOError", "EnvironmentError", "gaierror",
     "DistBackendError", "DistError", "ChildFailedError",
 })  # fmt: skip
 # Types that say "the program, its config or its data is wrong" when user code raised them.
@@ -189,7 +189,7 @@ STORAGE = _rx(
     r"\b(?:rateLimitExceeded|backendError)\b", r"\bRequestTimeout\b", r"\bServiceUnavailable\b",
 )  # fmt: skip
 NETWORK = _rx(
-    r"Temporary failure in name resolution", r"\bEAI_AGAIN\b", r"\bgaierror\b", r"\bConnectionError\b",
+    r"Temporary failure in name resolution", r"\bEAI_AGAIN\b", r"\bConnectionError\b",
     r"ConnectionRefusedError", r"ConnectionResetError", r"ConnectionAbortedError", r"NewConnectionError",
     r"Max retries exceeded with url", r"RemoteDisconnected", r"Remote end closed connection", r"Connection timed out",
     r"\bETIMEDOUT\b", r"\bECONNRESET\b", r"\bECONNREFUSED\b", r"Network is (?:unreachable|down)", r"No route to host",
@@ -319,7 +319,7 @@ def _transient_one(exc: BaseException) -> str | None:
     module = type(exc).__module__ or ""
     if name == "OperationalError" and "database is locked" in str(exc):
         return "database is locked"
-    if isinstance(exc, (TimeoutError, ConnectionError)) and type(exc) in (TimeoutError, ConnectionError):
+    if type(exc) in (TimeoutError, ConnectionError) and exc.errno is None:
         # The bare built-ins: a program raises these itself too.
         return None if _raised_by_user_code(exc) else f"{name} (a connection or timeout error)"
     if isinstance(exc, ConnectionError):
