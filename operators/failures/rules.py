@@ -42,6 +42,38 @@ _PEER_LOST = catalogue.PEER_LOST
 _RENDEZVOUS = catalogue.RENDEZVOUS
 _STORAGE = catalogue.STORAGE
 _NETWORK = catalogue.NETWORK
+# A cloud provider took the machine back (spot/preemptible capacity, maintenance).
+_CLOUD_PREEMPTION = _rx(
+    r"\b(?:spot|preemptible)\b[^\n]{0,80}\b(?:interrupt\w*|preempt\w*|reclaim\w*|terminat\w*)",
+    r"\binstance (?:was |has been )?preempted\b",
+    r"\bpreempted by (?:the )?(?:cloud|provider|GCE|GCP|AWS|Azure|EC2)\b",
+    r"\b(?:EC2 )?Spot Instance Interruption\b",
+    r"\bhost maintenance\b[^\n]{0,60}\b(?:terminat\w*|migrat\w*|event)",
+)  # fmt: skip
+# The API server refused the object: an admission webhook, quota, validation (the spec is wrong).
+_ADMISSION_REJECTED = _rx(
+    r"admission webhook \S+ denied the request",
+    r"\bis forbidden: (?:exceeded quota|unable to validate against any (?:pod )?security policy|violates PodSecurity)",
+    r"\bis invalid: [\w.\[\]]+: (?:Invalid value|Required value|Unsupported value|Forbidden)",
+    r"\bfield is immutable\b",
+)  # fmt: skip
+_INVALID_DEVICE = _rx(
+    r"invalid device ordinal", r"CUDA error: invalid device (?:ordinal|function)", r"\bcudaErrorInvalidDevice\b",
+    r"Invalid device id", r"device (?:index|ordinal) \S+ (?:is )?out of range",
+)  # fmt: skip
+_CHECKPOINT_MISMATCH = _rx(
+    r"Error\(s\) in loading state_dict", r"Missing key\(s\) in state_dict", r"Unexpected key\(s\) in state_dict",
+    r"size mismatch for \S+: copying a param",
+)  # fmt: skip
+# The pod's /dev/shm is too small for the DataLoader's workers (Docker's default is 64 MiB).
+_SHM_TOO_SMALL = _rx(
+    r"DataLoader worker \(pid \d+\) is killed by signal: Bus error",
+    r"unable to write to file </torch_\d+",
+    r"insufficient shared memory \(shm\)", r"workers are out of shared memory", r"Unexpected bus error encountered in worker",
+    r"No space left on device[^\n]{0,40}/dev/shm|/dev/shm[^\n]{0,80}No space left on device",
+    r"NCCL[^\n]{0,80}(?:shm|shared memory)[^\n]{0,80}(?:No space left|failed)",
+)  # fmt: skip
+
 # Launcher wrappers: their traceback is torchrun's, not the cause.
 _WRAPPERS = {"ChildFailedError", "SignalException", "SystemExit", "KeyboardInterrupt", "CalledProcessError"}
 _CUDA_OOM = _rx(r"CUDA out of memory", r"\bOutOfMemoryError\b", r"CUDA error: out of memory")
@@ -369,6 +401,19 @@ def _bare_exceptions(f: Evidence) -> list[Exc]:
     return found
 
 
+def _all_texts(f: Evidence) -> list[str]:
+    """Logs, the error record, the pod message, events' and conditions' messages."""
+    return [*f.log_texts, *(m for _, m in f.event_texts()), *(c.message for c in f.conditions)]
+
+
+def _text_rule(pattern: re.Pattern[str], what: str) -> Matcher:
+    def matcher(f: Evidence) -> Hit | None:
+        hit = _first(pattern, _all_texts(f))
+        return Hit(what, hit[0], _line_rank(hit[0]), focus=hit[1]) if hit else None
+
+    return matcher
+
+
 def _log_rule(pattern: re.Pattern[str], what: str) -> Matcher:
     def matcher(f: Evidence) -> Hit | None:
         hit = _first(pattern, f.log_texts)
@@ -409,6 +454,8 @@ RULES: tuple[Rule, ...] = (
     Rule("node-lost", "infra", 1, _node_lost, summary="NodeLost / NodeNotReady / node not ready"),
     Rule("k8s-preempted", "infra", 1, _preempted, summary="pod reason Preempting, event Preempted"),
     Rule("k8s-evicted", "infra", 1, _evicted, summary="pod reason / event Evicted (node pressure)"),
+    Rule("cloud-preemption", "infra", 1, _text_rule(_CLOUD_PREEMPTION, "the cloud provider reclaimed the machine"), summary="spot/preemptible interruption, instance preempted"),  # fmt: skip
+    Rule("admission-rejected", "user", 1, _text_rule(_ADMISSION_REJECTED, "the Kubernetes API refused the object"), summary="admission webhook denied, quota exceeded, invalid field"),  # fmt: skip
     # 2. The container runtime said why.
     Rule("oom-killed", "user", 2, _oom_killed, summary="termination reason OOMKilled"),
     Rule("image-pull-throttled", "infra", 2, _image_throttled, summary="pull failed: toomanyrequests / 429"),
@@ -423,6 +470,9 @@ RULES: tuple[Rule, ...] = (
     Rule("cuda-oom", "user", 4, _cuda_oom, summary="CUDA out of memory"),
     Rule("import-error", "user", 4, _import_error, summary="ModuleNotFoundError / ImportError / SyntaxError"),
     Rule("illegal-memory-access", "user", 4, _illegal_memory_access, summary="CUDA illegal memory access, no Xid/ECC"),
+    Rule("invalid-device", "user", 4, _text_rule(_INVALID_DEVICE, "a GPU index that does not exist (device ordinal)"), summary="CUDA invalid device ordinal"),  # fmt: skip
+    Rule("checkpoint-mismatch", "user", 4, _text_rule(_CHECKPOINT_MISMATCH, "the checkpoint does not fit the model"), summary="state_dict missing/unexpected keys, size mismatch"),  # fmt: skip
+    Rule("shm-too-small", "user", 4, _text_rule(_SHM_TOO_SMALL, "/dev/shm too small for the DataLoader workers"), summary="DataLoader worker Bus error, /dev/shm full"),  # fmt: skip
     Rule("user-exception", "user", 4, _user_exception, summary="traceback through the trainer's/user's frames"),
     # 5. Infrastructure log patterns.
     Rule("gpu-hardware", "infra", 5, _gpu_hardware, summary="NVRM Xid (hardware), ECC, unspecified launch failure"),
