@@ -40,6 +40,7 @@ benchmarks: setup
 	$(BIN)/python benchmarks/trainer.py
 	$(BIN)/python benchmarks/pipeline.py
 	$(BIN)/python benchmarks/goodput.py
+	$(BIN)/python benchmarks/classifier.py
 
 constraints:
 	rm -rf /tmp/gangflow-freeze && $(PYTHON) -m venv /tmp/gangflow-freeze

@@ -10,7 +10,7 @@ speaks at all, the nearest precedents of the corpus may (`operators.failures.pre
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,10 +132,13 @@ def _rule_verdict(evidence: Mapping[str, Any]) -> tuple[Verdict, Evidence]:
     return _verdict(root, note), facts
 
 
-def classify(evidence: Mapping[str, Any], *, precedents: bool = True) -> Verdict:
+def classify(
+    evidence: Mapping[str, Any], *, precedents: bool = True, exclude_precedents: Collection[str] = ()
+) -> Verdict:
     """Judge a failed gang's evidence (contract 4, docs/failures.md). Never raises on odd evidence.
 
-    `precedents=False` gives the rule table's verdict alone (no corpus lookup).
+    `precedents=False` gives the rule table's verdict alone (no corpus lookup);
+    `exclude_precedents` leaves those corpus case ids out of the lookup (leave-one-out scoring).
     """
     if not isinstance(evidence, Mapping):
         return Verdict("unknown", True, f"unknown: evidence is a {type(evidence).__name__}, not an object")
@@ -148,7 +151,7 @@ def classify(evidence: Mapping[str, Any], *, precedents: bool = True) -> Verdict
     try:
         from operators.failures import precedent
 
-        found = precedent.lookup(facts)
+        found = precedent.lookup(facts, exclude=exclude_precedents)
     except Exception:  # noqa: BLE001 - the precedent base is an aid: without it the verdict stays unknown
         found = None
     return found or verdict

@@ -1,0 +1,183 @@
+"""The failure classifier on the public corpus, per split (issue 10; docs/failures.md).
+
+    python benchmarks/classifier.py                 # train and dev
+    python benchmarks/classifier.py --show-errors   # ... and list the misses (train/dev only)
+    python benchmarks/classifier.py --calibrate     # precedent threshold sweep: train base, dev queries
+    python benchmarks/classifier.py --test          # ... and the frozen test split (run once, at the end)
+
+Per split: accuracy, per-class precision/recall, the confusion matrix (true label x verdict),
+the `unknown` rate and the number of user bugs that would be retried. Counting: a verdict is
+correct when its kind equals the label (`unknown` is never correct); a user bug "would be
+retried" when its verdict is `infra` (retried until the budget is spent) or `unknown` (retried
+once, then treated as user) -- both are counted, and reported apart too.
+
+How each split is scored, so that no case helps judge itself:
+* train: the rules, then the shipped precedent base (train + dev) without the case itself;
+* dev: the rules, then a train-only precedent base (dev projects are unseen, as test ones are);
+* test: the rules, then the shipped base (train + dev); the test split's files must hash to
+  split.json's `test_sha256`, or the script refuses to run. Test misses are never printed.
+
+Goals on test: accuracy >= 0.95, unknown <= 5%, user bugs retried 0.
+Progress and tables go to stderr; the last line on stdout is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from operators.failures import classify  # noqa: E402
+from operators.failures import precedent as precedent_mod  # noqa: E402
+from operators.failures.cases import CORPUS_DIR, CorpusError, load_split, load_split_cases  # noqa: E402
+from operators.failures.evidence import Evidence  # noqa: E402
+
+GOALS = {"accuracy_min": 0.95, "unknown_rate_max": 0.05, "user_bugs_retried_max": 0}
+KINDS = ("infra", "user", "unknown")
+
+
+def note(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def judge(case, base, threshold: float):
+    """(verdict, source): source is 'rule', 'precedent' or 'none'."""
+    verdict = classify(case.evidence, precedents=False)
+    if verdict.kind != "unknown" or base is None:
+        return verdict, ("rule" if verdict.kind != "unknown" else "none")
+    found = base.verdict(Evidence.parse(case.evidence), threshold, exclude={case.id})
+    return (found, "precedent") if found else (verdict, "none")
+
+
+def score(cases, base, threshold: float) -> tuple[dict, list]:
+    confusion = {label: dict.fromkeys(KINDS, 0) for label in ("infra", "user")}
+    sources = {"rule": [0, 0], "precedent": [0, 0], "none": [0, 0]}  # [correct, total]
+    hard = [0, 0]
+    misses = []
+    for case in cases:
+        verdict, source = judge(case, base, threshold)
+        confusion[case.label][verdict.kind] += 1
+        ok = verdict.kind == case.label
+        sources[source][0] += ok
+        sources[source][1] += 1
+        if case.hard:
+            hard[0] += ok
+            hard[1] += 1
+        if not ok:
+            misses.append((case, verdict, source))
+    n = len(cases)
+    correct = confusion["infra"]["infra"] + confusion["user"]["user"]
+    per_class = {}
+    for label in ("infra", "user"):
+        predicted = confusion["infra"][label] + confusion["user"][label]
+        actual = sum(confusion[label].values())
+        tp = confusion[label][label]
+        per_class[label] = {
+            "precision": round(tp / predicted, 4) if predicted else None,
+            "recall": round(tp / actual, 4) if actual else None,
+            "n": actual,
+        }
+    unknown = confusion["infra"]["unknown"] + confusion["user"]["unknown"]
+    result = {
+        "n": n,
+        "accuracy": round(correct / n, 4) if n else None,
+        "unknown_rate": round(unknown / n, 4) if n else None,
+        "user_bugs_retried": confusion["user"]["infra"] + confusion["user"]["unknown"],
+        "user_bugs_retried_as_infra": confusion["user"]["infra"],
+        "user_bugs_retried_once_as_unknown": confusion["user"]["unknown"],
+        "per_class": per_class,
+        "confusion": confusion,
+        "hard": {"n": hard[1], "accuracy": round(hard[0] / hard[1], 4) if hard[1] else None},
+        "by_source": {k: {"n": v[1], "correct": v[0]} for k, v in sources.items()},
+        "projects": len({c.file for c in cases}),
+    }
+    return result, misses
+
+
+def print_table(name: str, r: dict) -> None:
+    note(f"\n== {name}: {r['n']} cases from {r['projects']} projects")
+    note(f"accuracy {r['accuracy']}  unknown {r['unknown_rate']}  user bugs retried {r['user_bugs_retried']} "
+         f"(as infra {r['user_bugs_retried_as_infra']}, once as unknown {r['user_bugs_retried_once_as_unknown']})  "
+         f"hard {r['hard']['accuracy']} of {r['hard']['n']}")  # fmt: skip
+    note("true \\ verdict     infra    user  unknown")
+    for label in ("infra", "user"):
+        row = r["confusion"][label]
+        note(f"{label:<16} {row['infra']:>7} {row['user']:>7} {row['unknown']:>8}")
+    for label, pc in r["per_class"].items():
+        note(f"{label}: precision {pc['precision']}  recall {pc['recall']}")
+    note("by source: " + ", ".join(f"{k} {v['correct']}/{v['n']}" for k, v in r["by_source"].items()))
+
+
+def print_misses(name: str, misses) -> None:
+    for case, verdict, source in misses:
+        note(f"  MISS [{name}] {case.id} label={case.label}{' hard' if case.hard else ''} -> {verdict.kind} ({source}, "
+             f"{verdict.rule or '-'}): {verdict.reason[:160]}\n        why: {case.why[:160]}")  # fmt: skip
+
+
+def calibrate(train, dev) -> list[dict]:
+    base = precedent_mod.PrecedentBase(train)
+    pending = [c for c in dev if classify(c.evidence, precedents=False).kind == "unknown"]
+    rows = []
+    for step in range(4, 19):
+        threshold = round(step * 0.05, 2)
+        r, _ = score(dev, base, threshold)
+        decided = [c for c in pending if base.verdict(Evidence.parse(c.evidence), threshold) is not None]
+        rows.append({"threshold": threshold, "accuracy": r["accuracy"], "unknown_rate": r["unknown_rate"],
+                     "user_bugs_retried_as_infra": r["user_bugs_retried_as_infra"],
+                     "precedent": r["by_source"]["precedent"], "decided": len(decided)})  # fmt: skip
+        note(f"threshold {threshold:.2f}: dev accuracy {r['accuracy']} unknown {r['unknown_rate']} "
+             f"user->infra {r['user_bugs_retried_as_infra']} precedent {r['by_source']['precedent']}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--test", action="store_true", help="also score the frozen test split (verifies its hash)")
+    parser.add_argument("--calibrate", action="store_true", help="sweep the precedent threshold (train base, dev queries)")
+    parser.add_argument("--show-errors", action="store_true", help="list the misses of train and dev (never test)")
+    parser.add_argument("--corpus", type=Path, default=CORPUS_DIR, help="corpus folder (default: the package's)")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    try:
+        split = load_split(args.corpus)
+        train = load_split_cases(split, "train", args.corpus)
+        dev = load_split_cases(split, "dev", args.corpus)
+        test = load_split_cases(split, "test", args.corpus) if args.test else None  # verifies test_sha256 first
+    except CorpusError as exc:
+        print(f"benchmarks/classifier.py: {exc}", file=sys.stderr)
+        return 2
+    out: dict = {"threshold": precedent_mod.THRESHOLD, "k": precedent_mod.K, "splits": {}}
+    if args.calibrate:
+        out["calibration"] = calibrate(train, dev)
+    shipped = precedent_mod.PrecedentBase(train + dev)
+    train_only = precedent_mod.PrecedentBase(train)
+    plan = [("train", train, shipped), ("dev", dev, train_only)]
+    if test is not None:
+        plan.append(("test", test, shipped))
+    for name, cases, base in plan:
+        result, misses = score(cases, base, precedent_mod.THRESHOLD)
+        out["splits"][name] = result
+        print_table(name, result)
+        if args.show_errors and name != "test":
+            print_misses(name, misses)
+    if test is not None:
+        t = out["splits"]["test"]
+        out["goals_met_on_test"] = {
+            "accuracy": t["accuracy"] is not None and t["accuracy"] >= GOALS["accuracy_min"],
+            "unknown_rate": t["unknown_rate"] is not None and t["unknown_rate"] <= GOALS["unknown_rate_max"],
+            "user_bugs_retried": t["user_bugs_retried"] <= GOALS["user_bugs_retried_max"],
+        }
+        out["test_sha256"] = split.test_sha256
+    out["goals"] = GOALS
+    out["seconds"] = round(time.monotonic() - started, 1)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
