@@ -382,6 +382,16 @@ def _user_exception(f: Evidence) -> Hit | None:
     return None
 
 
+def _user_exception_line(f: Evidence) -> Hit | None:
+    """A bare exception line (no traceback) whose type says the program is wrong."""
+    if f.record is not None and f.record.source_given and f.record.source is None:
+        return None
+    for exc in _bare_exceptions(f):
+        if exc.name in catalogue.USER_EXCEPTION_NAMES and judge(exc) is None:
+            return Hit(f"{exc.name} (the program, its config or its data is wrong)", exc.text, exc.rank, focus=exc.name)
+    return None
+
+
 def _infra_exception(f: Evidence) -> Hit | None:
     for exc in [*_candidate_exceptions(f), *_bare_exceptions(f)]:
         found = judge(exc)
@@ -474,6 +484,7 @@ RULES: tuple[Rule, ...] = (
     Rule("checkpoint-mismatch", "user", 4, _text_rule(_CHECKPOINT_MISMATCH, "the checkpoint does not fit the model"), summary="state_dict missing/unexpected keys, size mismatch"),  # fmt: skip
     Rule("shm-too-small", "user", 4, _text_rule(_SHM_TOO_SMALL, "/dev/shm too small for the DataLoader workers"), summary="DataLoader worker Bus error, /dev/shm full"),  # fmt: skip
     Rule("user-exception", "user", 4, _user_exception, summary="traceback through the trainer's/user's frames"),
+    Rule("user-exception-line", "user", 4, _user_exception_line, summary="a bare ValueError/KeyError/TypeError... line"),
     # 5. Infrastructure log patterns.
     Rule("gpu-hardware", "infra", 5, _gpu_hardware, summary="NVRM Xid (hardware), ECC, unspecified launch failure"),
     Rule(
