@@ -4,6 +4,7 @@
     python benchmarks/classifier.py --show-errors   # ... and list the misses (train/dev only)
     python benchmarks/classifier.py --calibrate     # precedent threshold sweep: train base, dev queries
     python benchmarks/classifier.py --test          # ... and the frozen test split (run once, at the end)
+    python benchmarks/classifier.py --rule-table    # print docs/failures.md's rule table (markdown) and exit
 
 Per split: accuracy, per-class precision/recall, the confusion matrix (true label x verdict),
 the `unknown` rate and the number of user bugs that would be retried. Counting: a verdict is
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -135,13 +137,50 @@ def calibrate(train, dev) -> list[dict]:
     return rows
 
 
+TIERS = {1: "1 Kubernetes", 2: "2 runtime", 3: "3 trainer", 4: "4 exception", 5: "5 infra log", 6: "6 exit code"}
+
+
+def _source_link(source: str) -> str:
+    urls = re.findall(r"https://github\.com/([\w.-]+/[\w.-]+)/(issues|pull)/(\d+)", source)
+    if urls:
+        return ", ".join(f"[{r}#{n}](https://github.com/{r}/{kind}/{n})" for r, kind, n in dict.fromkeys(urls))
+    blob = re.match(r"https://github\.com/([\w.-]+/[\w.-]+)/blob/[\w.-]+/(\S+)", source)
+    if blob:
+        return f"{blob.group(1)} {blob.group(2)}"
+    return source.split(" (")[0].split(";")[0]
+
+
+def rule_table() -> str:
+    """The rule table of docs/failures.md, from `RULES` and the regression fixtures."""
+    from operators.failures import RULES
+
+    fixtures: dict[str, list[tuple[str, str]]] = {}
+    for path in sorted((ROOT / "tests/operators/evidence").glob("*.json")):
+        data = json.loads(path.read_text())
+        fixtures.setdefault(data["expect"]["rule"], []).append((path.stem, data["source"]))
+
+    def tested(rule: str) -> str:
+        return "<br>".join(f"`{stem}`: {_source_link(src)}" for stem, src in fixtures.get(rule, []))
+
+    rows = ["| # | rule | kind | tier | decisive signal | tested on (fixture: public source) |", "|---|---|---|---|---|---|"]
+    for i, rule in enumerate(RULES, 1):
+        kind = rule.kind + (" (secondary)" if rule.secondary else "")
+        rows.append(f"| {i} | `{rule.name}` | {kind} | {TIERS[rule.tier]} | {rule.summary} | {tested(rule.name)} |")
+    rows.append(f"| – | *(no rule)* | by precedent, else unknown | – | nearest corpus cases, else nothing | {tested('')} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--test", action="store_true", help="also score the frozen test split (verifies its hash)")
     parser.add_argument("--calibrate", action="store_true", help="sweep the precedent threshold (train base, dev queries)")
     parser.add_argument("--show-errors", action="store_true", help="list the misses of train and dev (never test)")
     parser.add_argument("--corpus", type=Path, default=CORPUS_DIR, help="corpus folder (default: the package's)")
+    parser.add_argument("--rule-table", action="store_true", help="print the rule table (markdown) and exit")
     args = parser.parse_args(argv)
+    if args.rule_table:
+        print(rule_table())
+        return 0
     started = time.monotonic()
     try:
         split = load_split(args.corpus)

@@ -322,3 +322,13 @@ def test_cli_rejects_bad_input(stdin, message):
     proc = run_cli(stdin)
     assert proc.returncode == 2
     assert message in proc.stderr and proc.stdout == ""
+
+
+def test_the_docs_rule_table_is_current():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gangflow_bench_classifier", PROJECT_ROOT / "benchmarks" / "classifier.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    docs = (PROJECT_ROOT / "docs" / "failures.md").read_text()
+    assert module.rule_table() in docs, "regenerate it: python benchmarks/classifier.py --rule-table"
