@@ -8,7 +8,7 @@ from operators import settings
 
 
 def failure_record_path(dag_id: str, run_id: str):
-    return settings.state_dir() / "failures" / dag_id / f"{settings.run_key(run_id)}.json"
+    return settings.state_dir() / "failures" / dag_id / f"{settings.run_key(dag_id, run_id)}.json"
 
 
 def record_failure(context) -> None:

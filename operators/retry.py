@@ -64,11 +64,12 @@ def _ledger(context: Any) -> Path | None:
     except (KeyError, TypeError, AttributeError):
         return None
     dag_id, task_id = getattr(ti, "dag_id", None), getattr(ti, "task_id", None)
-    if not (isinstance(dag_id, str) and isinstance(task_id, str) and isinstance(run_id, str)):
+    if not (isinstance(dag_id, str) and isinstance(task_id, str) and isinstance(run_id, str) and dag_id and run_id):
         return None
     map_index = getattr(ti, "map_index", -1)
     name = task_id if map_index in (None, -1) else f"{task_id}.{map_index}"
-    return settings.state_dir() / "retries" / dag_id / settings.run_key(run_id) / f"{settings.run_key(name)}.json"
+    # Task ids are Airflow keys ([\w.-]+), safe as file names; the run needs its identity.
+    return settings.state_dir() / "retries" / dag_id / settings.run_key(dag_id, run_id) / f"{name}.json"
 
 
 def _count_unknowns(context: Any, try_number: int, kind: str) -> int:

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 TAG_DAG_ID = "gangflow.dag_id"
 TAG_DAG_RUN_ID = "gangflow.dag_run_id"
+# What a retry looks its run up by: `settings.run_identity` (deployment, DAG id, raw run id), so
+# two deployments sharing an MLflow server never adopt each other's run.
+TAG_RUN_IDENTITY = "gangflow.run_identity"
 
 # MLflow error codes that mean "the service is there but cannot answer now". INTERNAL_ERROR
 # counts only when a server sent it (HTTP 500): locally it is MlflowException's default code.
@@ -139,11 +142,11 @@ def ensure_experiment(client: MlflowClient, name: str) -> str:
 
 
 def find_run(client: MlflowClient, experiment_id: str, *, dag_id: str, dag_run_id: str) -> str | None:
-    """The id of the MLflow run created for this DAG run, or None."""
+    """The id of the MLflow run created for this DAG run (by its run identity), or None."""
     from mlflow.entities import ViewType
 
     uri = client_uri(client)
-    flt = f"tags.`{TAG_DAG_ID}` = {_literal(dag_id)} AND tags.`{TAG_DAG_RUN_ID}` = {_literal(dag_run_id)}"
+    flt = f"tags.`{TAG_RUN_IDENTITY}` = '{settings.run_identity(dag_id, dag_run_id)}'"
     with mlflow_errors(uri, f"search runs of DAG run {dag_id}/{dag_run_id}"):
         runs = client.search_runs(
             [experiment_id], filter_string=flt, run_view_type=ViewType.ACTIVE_ONLY,
@@ -162,13 +165,15 @@ def ensure_run(
     tags: Mapping[str, str] | None = None,
 ) -> str:
     """The MLflow run id for this DAG run: reused when a run tagged with the same
-    `gangflow.dag_id`/`gangflow.dag_run_id` exists (a retried task), created otherwise."""
+    `gangflow.run_identity` exists (a retried task), created otherwise. The run also carries
+    `gangflow.dag_id`/`gangflow.dag_run_id` for people."""
     existing = find_run(client, experiment_id, dag_id=dag_id, dag_run_id=dag_run_id)
     if existing is not None:
         log.info("reusing MLflow run %s for DAG run %s/%s", existing, dag_id, dag_run_id)
         return existing
     all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
-    all_tags.update({TAG_DAG_ID: dag_id, TAG_DAG_RUN_ID: dag_run_id})
+    all_tags.update({TAG_DAG_ID: dag_id, TAG_DAG_RUN_ID: dag_run_id,
+                     TAG_RUN_IDENTITY: settings.run_identity(dag_id, dag_run_id)})
     with mlflow_errors(client_uri(client), f"create a run for DAG run {dag_id}/{dag_run_id}"):
         run = client.create_run(experiment_id, tags=all_tags, run_name=run_name)
     log.info("created MLflow run %s for DAG run %s/%s", run.info.run_id, dag_id, dag_run_id)

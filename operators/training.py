@@ -6,7 +6,6 @@ or register your own with `operators.backends.register_backend`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -24,8 +23,9 @@ _FAILURES: dict[str, type[GangFailure]] = {"infra": InfraFailure, "user": UserFa
 
 
 def gang_name(dag_id: str, run_id: str) -> str:
-    """A DNS-1123 label unique per DAG run and stable across its tries."""
-    digest = hashlib.sha256(f"{dag_id}/{run_id}".encode()).hexdigest()[:10]
+    """A DNS-1123 label unique per DAG run (across deployments too) and stable across its tries:
+    the DAG id for humans plus the run's identity (`settings.run_identity`)."""
+    digest = settings.run_identity(dag_id, run_id)[:10]
     stem = re.sub(r"[^a-z0-9-]+", "-", dag_id.lower()).strip("-")[:40].strip("-") or "gang"
     return f"{stem}-{digest}"
 

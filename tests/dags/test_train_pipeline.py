@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 from safetensors.numpy import load_file
 
-from operators.settings import run_key
-
 from pipeline_runs import FAST, PROJECT_ROOT, finish, pipeline_env, run_pipeline, start_pipeline
 
 HEAVY = ("torch", "mlflow", "great_expectations", "dvc", "pandas")
@@ -159,8 +157,14 @@ def _wait_for(probe, proc, timeout=600):
     raise TimeoutError("first try did not fail in time")
 
 
+def _run_dir(home: Path, dag_run_id: str) -> Path:
+    """The run dir as the deployment computes it (its identity depends on its Airflow config)."""
+    code = f"from operators import embedded, settings\nembedded.apply()\nprint(settings.run_dir('train_pipeline', {dag_run_id!r}))"
+    return Path(_python(code, home))
+
+
 def _weights(home: Path, summary: dict) -> dict:
-    final = home / "runs" / "train_pipeline" / run_key(summary["dag_run_id"]) / "final" / "model.safetensors"
+    final = _run_dir(home, summary["dag_run_id"]) / "final" / "model.safetensors"
     return {k: v.tobytes() for k, v in load_file(final).items()}
 
 
