@@ -10,12 +10,16 @@ What a valid split looks like, and why (every threshold is a constant below):
 |----------------------------------------------|------------------|------------------------------------|
 | ExpectTableColumnsToMatchSet (exact)         | table            | pixel_00..pixel_63 + label, no more |
 | ExpectTableRowCountToBeBetween               | table            | ROW_COUNT[split]                   |
-| ExpectColumnTypeToBe                         | each pixel_NN    | FEATURE_DTYPE ("float32")          |
-| ExpectColumnTypeToBe                         | label            | LABEL_DTYPE ("int64")              |
-| ExpectColumnValuesToNotBeNull                | every column     | no nulls at all                    |
-| ExpectColumnValuesToBeBetween                | each pixel_NN    | [PIXEL_MIN, PIXEL_MAX] = [0, 16]   |
+| ExpectColumnsTypesToBe                       | all pixel_NN     | FEATURE_DTYPE ("float32")          |
+| ExpectColumnsTypesToBe                       | label            | LABEL_DTYPE ("int64")              |
+| ExpectColumnsValuesToNotBeNull               | every column     | no nulls at all                    |
+| ExpectColumnsValuesToBeBetween               | all pixel_NN     | [PIXEL_MIN, PIXEL_MAX] = [0, 16]   |
 | ExpectColumnValuesToBeInSet                  | label            | CLASSES = {0..9}                   |
 | ExpectColumnKLDivergenceToBeLessThan         | label            | KL(observed || uniform) < MAX_CLASS_KL |
+
+The `ExpectColumns*` checks (operators/expectations.py) are GX expectations over many columns in
+one vectorised pass; a failure still names each failing column. 8 expectations per split instead
+of 198 (one per pixel column and check), for the same meaning: 5 s -> well under 1 s.
 
 Class balance is a distributional check: the observed class shares are compared with the uniform
 partition (each class 1/10) by Kullback-Leibler divergence. MAX_CLASS_KL = 0.01 passes the real
@@ -32,6 +36,8 @@ import sys
 
 import great_expectations as gx
 import great_expectations.expectations as gxe
+
+from operators.expectations import ExpectColumnsTypesToBe, ExpectColumnsValuesToBeBetween, ExpectColumnsValuesToNotBeNull
 
 FEATURES: list[str] = [f"pixel_{i:02d}" for i in range(64)]
 LABEL = "label"
@@ -58,11 +64,14 @@ ROW_COUNT: dict[str, tuple[int, int]] = {
 MAX_CLASS_KL = 0.01
 
 
-def digits_suite(split: str) -> gx.ExpectationSuite:
-    """The expectation suite for one split ("train" or "test") of the digits dataset."""
+def digits_suite(split: str, *, row_count: tuple[int, int] | None = None) -> gx.ExpectationSuite:
+    """The expectation suite for one split ("train" or "test") of the digits dataset.
+
+    `row_count` replaces the split's ROW_COUNT band (benchmarks on synthetic data of other sizes).
+    """
     if split not in ROW_COUNT:
         raise ValueError(f"split={split!r}: the digits suite knows the splits {sorted(ROW_COUNT)}")
-    min_rows, max_rows = ROW_COUNT[split]
+    min_rows, max_rows = row_count or ROW_COUNT[split]
     expectations: list[gxe.Expectation] = []
 
     # Schema: exactly these columns, with these dtypes.
@@ -74,14 +83,21 @@ def digits_suite(split: str) -> gx.ExpectationSuite:
         min_value=min_rows, max_value=max_rows,
         description=f"The {split} split holds {min_rows}..{max_rows} rows.",
     ))
-    expectations += [gxe.ExpectColumnTypeToBe(column=c, type_=FEATURE_DTYPE) for c in FEATURES]
-    expectations.append(gxe.ExpectColumnTypeToBe(column=LABEL, type_=LABEL_DTYPE))
+    expectations.append(ExpectColumnsTypesToBe(
+        columns=FEATURES, type_=FEATURE_DTYPE, description=f"Every pixel_NN column is {FEATURE_DTYPE}.",
+    ))
+    expectations.append(ExpectColumnsTypesToBe(
+        columns=[LABEL], type_=LABEL_DTYPE, description=f"The label column is {LABEL_DTYPE}.",
+    ))
 
     # Values: complete, in range, known classes.
-    expectations += [gxe.ExpectColumnValuesToNotBeNull(column=c) for c in COLUMNS]
-    expectations += [
-        gxe.ExpectColumnValuesToBeBetween(column=c, min_value=PIXEL_MIN, max_value=PIXEL_MAX) for c in FEATURES
-    ]
+    expectations.append(ExpectColumnsValuesToNotBeNull(
+        columns=COLUMNS, description="No column holds a null.",
+    ))
+    expectations.append(ExpectColumnsValuesToBeBetween(
+        columns=FEATURES, min_value=PIXEL_MIN, max_value=PIXEL_MAX,
+        description=f"Every pixel value lies in [{PIXEL_MIN:g}, {PIXEL_MAX:g}].",
+    ))
     expectations.append(gxe.ExpectColumnValuesToBeInSet(
         column=LABEL, value_set=CLASSES,
         description="Labels are the digits 0..9.",
@@ -96,7 +112,7 @@ def digits_suite(split: str) -> gx.ExpectationSuite:
     ))
 
     # Passing the list to the constructor: add_expectation() compares each new expectation
-    # with every one already added (quadratic; seconds for ~200 expectations).
+    # with every one already added (quadratic).
     return gx.ExpectationSuite(
         name=f"digits.{split}", expectations=expectations, meta={"gangflow": {"split": split}}
     )

@@ -58,13 +58,19 @@ class ExpectationFailure:
 
 @dataclass
 class ValidationReport:
-    """What `run_expectations` found: per-split GX results, failures, and the Data Docs index."""
+    """What `run_expectations` found: per-split GX results, failures, and the Data Docs index.
+
+    `failures` has one entry per failing column of a multi-column expectation
+    (operators/expectations.py), so it can be longer than the count of failed expectations,
+    which is `failed` (per split).
+    """
 
     success: bool
     failures: list[ExpectationFailure]
     evaluated: dict[str, int]
     data_docs: Path | None
     results: dict[str, Any] = field(repr=False, default_factory=dict)
+    failed: dict[str, int] = field(default_factory=dict)
 
     def describe(self, version: str | None = None, *, limit: int = MAX_LISTED_FAILURES) -> str:
         """A multi-line summary: one line per failed expectation (at most `limit`)."""
@@ -72,7 +78,8 @@ class ValidationReport:
         what = f"dataset version {version}" if version else "the dataset"
         if self.success:
             return f"{what} passed all {total} expectations ({self._per_split()})"
-        lines = [f"{what} failed {len(self.failures)} of {total} expectations ({self._per_split()}):"]
+        failed = sum(self._failed().values())
+        lines = [f"{what} failed {failed} of {total} expectations ({self._per_split()}):"]
         lines += [f"  - {failure}" for failure in self.failures[:limit]]
         if len(self.failures) > limit:
             lines.append(f"  ... and {len(self.failures) - limit} more (see the Data Docs)")
@@ -80,10 +87,16 @@ class ValidationReport:
             lines.append(f"Data Docs: {self.data_docs}")
         return "\n".join(lines)
 
-    def _per_split(self) -> str:
+    def _failed(self) -> dict[str, int]:
+        if self.failed:
+            return self.failed
         failed: dict[str, int] = {}
         for failure in self.failures:
             failed[failure.split] = failed.get(failure.split, 0) + 1
+        return failed
+
+    def _per_split(self) -> str:
+        failed = self._failed()
         return ", ".join(f"{split}: {failed.get(split, 0)} failed of {n}" for split, n in self.evaluated.items())
 
 
@@ -307,6 +320,7 @@ def run_expectations(
     results: dict[str, Any] = {}
     failures: list[ExpectationFailure] = []
     evaluated: dict[str, int] = {}
+    failed: dict[str, int] = {}
     used: set[str] = set()
     for split, frame in frames.items():
         suite = suite_factory(split)
@@ -321,14 +335,37 @@ def run_expectations(
         result = definition.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY", run_id=run_id)
         results[split] = result
         evaluated[split] = len(result.results)
-        failures += [describe_failure(split, r) for r in result.results if not r.success]
+        failed[split] = sum(1 for r in result.results if not r.success)
+        failures += [f for r in result.results if not r.success for f in describe_failures(split, r)]
     data_docs = None
     if docs_dir is not None:
         context.build_data_docs(site_names=["gangflow"])
         data_docs = docs_dir / "index.html"
     return ValidationReport(
-        success=not failures, failures=failures, evaluated=evaluated, data_docs=data_docs, results=results
+        success=not failures, failures=failures, evaluated=evaluated, data_docs=data_docs, results=results,
+        failed=failed,
     )
+
+
+def describe_failures(split: str, result: ExpectationValidationResult) -> list[ExpectationFailure]:
+    """One ExpectationFailure per failing column for the multi-column expectations
+    (`details.columns` in their result, operators/expectations.py), else `[describe_failure(...)]`."""
+    per_column = ((result.result or {}).get("details") or {}).get("columns")
+    if not isinstance(per_column, dict) or not per_column:
+        return [describe_failure(split, result)]
+    config = result.expectation_config
+    kwargs = {k: v for k, v in dict(config.kwargs).items() if k not in ("batch_id", "columns") and v is not None}
+    expected = ", ".join(f"{k}={_short(v)}" for k, v in kwargs.items())
+    failures = []
+    for column, found in per_column.items():
+        if found.get("missing"):
+            observed = "column is missing"
+        elif "observed" in found:
+            observed = f"observed {_short(found['observed'])}"
+        else:
+            observed = _unexpected(found, config.type)
+        failures.append(ExpectationFailure(split, config.type, column, expected, observed))
+    return failures
 
 
 def describe_failure(split: str, result: ExpectationValidationResult) -> ExpectationFailure:
@@ -350,15 +387,7 @@ def _observed(kind: str, result: ExpectationValidationResult) -> str:
     res = dict(result.result or {})
     details = res.get("details") or {}
     if "unexpected_count" in res and res.get("element_count") is not None:
-        count, total = res["unexpected_count"], res["element_count"]
-        missing = res.get("missing_count") or 0
-        sample = res.get("partial_unexpected_list") or []
-        text = f"{count} of {total} values unexpected ({100.0 * count / max(total, 1):.2f}%)"
-        if sample:
-            text += f", e.g. {_short(sample[:8])}"
-        if missing and kind != "expect_column_values_to_not_be_null":
-            text += f"; {missing} null"
-        return text
+        return _unexpected(res, kind)
     if kind == "expect_column_kl_divergence_to_be_less_than":
         observed = res.get("observed_value")
         shares = details.get("observed_partition") or {}
@@ -372,6 +401,18 @@ def _observed(kind: str, result: ExpectationValidationResult) -> str:
         parts = [f"{k} {_short(sorted(map(str, v)))}" for k, v in mismatched.items() if v]
         return "columns " + "; ".join(parts) if parts else f"observed {_short(res.get('observed_value'))}"
     return f"observed {_short(res.get('observed_value'))}"
+
+
+def _unexpected(res: Mapping[str, Any], kind: str) -> str:
+    count, total = res["unexpected_count"], res["element_count"]
+    missing = res.get("missing_count") or 0
+    sample = res.get("partial_unexpected_list") or []
+    text = f"{count} of {total} values unexpected ({100.0 * count / max(total, 1):.2f}%)"
+    if sample:
+        text += f", e.g. {_short(sample[:8])}"
+    if missing and kind != "expect_column_values_to_not_be_null":
+        text += f"; {missing} null"
+    return text
 
 
 def _short(value: Any, limit: int = 8) -> str:
