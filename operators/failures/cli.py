@@ -30,7 +30,10 @@ def main(argv: list[str] | None = None) -> int:
                 raw = fh.read(MAX_INPUT + 1)
             origin = args[0]
         else:
-            raw, origin = sys.stdin.read(MAX_INPUT + 1), "stdin"
+            stream = getattr(sys.stdin, "buffer", None)  # bytes: undecodable input is not a traceback
+            data = stream.read(MAX_INPUT + 1) if stream is not None else sys.stdin.read(MAX_INPUT + 1)
+            raw = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+            origin = "stdin"
     except OSError as exc:
         print(f"operators.failures: cannot read {exc.filename or args[0]}: {exc.strerror}", file=sys.stderr)
         return 2

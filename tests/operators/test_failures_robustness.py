@@ -170,3 +170,37 @@ def test_torchrun_sigkill_exit_code_keeps_its_sign():
     assert evidence["exit_code"] == -9
     verdict = classify(evidence)
     assert (verdict.kind, verdict.rule) == ("infra", "killed-from-outside"), verdict.reason
+
+
+def test_cli_reads_undecodable_bytes_without_a_traceback():
+    proc = subprocess.run(
+        [sys.executable, "-m", "operators.failures"], input=b'\xff\xfe{"exit_code": 1}', capture_output=True,
+        cwd=PROJECT_ROOT, timeout=60, env={"PYTHONIOENCODING": "ascii:strict", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert b"Traceback" not in proc.stderr and proc.returncode == 2
+
+
+def test_random_evidence_never_raises():
+    import random
+
+    rng = random.Random(10)
+    atoms = [None, True, -9, 137, 10**30, 1.5, float("nan"), "", "SIGKILL", "OOMKilled", "Evicted", "DisruptionTarget",
+             "Traceback (most recent call last):\n", "ValueError: x", '  File "/app/t.py", line 1, in f\n', "[rank1]: ",
+             "failed (exitcode: -9) local_rank: 0", "NVRM: Xid (PCI:0): 79", "\x1b[31m", "{", "\n"]  # fmt: skip
+    keys = ["exit_code", "signal", "termination_reason", "pod_phase", "pod_reason", "pod_message", "pod_conditions",
+            "events", "log_tail", "error_file", "rank", "step", "ranks", "type", "reason", "message", "source"]  # fmt: skip
+
+    def value(depth: int):
+        roll = rng.random()
+        if depth > 3 or roll < 0.5:
+            return rng.choice(atoms)
+        if roll < 0.7:
+            return "".join(str(rng.choice(atoms)) for _ in range(rng.randint(1, 6)))
+        if roll < 0.85:
+            return [value(depth + 1) for _ in range(rng.randint(0, 4))]
+        return {rng.choice(keys): value(depth + 1) for _ in range(rng.randint(0, 5))}
+
+    for _ in range(400):
+        evidence = {rng.choice(keys): value(0) for _ in range(rng.randint(0, 8))}
+        verdict = classify(evidence)
+        assert verdict.kind in {"infra", "user", "unknown"} and len(verdict.reason) < 300
