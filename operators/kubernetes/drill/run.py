@@ -1,0 +1,339 @@
+"""`make cluster-drill`: `train_pipeline` with `backend=kubernetes`, the gang's pods run locally.
+
+    python -m operators.kubernetes.drill [--conf JSON] [--keep DIR]
+    GANGFLOW_FAULT="kill@step=30,rank=1" python -m operators.kubernetes.drill
+
+What runs (all on 127.0.0.1, all started and stopped here):
+
+- `moto_server`: the S3 API. Bucket `gangflow-drill` holds the DVC remote (`dvc push` of the
+  pinned dataset, for real, through dvc-s3) and the checkpoints (`checkpoint.uri`).
+- `mlflow server --serve-artifacts` on SQLite: runs, metrics and weights; pods log artifacts
+  through its proxy; the Airflow side (evaluate, promote) talks to the same server.
+- `InMemoryKubernetesApi`, the API server's TEST DOUBLE, holding the runtime ConfigMap, the
+  Secrets of the S3 and MLflow credentials, the Kueue queues, and what the backend submits.
+- `EmulatedCluster`: scripted Kueue admission, the Job controller, and a kubelet that runs every
+  pod's container as a local process (see cluster.py for exactly what it does).
+- Airflow: `dag.test()` of `train_pipeline` in this process (as `make demo`), on the state dir.
+
+The last line is `make demo`'s JSON plus `backend`, `checkpoint_uri` and `resumed_from_step`.
+Exit code 0 only when the DAG run succeeded and no pod touched the worker's state dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from operators import settings
+
+NAMESPACE = "gangflow-drill"
+BUCKET = "gangflow-drill"
+CONN_ID = "kubernetes_default"
+S3_SECRET = "gangflow-s3"
+MLFLOW_SECRET = "gangflow-mlflow"
+DEFAULT_CONF = {"backend": "kubernetes", "world_size": 2, "max_steps": 120, "checkpoint_every_steps": 10, "promotion_floor": 0.8}
+_RESUMED = re.compile(r"gangflow: resuming from checkpoint step-(\d+)")
+
+
+class DrillError(RuntimeError):
+    """The drill could not set up what it needs, or a pod broke isolation."""
+
+
+def echo(message: str) -> None:
+    print(message, flush=True)
+
+
+def image_reference(project: Path) -> str:
+    """A digest reference for the image the drill emulates: the sha256 of what it is built from
+    here (the Dockerfile and the files it copies), so lineage tags change when the image would."""
+    digest = hashlib.sha256()
+    for name in ("docker/training.Dockerfile", "params.yaml", "constraints.txt"):
+        digest.update((project / name).read_bytes())
+    return f"gangflow-drill.local/gangflow/training@sha256:{digest.hexdigest()}"
+
+
+def _b64(value: str) -> str:
+    return base64.b64encode(value.encode()).decode()
+
+
+def drill_runtime(*, image: str, mlflow_url: str, s3_url: str, rendezvous_port: int, dataset_remote: str) -> dict[str, Any]:
+    """The runtime.yaml a cluster admin would install (helm/gangflow values), for this drill."""
+    runtime: dict[str, Any] = {
+        "image": image,
+        "namespace": NAMESPACE,
+        "serviceAccountName": "gangflow-training",
+        "scheduler": "kueue",
+        "api": "jobset",
+        "queue": "gangflow",
+        "resources": {"cpu": "1", "memory": "2Gi", "gpu": 0},
+        "shmSize": "256Mi",
+        "checkpoint": {"uri": f"s3://{BUCKET}/checkpoints"},
+        "mlflowTrackingUri": mlflow_url,
+        "mlflowSecretRef": {"name": MLFLOW_SECRET, "key": "token"},
+        "rendezvousPort": rendezvous_port,
+        "admissionTimeoutSeconds": 300,
+        "startupTimeoutSeconds": 300,
+        "terminationGracePeriodSeconds": 30,  # the least the runtime accepts
+    }
+    # the data plane: pods fetch the pinned dataset from the DVC remote by content address and
+    # write checkpoints to checkpoint.uri with the S3 credentials of a Secret (envFrom)
+    runtime["dataset"] = {"remote": dataset_remote, "credentialsSecret": S3_SECRET, "endpointUrl": s3_url}
+    return runtime
+
+
+def _require_data_plane() -> None:
+    """Fail loudly, naming what is missing, rather than run the gang on worker paths."""
+    import dataclasses
+
+    from operators.kubernetes.runtime import RuntimeDefaults
+
+    if "dataset" not in {f.name for f in dataclasses.fields(RuntimeDefaults)}:
+        raise DrillError(
+            "the Kubernetes runtime (operators/kubernetes/runtime.py RuntimeDefaults) has no `dataset` setting "
+            "(remote, credentialsSecret, endpointUrl): pods could not fetch the pinned dataset by content address "
+            "nor reach S3 with credentials from a Secret (issue 9 items 1, 2, 5). The drill refuses to run a gang on worker paths."
+        )
+
+
+def cluster_objects(runtime: dict[str, Any], *, s3_key: str, s3_secret: str, mlflow_token: str, world_size: int) -> list[tuple[str, str, dict[str, Any]]]:
+    """(group, plural, object) the Helm chart and the cluster admin would have created."""
+    import yaml
+
+    meta = lambda name: {"name": name, "namespace": NAMESPACE}  # noqa: E731
+    return [
+        ("", "configmaps", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta("gangflow-runtime"), "data": {"runtime.yaml": yaml.safe_dump(runtime)}}),
+        ("", "secrets", {"apiVersion": "v1", "kind": "Secret", "metadata": meta(S3_SECRET), "type": "Opaque",
+                         "data": {"AWS_ACCESS_KEY_ID": _b64(s3_key), "AWS_SECRET_ACCESS_KEY": _b64(s3_secret)}}),
+        ("", "secrets", {"apiVersion": "v1", "kind": "Secret", "metadata": meta(MLFLOW_SECRET), "type": "Opaque", "data": {"token": _b64(mlflow_token)}}),
+        ("kueue.x-k8s.io", "localqueues", {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": meta("gangflow"), "spec": {"clusterQueue": "gangflow-drill"}}),
+        ("kueue.x-k8s.io", "clusterqueues", {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": "gangflow-drill"},
+         "spec": {"resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{"name": "drill-node", "resources": [
+             {"name": "cpu", "nominalQuota": str(max(world_size, 2))}, {"name": "memory", "nominalQuota": f"{2 * max(world_size, 2)}Gi"}]}]}]}}),
+    ]  # fmt: skip
+
+
+def under(path: str, root: Path) -> bool:
+    root_s = str(root).rstrip("/")
+    return path == root_s or path.startswith(root_s + "/")
+
+
+def isolation_findings(runs, state: Path) -> list[str]:
+    """Every way a pod reached the worker's state dir: a path its processes opened (audit hook),
+    or one named in what it was started with."""
+    from operators.kubernetes.drill.audit_hook import read
+
+    findings = []
+    for run in runs:
+        for path in read(run.audit_path):
+            if under(path, state):
+                findings.append(f"pod {run.name} opened {path}")
+        for item in [*run.argv, *run.env.values()]:
+            if str(state) in item:
+                findings.append(f"pod {run.name} was started with {item!r}")
+    return findings
+
+
+class Drill:
+    """Owns every server, thread and process of one drill; `close()` ends them all."""
+
+    def __init__(self, *, keep: Path | None = None, fault: str = "", conf: dict[str, Any] | None = None):
+        self.id = f"drill-{uuid.uuid4().hex[:10]}"
+        self.keep = keep
+        self.fault = fault
+        self.conf = {**DEFAULT_CONF, **(conf or {})}
+        self.state = settings.state_dir()
+        base = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="gangflow-drill-"))
+        if under(str(base.resolve()), self.state) or under(str(self.state), base.resolve()):
+            raise DrillError(f"drill dir {base} and the state dir {self.state} must not contain each other: pods must not reach the worker's files")
+        base.mkdir(parents=True, exist_ok=True)
+        self.dir = base.resolve()
+        self.servers: list = []
+        self.api = None
+        self.cluster = None
+        self.runtime: dict[str, Any] = {}
+
+    # --- set-up ------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        from operators.kubernetes.drill.servers import MlflowServer, MotoS3Server, free_port
+
+        _require_data_plane()
+        moto = MotoS3Server(self.dir / "s3")
+        mlflow = MlflowServer(self.dir / "mlflow")
+        self.servers = [moto, mlflow]
+        for server in self.servers:
+            server.launch()
+        moto.wait_ready()
+        echo(f"drill: S3 API (moto) on {moto.url}; starting MLflow on {mlflow.url}")
+        s3_key, s3_secret = "drill" + secrets.token_hex(6), secrets.token_hex(20)
+        self._s3_env(moto.url, s3_key, s3_secret)
+        self._bucket()
+        remote = f"s3://{BUCKET}/dvc"
+        version = self._push_dataset(remote)
+        mlflow.wait_ready()
+        echo(f"drill: MLflow server on {mlflow.url} (artifacts proxied from {mlflow.artifacts})")
+        os.environ["MLFLOW_TRACKING_URI"] = mlflow.url
+        self.runtime = drill_runtime(
+            image=image_reference(settings.PROJECT_ROOT), mlflow_url=mlflow.url, s3_url=moto.url,
+            rendezvous_port=free_port(), dataset_remote=remote,
+        )  # fmt: skip
+        self._api(s3_key, s3_secret)
+        self._cluster()
+        self.conf.setdefault("dataset_version", version)
+
+    def _s3_env(self, url: str, key: str, secret: str) -> None:
+        """The Airflow worker's S3 settings (its DVC remote); pods get theirs from the Secret."""
+        os.environ.update(AWS_ENDPOINT_URL=url, AWS_ACCESS_KEY_ID=key, AWS_SECRET_ACCESS_KEY=secret, AWS_DEFAULT_REGION="us-east-1")
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+            os.environ.pop(name, None)
+
+    def _bucket(self) -> None:
+        import boto3
+
+        # s3fs's mkdir sends a location constraint moto refuses: create it with boto3 in us-east-1
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
+
+    def _push_dataset(self, remote: str) -> str:
+        """`dvc push` of the pinned dataset to the S3 remote (the worker's DVC remote from now on)."""
+        from operators import dataset
+
+        os.environ[dataset.REMOTE_ENV] = remote
+        started = time.monotonic()
+        version = dataset.publish()
+        echo(f"drill: dvc push of dataset {version} to {remote} ({time.monotonic() - started:.1f}s)")
+        return version
+
+    def _api(self, s3_key: str, s3_secret: str) -> None:
+        from operators.kubernetes.drill.api_double import InMemoryKubernetesApi
+        from operators.kubernetes.validation import CrdRegistry, validate_object
+
+        registry = CrdRegistry(settings.PROJECT_ROOT / "operators" / "kubernetes" / "crds")
+        self.api = InMemoryKubernetesApi(validator=lambda obj: validate_object(obj, registry)).start()
+        for group, plural, obj in cluster_objects(
+            self.runtime, s3_key=s3_key, s3_secret=s3_secret, mlflow_token=secrets.token_hex(16), world_size=int(self.conf["world_size"])
+        ):
+            self.api.put(group, plural, obj)
+        os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = json.dumps(
+            {"conn_type": "kubernetes", "extra": {"kube_config": self.api.kubeconfig(NAMESPACE), "namespace": NAMESPACE}}
+        )
+        echo(f"drill: Kubernetes API test double on {self.api.url} (namespace {NAMESPACE})")
+
+    def _cluster(self) -> None:
+        from operators.kubernetes.drill import audit_hook
+        from operators.kubernetes.drill.cluster import EmulatedCluster
+        from operators.kubernetes.drill.image import build_image
+
+        audit_dir = self.dir / "audit"
+        audit_dir.mkdir()
+        shutil.copyfile(audit_hook.__file__, audit_dir / "sitecustomize.py")
+        image = build_image(self.dir / "image")
+        extra = {"GANGFLOW_FAULT": self.fault, "GANGFLOW_ALLOW_FAULTS": "1"} if self.fault else {}
+        self.cluster = EmulatedCluster(
+            self.api, workdir=self.dir / "pods", image=image, audit_dir=audit_dir, drill_id=self.id, extra_env=extra, echo=echo
+        ).start()
+
+    # --- the run -----------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        from operators import demo, embedded
+        from operators.kubernetes.runtime import RuntimeDefaults
+        from operators.training import gang_name
+
+        embedded.apply()  # after MLFLOW_TRACKING_URI points at the drill's server
+        dag_run = demo.run_dag(self.conf)
+        summary = demo.summarize(dag_run)
+        gang = gang_name(demo.DAG_ID, dag_run.run_id)
+        runs = list(self.cluster.history)
+        resumed = [int(m.group(1)) for run in runs for m in _RESUMED.finditer("".join(run.log_lines))]
+        summary |= {
+            "backend": "kubernetes",
+            "checkpoint_uri": RuntimeDefaults.from_mapping(self.runtime).checkpoint.run_dir(gang),
+            "resumed_from_step": resumed[-1] if resumed else None,
+        }
+        findings = isolation_findings(runs, self.state)
+        if self.cluster.error is not None:
+            findings.append(f"cluster emulation error: {self.cluster.error}")
+        if findings:
+            summary["state"] = "failed"
+            summary["failure"] = {"kind": "drill", "reason": "; ".join(findings[:5]) + (f" (+{len(findings) - 5} more)" if len(findings) > 5 else "")}
+        self._report(summary, runs)
+        return summary
+
+    def _report(self, summary: dict[str, Any], runs) -> None:
+        report = {"summary": summary, "state_dir": str(self.state), "drill_dir": str(self.dir), "runtime": self.runtime,
+                  "pods": [run.record() | {"audit_path": str(run.audit_path)} for run in runs], "events": self.cluster.events}  # fmt: skip
+        (self.dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
+
+    # --- tear-down ---------------------------------------------------------------------------------
+
+    def close(self, *, remove: bool) -> None:
+        from operators.kubernetes.drill.cluster import kill_marked
+        from operators.kubernetes.drill.image import make_writable
+
+        if self.cluster is not None:
+            self.cluster.stop()
+        kill_marked(self.id + "/")
+        if self.api is not None:
+            self.api.stop()
+        for server in reversed(self.servers):
+            server.stop()
+        if remove and not self.keep:
+            make_writable(self.dir)
+            shutil.rmtree(self.dir, ignore_errors=True)
+        else:
+            echo(f"drill: kept {self.dir} (report.json, pods/*/container.log, mlflow/, s3/moto.log)")
+
+
+def _on_signal(signum, frame):  # SIGTERM/SIGHUP: unwind through `finally`, which stops everything
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--conf", default="{}", help="DAG run conf (Params) merged over the drill's: " + json.dumps(DEFAULT_CONF))
+    parser.add_argument("--keep", type=Path, help="keep the drill's files (servers' data, pod dirs and logs, report.json) in this folder")
+    args = parser.parse_args(argv)
+    try:
+        conf = json.loads(args.conf)
+    except ValueError as exc:
+        parser.error(f"--conf: not valid JSON ({exc})")
+    if not isinstance(conf, dict):
+        parser.error("--conf: must be a JSON object")
+    if conf.get("backend", "kubernetes") != "kubernetes":
+        parser.error("--conf: backend must be 'kubernetes' (the drill runs the Kubernetes backend)")
+    # the fault goes to the emulated pods only; the real backend never forwards GANGFLOW_FAULT
+    fault = os.environ.pop("GANGFLOW_FAULT", "")
+    os.environ.pop("GANGFLOW_ALLOW_FAULTS", None)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _on_signal)
+    drill = Drill(keep=args.keep, fault=fault, conf=conf)
+    echo(f"drill {drill.id}: files in {drill.dir}; worker state dir {drill.state}" + (f"; fault for the pods: {fault}" if fault else ""))
+    summary: dict[str, Any] = {"state": "failed", "backend": "kubernetes", "train_attempts": 0, "promoted": False}
+    ok = False
+    try:
+        drill.start()
+        summary = drill.run()
+        ok = summary.get("state") == "success"
+    except DrillError as exc:
+        summary["failure"] = {"kind": "drill", "reason": str(exc)}
+    finally:
+        drill.close(remove=ok)
+    print(json.dumps(summary, default=str), flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
