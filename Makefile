@@ -40,6 +40,7 @@ benchmarks: setup
 	$(BIN)/python benchmarks/trainer.py
 	$(BIN)/python benchmarks/pipeline.py
 	$(BIN)/python benchmarks/goodput.py
+	$(BIN)/python benchmarks/validation.py
 	$(BIN)/python benchmarks/classifier.py
 
 constraints:
