@@ -16,6 +16,12 @@ Re-attach: object names are deterministic per Airflow try (`<gang>-t<try>`), so 
 before it creates; a worker that restarts mid-try finds its gang and creates nothing. A gang of an
 earlier try that is still running (its worker died, Airflow retried) is adopted rather than
 duplicated (like `ResumableJobMixin`); a finished one is deleted.
+
+Lineage: after submit, the DAG run's MLflow run (`MLFLOW_RUN_ID` in the spec's env) is tagged
+with `gangflow.gang`, `gangflow.job_uid` (the gang object's metadata.uid), `gangflow.image_digest`
+and `gangflow.dataset_version`; the gang object carries the run id as the annotation
+`gangflow.io/mlflow-run-id`. Tagging is idempotent (a re-attached try tags again) and a tracking
+outage does not fail a gang that is already running: it is logged as a warning.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from operators.exceptions import (
     KubernetesRequestError,
 )
 from operators.kubernetes import status as st
-from operators.kubernetes.builders import ATTEMPT_LABEL, CONTAINER, GANG_LABEL, TRAINJOB_NODE, GangPlan, build_gang
+from operators.kubernetes.builders import ATTEMPT_LABEL, CONTAINER, GANG_LABEL, TRAINJOB_NODE, GangPlan, build_gang, dataset_version
 from operators.kubernetes.client import GangApi, open_api, run_sync
 from operators.kubernetes.runtime import (
     RUNTIME_CONFIGMAP,
@@ -45,7 +51,23 @@ from operators.kubernetes.runtime import (
     RuntimeDefaults,
     merge_runtime,
     parse_quantity,
+    redact_uri,
 )
+
+# MLflow run tags the backend sets (the registry copies gangflow.* tags onto the model version).
+TAG_GANG = "gangflow.gang"
+TAG_JOB_UID = "gangflow.job_uid"
+TAG_JOB_KIND = "gangflow.job_kind"
+TAG_IMAGE_DIGEST = "gangflow.image_digest"
+TAG_DATASET_VERSION = "gangflow.dataset_version"
+
+
+def image_digest(image: str) -> tuple[str, str | None]:
+    """(what identifies the image's bytes, a warning or None): the `sha256:...` digest of a
+    reference pinned by digest, else the reference itself (a tag can move) and a warning."""
+    if "@sha256:" in image:
+        return image.split("@", 1)[1], None
+    return image, f"image {image} is not pinned by digest: the lineage tag records the tag, which can move"
 
 logger = logging.getLogger("gangflow.kubernetes")
 
@@ -150,7 +172,7 @@ class KubernetesBackend(GangBackend):
         try:
             return build_gang(spec, runtime, namespace=self.namespace or runtime.namespace or self._home_namespace())
         except (ValueError, RuntimeConfigError) as exc:
-            raise GangConfigError(f"gang {spec.name}: {exc}") from None
+            raise GangConfigError(f"gang {spec.name}: {redact_uri(str(exc))}") from None
 
     def _handle_for(self, plan: GangPlan, obj: Mapping[str, Any], runtime: RuntimeDefaults, *, reattached: bool) -> dict[str, Any]:
         meta = obj.get("metadata") or {}
@@ -167,6 +189,8 @@ class KubernetesBackend(GangBackend):
             "gang": plan.gang,
             "attempt": attempt,
             "world_size": plan.world_size,
+            "pods": plan.pods,
+            "processes_per_pod": plan.processes_per_pod,
             "scheduler": plan.scheduler,
             "api": plan.api,
             "queue": runtime.queue,
@@ -223,8 +247,9 @@ class KubernetesBackend(GangBackend):
             return
         cq_spec = cq.get("spec") or {}
         has_cohort = bool(cq_spec.get("cohortName") or cq_spec.get("cohort"))
+        pods = self.plan(spec).pods
         for resource, amount in per_rank.items():
-            need = amount * spec.world_size
+            need = amount * pods
             best: Decimal | None = None
             unlimited = False
             covered = False
@@ -250,7 +275,7 @@ class KubernetesBackend(GangBackend):
                 )
             if not unlimited and best is not None and need > best:
                 raise GangCapacityError(
-                    f"gang {spec.name}: needs {need} {resource} ({spec.world_size} ranks x {amount}) but ClusterQueue "
+                    f"gang {spec.name}: needs {need} {resource} ({pods} pods x {amount}) but ClusterQueue "
                     f"{cq_name} can hold at most {best} {resource} in one flavor"
                     + (" including borrowing" if has_cohort else " (nominal quota, no cohort to borrow from)")
                     + "; lower world_size or resources, or raise the quota"
@@ -265,7 +290,38 @@ class KubernetesBackend(GangBackend):
                 return await self._submit(api, plan, runtime)
 
         self._handle = run_sync(go)
+        self.tag_lineage(spec, self._handle, runtime)
         return self._handle
+
+    def lineage_tags(self, spec: GangSpec, handle: Mapping[str, Any], runtime: RuntimeDefaults) -> dict[str, str]:
+        digest, warning = image_digest(runtime.image)
+        if warning:
+            self._log(f"warning: {warning}")
+        tags = {TAG_GANG: spec.name, TAG_JOB_KIND: str(handle.get("kind")), TAG_IMAGE_DIGEST: digest}
+        if handle.get("uid"):
+            tags[TAG_JOB_UID] = str(handle["uid"])
+        version = dataset_version(spec)
+        if version:
+            tags[TAG_DATASET_VERSION] = version
+        return tags
+
+    def tag_lineage(self, spec: GangSpec, handle: Mapping[str, Any], runtime: RuntimeDefaults) -> dict[str, str]:
+        """Tag the DAG run's MLflow run with what ran (gang, object uid, image digest, data)."""
+        run_id = spec.env.get("MLFLOW_RUN_ID")
+        if not run_id:
+            return {}
+        tags = self.lineage_tags(spec, handle, runtime)
+        try:
+            from operators import tracking
+
+            client = tracking.get_client()  # the worker's view of the same tracking server
+            for key, value in tags.items():
+                client.set_tag(run_id, key, value)
+        except Exception as exc:  # noqa: BLE001 - the gang runs already; lineage is retried by a re-attach
+            self._log(f"warning: could not tag MLflow run {run_id} with the gang's lineage: {redact_uri(str(exc))}")
+            return {}
+        self._log(f"MLflow run {run_id} tagged: " + ", ".join(f"{k}={v}" for k, v in tags.items()))
+        return tags
 
     async def _submit(self, api: GangApi, plan: GangPlan, runtime: RuntimeDefaults) -> dict[str, Any]:
         where = f"{plan.kind} {plan.namespace}/{plan.name}"

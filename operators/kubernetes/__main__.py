@@ -1,9 +1,13 @@
 """`python -m operators.kubernetes render|validate`.
 
-    render   [--world-size N] [--queue NAME] [--scheduler kueue|volcano] [--api jobset|trainjob]
-             [--runtime FILE] [--name NAME] [--attempt N] [--namespace NS] [--set k=v ...] [--validate --crds DIR]
-             prints every object the Kubernetes backend would submit, as multi-document YAML
-             (built-in example runtime defaults when no --runtime file is given).
+    render   --dataset-version MD5 [--world-size N] [--queue NAME] [--scheduler kueue|volcano]
+             [--api jobset|trainjob] [--runtime FILE] [--name NAME] [--attempt N] [--namespace NS]
+             [--set k=v ...] [--validate [--crds DIR]]
+             prints every object the Kubernetes backend would submit for that pinned dataset version,
+             as multi-document YAML (built-in example runtime defaults when no --runtime file is
+             given); a summary (pods x processes per pod = world size, dataset, run dir) goes to
+             stderr. Without --dataset-version it refuses, unless the runtime says
+             dataset.imageCarriesData: true.
     validate FILE... [--crds DIR] [--kubernetes-version 1.33]
              validates YAML objects offline against the upstream schemas (strict, like the API server).
 """
@@ -51,7 +55,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m operators.kubernetes", description="gangflow's Kubernetes objects, offline.")
     sub = parser.add_subparsers(dest="command", required=True)
     render = sub.add_parser("render", help="print every object the backend would submit, as multi-document YAML")
-    render.add_argument("--world-size", type=_world_size, default=2, metavar="N", help="number of ranks (pods), >= 1 (default 2)")
+    render.add_argument(
+        "--world-size", type=_world_size, default=2, metavar="N",
+        help="training processes (ranks), >= 1 (default 2); pods = N / processes per pod (resources.gpu, or procsPerPod on CPU)",
+    )
+    render.add_argument("--dataset-version", metavar="MD5", help="the pinned dataset version (DVC md5) the ranks fetch from the runtime's dataset.remote")
     render.add_argument("--queue", help="Kueue LocalQueue or Volcano queue (overrides runtime queue)")
     render.add_argument("--scheduler", choices=SCHEDULERS, help="admission: kueue or volcano (overrides runtime scheduler)")
     render.add_argument("--api", choices=APIS, help="gang object under Kueue: jobset or trainjob (overrides runtime api)")
@@ -80,17 +88,62 @@ def render_documents(
     attempt: int = 1,
     namespace: str | None = None,
     overrides: tuple[str, ...] = (),
+    dataset_version: str | None = None,
 ) -> list[dict]:
     """The objects `render` prints (importable for tests and other tools)."""
+    return render_plan(
+        world_size=world_size, queue=queue, scheduler=scheduler, api=api, runtime=runtime, name=name,
+        attempt=attempt, namespace=namespace, overrides=overrides, dataset_version=dataset_version,
+    ).objects()
+
+
+def render_plan(
+    *,
+    world_size: int = 2,
+    queue: str | None = None,
+    scheduler: str | None = None,
+    api: str | None = None,
+    runtime: dict | None = None,
+    name: str = "example-gang",
+    attempt: int = 1,
+    namespace: str | None = None,
+    overrides: tuple[str, ...] = (),
+    dataset_version: str | None = None,
+):
+    """The `GangPlan` behind `render` (objects plus pods, processes per pod and run dir)."""
+    import dataclasses
+
     from operators.backends.base import GangSpec
-    from operators.kubernetes.builders import build_gang
+    from operators.kubernetes.builders import DATA_VERSION_KEY, build_gang
     from operators.kubernetes.runtime import RuntimeDefaults, example_runtime_mapping, merge_runtime
 
     flags = {k: v for k, v in {"queue": queue, "scheduler": scheduler, "api": api}.items() if v is not None}
     mapping = merge_runtime(runtime if runtime is not None else example_runtime_mapping(), flags)
     defaults = RuntimeDefaults.from_mapping(mapping)
-    spec = GangSpec(name=name, run_dir=f"/runs/{name}", world_size=world_size, overrides=tuple(overrides), attempt=attempt)
-    return build_gang(spec, defaults, namespace=namespace).objects()
+    items = tuple(overrides)
+    extra = {}
+    if dataset_version:
+        items += (f"{DATA_VERSION_KEY}={dataset_version}",)
+        if "dataset_version" in {f.name for f in dataclasses.fields(GangSpec)}:
+            extra["dataset_version"] = dataset_version
+    # the spec's run dir is the worker's; the pods get the runtime's checkpoint location instead
+    spec = GangSpec(name=name, run_dir=defaults.checkpoint.run_dir(name), world_size=world_size, overrides=items, attempt=attempt, **extra)
+    return build_gang(spec, defaults, namespace=namespace)
+
+
+def plan_summary(plan, dataset_version: str | None) -> str:
+    """Which number is which: pods, processes per pod, world size; what data, where it runs."""
+    from operators.kubernetes.builders import DATA_REMOTE_KEY, trainer_arg_value
+
+    body = plan.body
+    remote = trainer_arg_value(body, DATA_REMOTE_KEY)
+    data = f"dataset version {dataset_version}, fetched and md5-verified by each rank from {remote}" if dataset_version else "dataset carried by the image"
+    return (
+        f"gangflow: {plan.kind} {plan.namespace}/{plan.name} for gang {plan.gang!r}\n"
+        f"  world size {plan.world_size} = {plan.pods} pod(s) (--nnodes) x {plan.processes_per_pod} process(es) per pod (--nproc-per-node)\n"
+        f"  {data}\n"
+        f"  run dir (checkpoints) {plan.run_dir}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "render":
         try:
             runtime = _read_runtime(args.runtime) if args.runtime else None
-            docs = render_documents(
+            plan = render_plan(
                 world_size=args.world_size,
                 queue=args.queue,
                 scheduler=args.scheduler,
@@ -116,12 +169,16 @@ def main(argv: list[str] | None = None) -> int:
                 attempt=args.attempt,
                 namespace=args.namespace,
                 overrides=tuple(args.overrides),
+                dataset_version=args.dataset_version,
             )
+            docs = plan.objects()
             if args.validate:
                 validate_documents(docs, crds())
         except (RuntimeConfigError, SchemaValidationError, ValueError, OSError) as exc:
             parser.exit(2, f"{parser.prog} render: error: {exc}\n")
-        header = f"# gangflow: objects the Kubernetes backend submits for gang {args.name!r} ({args.world_size} ranks)\n"
+        summary = plan_summary(plan, args.dataset_version)
+        sys.stderr.write(summary + "\n")
+        header = "".join(f"# {line}\n" for line in summary.splitlines())
         sys.stdout.write(header + yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True))
         return 0
 

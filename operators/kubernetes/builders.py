@@ -12,6 +12,17 @@ One gang = one object the cluster's gang machinery admits as a whole:
 
 Every pod runs the same hardened template (`build_pod_template`), and the container runs
 `torchrun ... -m trainer ...` as an argv list (no shell).
+
+Sizes: `GangSpec.world_size` is the number of training processes (ranks). A pod runs
+`processes_per_pod` of them (one per GPU, or the runtime's `procsPerPod` on CPU), so the gang has
+`pods = world_size / processes_per_pod` pods and torchrun gets `--nnodes=pods
+--nproc-per-node=processes_per_pod`; a world size that does not divide is refused.
+
+What reaches a pod is only what a pod can use (contract 6, docs/contracts.md): the run dir is the
+runtime's checkpoint location, the config is the image's, the dataset is named by version and
+fetched by the rank from the runtime's DVC remote, and the spec's env is forwarded by allow-list
+(never the worker's MLflow URI, never GANGFLOW_FAULT). Anything that still names a path on the
+Airflow worker is refused (`WorkerPathError`).
 """
 
 from __future__ import annotations
@@ -26,13 +37,18 @@ from kubernetes import client as k8s
 
 from operators.backends.base import GangSpec
 from operators.kubernetes import models as m
-from operators.kubernetes.runtime import RuntimeDefaults
+from operators.kubernetes.runtime import RuntimeDefaults, redact_uri
 
 # Labels every training pod carries; the Helm chart's NetworkPolicy selects on COMPONENT_LABEL.
 NAME_LABEL = "app.kubernetes.io/name"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 GANG_LABEL = "gangflow.io/gang"
 ATTEMPT_LABEL = "gangflow.io/attempt"
+DATASET_VERSION_LABEL = "gangflow.io/dataset-version"
+DATASET_REMOTE_ANNOTATION = "gangflow.io/dataset-remote"
+MLFLOW_RUN_ANNOTATION = "gangflow.io/mlflow-run-id"
+PROCS_ANNOTATION = "gangflow.io/processes-per-pod"
+WORLD_SIZE_ANNOTATION = "gangflow.io/world-size"
 
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
@@ -49,6 +65,45 @@ PATCH_MANAGER = "gangflow.io/kubernetes-backend"
 
 # Trainer exit codes (contract): 1 user exception, 2 config error -> fail the Job at once.
 USER_EXIT_CODES = (1, 2)
+
+# The spec's env that reaches a pod. Everything else is the worker's business: MLFLOW_TRACKING_URI
+# (the runtime's wins; the worker's may be a sqlite path or carry credentials), GANGFLOW_FAULT /
+# GANGFLOW_ALLOW_FAULTS (fault injection is for drills, never a real cluster), paths.
+FORWARDED_ENV = ("GANGFLOW_DAG_ID", "GANGFLOW_DAG_RUN_ID", "GANGFLOW_TRY_NUMBER", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")
+# Overrides that name the worker's copy of the data: dropped when the rank fetches a version.
+WORKER_DATA_KEYS = ("data.train_path", "data.test_path")
+OBJECT_STORE_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+DATA_VERSION_KEY = "data.version"
+DATA_REMOTE_KEY = "data.remote"
+_MD5 = __import__("re").compile(r"^[0-9a-f]{32}(\.dir)?$")
+
+
+class WorkerPathError(ValueError):
+    """A gang would hand a pod a path that exists only on the Airflow worker."""
+
+
+class DatasetRequiredError(ValueError):
+    """A gang has no dataset version to fetch (and the image does not carry its data)."""
+
+
+class GangSizeError(ValueError):
+    """world_size does not split into whole pods."""
+
+
+def processes_per_pod(runtime: RuntimeDefaults) -> int:
+    return runtime.processes_per_pod
+
+
+def pod_count(spec: GangSpec, runtime: RuntimeDefaults) -> int:
+    """Pods of the gang: world_size / processes per pod (refused when it does not divide)."""
+    procs = runtime.processes_per_pod
+    if spec.world_size % procs:
+        source = f"resources.gpu={runtime.resources.gpu} (one process per GPU)" if runtime.resources.gpu else f"procsPerPod={procs}"
+        raise GangSizeError(
+            f"world_size={spec.world_size} is not a multiple of the processes per pod, {procs} from runtime {source}: "
+            f"use a world_size of {procs}, {2 * procs}, {3 * procs}, ... (world size = pods x processes per pod)"
+        )
+    return spec.world_size // procs
 
 
 @dataclass(frozen=True)
@@ -67,9 +122,11 @@ class GangPlan:
     run_dir: str
     gang: str
     attempt: int
-    world_size: int
+    world_size: int  # training processes (ranks)
     scheduler: str
     api: str
+    pods: int = 0  # world_size / processes_per_pod
+    processes_per_pod: int = 1
 
     def objects(self) -> list[dict[str, Any]]:
         """Every object the backend submits for this gang, in creation order."""
@@ -101,24 +158,96 @@ def gang_object_name(gang: str, attempt: int, kind: str = "JobSet", world_size: 
     return f"{base[:keep].rstrip('-')}-{digest}{suffix}"
 
 
-def _config_path(spec: GangSpec) -> str:
+def _pod_paths(runtime: RuntimeDefaults) -> tuple[str, ...]:
+    """Absolute paths that exist inside a rank's container."""
+    return (APP_DIR, "/tmp", "/dev/shm", runtime.checkpoint.mount_path)
+
+
+def _inside_pod(path: str, runtime: RuntimeDefaults) -> bool:
+    norm = posixpath.normpath(path)
+    return any(norm == root or norm.startswith(root.rstrip("/") + "/") for root in _pod_paths(runtime))
+
+
+def _config_path(spec: GangSpec, runtime: RuntimeDefaults) -> str:
+    """The config inside the image: a relative path resolves against /app; the worker's own
+    params.yaml (an absolute path outside the pod) becomes the image's /app/params.yaml, which the
+    image build copies from the same repository; any other worker path is refused."""
     path = spec.config_path
-    return path if path.startswith("/") else posixpath.join(APP_DIR, path)
+    if not path.startswith("/"):
+        return posixpath.join(APP_DIR, path)
+    if _inside_pod(path, runtime):
+        return path
+    if posixpath.basename(path) == "params.yaml":
+        return posixpath.join(APP_DIR, "params.yaml")
+    raise WorkerPathError(
+        f"config_path={path!r} is a file on the Airflow worker, which no pod can read: pass changes as "
+        f"overrides, or build the file into the image and name it relative to {APP_DIR}"
+    )
+
+
+def dataset_version(spec: GangSpec) -> str | None:
+    """The pinned dataset version of the gang: `GangSpec.dataset_version`, else a `data.version` override."""
+    version = getattr(spec, "dataset_version", None)
+    from_override = next((item.split("=", 1)[1] for item in spec.overrides if item.split("=", 1)[0] == DATA_VERSION_KEY), None)
+    if version and from_override and str(version) != from_override:
+        raise ValueError(f"dataset_version={version!r} and override {DATA_VERSION_KEY}={from_override!r} disagree")
+    return str(version) if version else from_override
+
+
+def pod_overrides(spec: GangSpec, runtime: RuntimeDefaults) -> list[str]:
+    """The trainer's `--set` items as a pod gets them: `data.remote`/`data.version` when the gang
+    fetches a pinned version, the worker's data paths dropped, no other worker path."""
+    version = dataset_version(spec)
+    if version is None and not runtime.dataset.image_carries_data:
+        raise DatasetRequiredError(
+            f"gang {spec.name}: no dataset version; a gang with no dataset cannot train. Pass the pinned version "
+            "(render --dataset-version MD5; the operator passes the validated one), or set runtime "
+            "dataset.imageCarriesData: true when the image holds its data"
+        )
+    if version is not None and not _MD5.match(version):
+        raise ValueError(f"dataset version {version!r}: must be the DVC md5 of the dataset (32 hex digits, optionally '.dir')")
+    if version is not None and not runtime.dataset.remote:
+        raise DatasetRequiredError(
+            f"gang {spec.name}: dataset version {version} but runtime dataset.remote is unset: set it to the DVC "
+            "remote the ranks fetch from (e.g. s3://bucket/dvc), with dataset.credentialsSecret for its keys"
+        )
+    out: list[str] = []
+    for item in spec.overrides:
+        key, _, value = item.partition("=")
+        if key in (DATA_VERSION_KEY, DATA_REMOTE_KEY):
+            continue  # set below, once
+        if version is not None and key in WORKER_DATA_KEYS:
+            continue  # the rank fetches the version itself
+        if value.startswith("/") and not _inside_pod(value, runtime):
+            raise WorkerPathError(
+                f"override {key}={value!r} is a path on the Airflow worker, which no pod can read"
+                + (f"; the rank fetches dataset version {version} from {runtime.dataset.remote}" if version else "")
+            )
+        out.append(item)
+    if version is not None:
+        out += [f"{DATA_REMOTE_KEY}={runtime.dataset.remote}", f"{DATA_VERSION_KEY}={version}"]
+    return out
 
 
 def trainer_args(spec: GangSpec, runtime: RuntimeDefaults) -> list[str]:
     """`-m trainer ...` arguments inside the container: the run dir lives on the shared checkpoint
     storage, keyed by the gang name (stable across tries, so a retry resumes)."""
-    in_cluster = dataclasses.replace(spec, run_dir=runtime.checkpoint.run_dir(spec.name), config_path=_config_path(spec))
+    in_cluster = dataclasses.replace(
+        spec,
+        run_dir=runtime.checkpoint.run_dir(spec.name),
+        config_path=_config_path(spec, runtime),
+        overrides=tuple(pod_overrides(spec, runtime)),
+    )
     return ["-m", "trainer", *in_cluster.trainer_args()]
 
 
 def torchrun_args(spec: GangSpec, runtime: RuntimeDefaults, *, name: str, rank0_host: str, node_rank_env: str) -> list[str]:
     """Multi-node torchrun flags; Kubernetes expands `$(VAR)` in args from the container env
-    (JOB_COMPLETION_INDEX is injected by the Job controller, VC_TASK_INDEX by Volcano's env plugin)."""
+    (JOB_COMPLETION_INDEX is injected by the Job controller, VC_TASK_INDEX by Volcano's env plugin).
+    `--nnodes` counts pods, `--nproc-per-node` processes in each: world size is their product."""
     return [
-        f"--nnodes={spec.world_size}",
-        "--nproc-per-node=1",
+        f"--nnodes={pod_count(spec, runtime)}",
+        f"--nproc-per-node={runtime.processes_per_pod}",
         f"--node-rank=$({node_rank_env})",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={rank0_host}:{runtime.rendezvous_port}",
@@ -130,16 +259,32 @@ def torchrun_args(spec: GangSpec, runtime: RuntimeDefaults, *, name: str, rank0_
 
 
 def pod_labels(spec: GangSpec) -> dict[str, str]:
-    return {
+    labels = {
         NAME_LABEL: "gangflow",
         COMPONENT_LABEL: "training",
         GANG_LABEL: spec.name,
         ATTEMPT_LABEL: str(spec.attempt),
     }
+    version = dataset_version(spec)
+    if version:
+        labels[DATASET_VERSION_LABEL] = version  # select a version's gangs: -l gangflow.io/dataset-version=<md5>
+    return labels
 
 
 def pod_selector(spec: GangSpec) -> str:
     return f"{GANG_LABEL}={spec.name},{ATTEMPT_LABEL}={spec.attempt}"
+
+
+def forwarded_env(spec: GangSpec, runtime: RuntimeDefaults) -> dict[str, str]:
+    """The part of the spec's env a pod gets (FORWARDED_ENV), refusing worker paths."""
+    out: dict[str, str] = {}
+    for name in FORWARDED_ENV:
+        if name in spec.env:
+            value = str(spec.env[name])
+            if value.startswith("/") and not _inside_pod(value, runtime):
+                raise WorkerPathError(f"env {name}={value!r} is a path on the Airflow worker, which no pod can read")
+            out[name] = value
+    return out
 
 
 def _env(spec: GangSpec, runtime: RuntimeDefaults) -> list[k8s.V1EnvVar]:
@@ -150,12 +295,24 @@ def _env(spec: GangSpec, runtime: RuntimeDefaults) -> list[k8s.V1EnvVar]:
         "GANGFLOW_GANG": spec.name,
         "GANGFLOW_ATTEMPT": str(spec.attempt),
     }
-    if runtime.mlflow_tracking_uri:
-        values["MLFLOW_TRACKING_URI"] = runtime.mlflow_tracking_uri
     values.update(sorted(runtime.nccl_env.items()))
-    values.update(sorted((str(k), str(v)) for k, v in spec.env.items()))
+    values.update(forwarded_env(spec, runtime))
+    if runtime.mlflow_tracking_uri:  # the runtime's URI, never the worker's (which the spec may carry)
+        values["MLFLOW_TRACKING_URI"] = runtime.mlflow_tracking_uri
+    if runtime.dataset.endpoint_url:  # fsspec/s3fs, boto3 and DVC read the standard variable
+        values["AWS_ENDPOINT_URL"] = runtime.dataset.endpoint_url
     values["GANGFLOW_TERMINATION_LOG"] = TERMINATION_LOG  # the trainer's error record -> terminationMessagePath
     env = [k8s.V1EnvVar(name=k, value=v) for k, v in values.items()]
+    if runtime.dataset.credentials_secret:
+        # object-storage keys for the DVC remote and an object-storage checkpoint.uri; by Secret
+        # reference (a TrainJob has no envFrom), never as values in the spec
+        for key in OBJECT_STORE_SECRET_KEYS:
+            env.append(
+                k8s.V1EnvVar(
+                    name=key,
+                    value_from=k8s.V1EnvVarSource(secret_key_ref=k8s.V1SecretKeySelector(name=runtime.dataset.credentials_secret, key=key)),
+                )
+            )
     if runtime.mlflow_secret_ref:
         env.append(
             k8s.V1EnvVar(
@@ -295,8 +452,25 @@ def build_pod_template(spec: GangSpec, runtime: RuntimeDefaults, *, args: list[s
     )
 
 
+def gang_annotations(spec: GangSpec, runtime: RuntimeDefaults) -> dict[str, str]:
+    """What the gang object says about itself: sizes, dataset, the MLflow run (lineage)."""
+    out = {
+        WORLD_SIZE_ANNOTATION: str(spec.world_size),
+        PROCS_ANNOTATION: str(runtime.processes_per_pod),
+    }
+    version = dataset_version(spec)
+    if version:
+        out[DATASET_VERSION_LABEL] = version
+        out[DATASET_REMOTE_ANNOTATION] = redact_uri(runtime.dataset.remote or "")
+    run_id = spec.env.get("MLFLOW_RUN_ID")
+    if run_id:
+        out[MLFLOW_RUN_ANNOTATION] = str(run_id)
+    return out
+
+
 def _object_meta(name: str, namespace: str, spec: GangSpec, runtime: RuntimeDefaults, *, annotations: dict[str, str] | None = None) -> k8s.V1ObjectMeta:
-    labels = {NAME_LABEL: "gangflow", COMPONENT_LABEL: "training", GANG_LABEL: spec.name, ATTEMPT_LABEL: str(spec.attempt)}
+    labels = pod_labels(spec)
+    annotations = {**gang_annotations(spec, runtime), **(annotations or {})}
     if runtime.scheduler == "kueue":
         labels[KUEUE_QUEUE_LABEL] = runtime.queue
         if runtime.workload_priority_class:
@@ -305,13 +479,14 @@ def _object_meta(name: str, namespace: str, spec: GangSpec, runtime: RuntimeDefa
 
 
 def build_jobset(spec: GangSpec, runtime: RuntimeDefaults, namespace: str) -> GangPlan:
-    name = gang_object_name(spec.name, spec.attempt, "JobSet", spec.world_size)
+    pods = pod_count(spec, runtime)
+    name = gang_object_name(spec.name, spec.attempt, "JobSet", pods)
     rank0_host = f"{name}-{RANK_JOB}-0-0.{name}"  # JobSet headless Service (subdomain = JobSet name)
     args = torchrun_args(spec, runtime, name=name, rank0_host=rank0_host, node_rank_env="JOB_COMPLETION_INDEX")
     template = build_pod_template(spec, runtime, args=args)
     job_spec = k8s.V1JobSpec(
-        completions=spec.world_size,
-        parallelism=spec.world_size,
+        completions=pods,
+        parallelism=pods,
         completion_mode="Indexed",
         backoff_limit=0,
         pod_failure_policy=k8s.V1PodFailurePolicy(
@@ -358,15 +533,16 @@ def build_jobset(spec: GangSpec, runtime: RuntimeDefaults, namespace: str) -> Ga
 
 
 def build_volcano_job(spec: GangSpec, runtime: RuntimeDefaults, namespace: str) -> GangPlan:
-    name = gang_object_name(spec.name, spec.attempt, "VolcanoJob", spec.world_size)
+    pods = pod_count(spec, runtime)
+    name = gang_object_name(spec.name, spec.attempt, "VolcanoJob", pods)
     rank0_host = f"{name}-{RANK_JOB}-0.{name}"  # svc plugin: hostname <job>-<task>-<index>, subdomain <job>
     args = torchrun_args(spec, runtime, name=name, rank0_host=rank0_host, node_rank_env="VC_TASK_INDEX")
     template = build_pod_template(spec, runtime, args=args)
     body = m.VolcanoJob(
         metadata=_object_meta(name, namespace, spec, runtime),
         spec=m.VolcanoJobSpec(
-            tasks=[m.VolcanoTask(name=RANK_JOB, replicas=spec.world_size, template=template)],
-            min_available=spec.world_size,  # gang: all N pods bind together or none does
+            tasks=[m.VolcanoTask(name=RANK_JOB, replicas=pods, template=template)],
+            min_available=pods,  # gang: all pods bind together or none does
             scheduler_name="volcano",
             queue=runtime.queue,
             priority_class_name=runtime.priority_class_name,
@@ -379,7 +555,8 @@ def build_volcano_job(spec: GangSpec, runtime: RuntimeDefaults, namespace: str) 
 
 
 def build_trainjob(spec: GangSpec, runtime: RuntimeDefaults, namespace: str) -> GangPlan:
-    name = gang_object_name(spec.name, spec.attempt, "TrainJob", spec.world_size)
+    pods = pod_count(spec, runtime)
+    name = gang_object_name(spec.name, spec.attempt, "TrainJob", pods)
     volumes, mounts = _volumes(runtime)
     annotations = _topology_annotations(runtime)
     resources = _resources(runtime)
@@ -389,11 +566,12 @@ def build_trainjob(spec: GangSpec, runtime: RuntimeDefaults, namespace: str) -> 
             runtime_ref=m.RuntimeRef(name=runtime.training_runtime),
             trainer=m.Trainer(
                 image=runtime.image,
-                num_nodes=spec.world_size,
+                num_nodes=pods,
+                num_proc_per_node=runtime.processes_per_pod,
                 # the torch runtime sets PET_NNODES/PET_NODE_RANK/PET_MASTER_ADDR/PET_MASTER_PORT,
                 # which torchrun reads as its multi-node flags
                 command=["torchrun"],
-                args=["--nproc-per-node=1", "--max-restarts=0", *trainer_args(spec, runtime)],
+                args=[f"--nproc-per-node={runtime.processes_per_pod}", "--max-restarts=0", *trainer_args(spec, runtime)],
                 env=_env(spec, runtime),
                 resources_per_node=resources,
             ),
@@ -458,7 +636,28 @@ def _plan(kind: str, body: m.CustomObject, name: str, namespace: str, spec: Gang
         world_size=spec.world_size,
         scheduler=runtime.scheduler,
         api=runtime.api,
+        pods=pod_count(spec, runtime),
+        processes_per_pod=runtime.processes_per_pod,
     )
+
+
+def trainer_arg_value(body: dict[str, Any], key: str) -> str | None:
+    """The value of trainer `--set KEY=...` in a rendered gang object (None when absent)."""
+    def args_of(obj: Any):
+        if isinstance(obj, dict):
+            if isinstance(obj.get("args"), list):
+                yield obj["args"]
+            for value in obj.values():
+                yield from args_of(value)
+        elif isinstance(obj, list):
+            for value in obj:
+                yield from args_of(value)
+
+    for args in args_of(body):
+        for flag, item in zip(args, args[1:]):
+            if flag == "--set" and item.split("=", 1)[0] == key:
+                return item.split("=", 1)[1]
+    return None
 
 
 def build_gang(spec: GangSpec, runtime: RuntimeDefaults, namespace: str | None = None) -> GangPlan:

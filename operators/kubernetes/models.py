@@ -175,6 +175,7 @@ class RuntimeRef:
 class Trainer:
     image: str
     num_nodes: int
+    num_proc_per_node: int | None = None
     command: list[str] = field(default_factory=list, metadata={"omitempty": True})
     args: list[str] = field(default_factory=list, metadata={"omitempty": True})
     env: list[k8s.V1EnvVar] = field(default_factory=list, metadata={"omitempty": True})

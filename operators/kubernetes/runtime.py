@@ -31,11 +31,27 @@ _DIGEST_IMAGE = re.compile(r"^[a-z0-9]+(?:[._\-/:][a-z0-9]+)*@sha256:[0-9a-f]{64
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_URI = re.compile(r"^[a-z][a-z0-9+.-]*://[^\s]+$")
+# ncclEnv is for the collective libraries only: a name outside this list (GANGFLOW_FAULT,
+# LD_PRELOAD, PYTHONPATH, MLFLOW_*) would change what the ranks run, not how they talk.
+NCCL_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_")
+NCCL_ENV_NAMES = ("GLOO_SOCKET_IFNAME", "TORCH_DISTRIBUTED_DEBUG")
 _QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|e[0-9]+)?$")
 
 
 class RuntimeConfigError(ValueError):
     """A runtime default has a value the backend cannot use."""
+
+
+def redact_uri(uri: Any) -> Any:
+    """`uri` with any password in its user-info replaced by `***` (for every message and log)."""
+    if not isinstance(uri, str):
+        return uri
+    return re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)([^/@\s]*)@", lambda m: m.group(1) + m.group(2).split(":", 1)[0] + (":***" if ":" in m.group(2) else "") + "@", uri)
+
+
+def has_userinfo(uri: str) -> bool:
+    return bool(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/@\s]*@", uri))
 
 
 def _fail(key: str, value: Any, accepted: str) -> None:
@@ -97,11 +113,11 @@ class ExclusivePlacement:
 
 @dataclass(frozen=True)
 class Resources:
-    """Per-rank resources; requests = limits (Guaranteed QoS)."""
+    """Per-pod resources; requests = limits (Guaranteed QoS)."""
 
     cpu: str = "4"
     memory: str = "16Gi"
-    gpu: int = 0  # nvidia.com/gpu per rank
+    gpu: int = 0  # nvidia.com/gpu per pod (one process per GPU)
 
     def __post_init__(self):
         parse_quantity("resources.cpu", self.cpu)
@@ -158,6 +174,36 @@ class SecretRef:
             _fail("mlflowSecretRef.key", self.key, "must be a key of that Secret")
 
 
+@dataclass(frozen=True)
+class Dataset:
+    """Where ranks fetch the pinned dataset: the DVC remote (content-addressed objects, fsspec URL).
+
+    The trainer gets `--set data.remote=<remote> --set data.version=<md5>` and fetches and
+    verifies the files itself; `credentialsSecret` (keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    ...) becomes the pods' env through `envFrom`, `endpointUrl` is AWS_ENDPOINT_URL (MinIO, ...).
+    The same credentials serve an object-storage `checkpoint.uri`. `imageCarriesData: true` says
+    the image holds its data, so a gang may be rendered without a dataset version.
+    """
+
+    remote: str | None = None
+    credentials_secret: str | None = None
+    endpoint_url: str | None = None
+    image_carries_data: bool = False
+
+    def __post_init__(self):
+        if self.remote is not None:
+            if not isinstance(self.remote, str) or not _URI.match(self.remote) or self.remote.startswith("file:"):
+                _fail("dataset.remote", redact_uri(self.remote), "must be the DVC remote as an fsspec URL such as s3://bucket/dvc or gs://bucket/dvc (never a path on the Airflow worker)")
+            if has_userinfo(self.remote):
+                _fail("dataset.remote", redact_uri(self.remote), "must not carry credentials; put them in dataset.credentialsSecret")
+        if self.credentials_secret is not None and not (isinstance(self.credentials_secret, str) and _DNS_SUBDOMAIN.match(self.credentials_secret)):
+            _fail("dataset.credentialsSecret", self.credentials_secret, "must be a Secret name (DNS-1123 subdomain) whose keys are AWS_* variables")
+        if self.endpoint_url is not None and not (isinstance(self.endpoint_url, str) and re.match(r"^https?://[^\s@]+$", self.endpoint_url)):
+            _fail("dataset.endpointUrl", redact_uri(self.endpoint_url), "must be an http(s) URL without credentials, such as https://minio.storage:9000")
+        if not isinstance(self.image_carries_data, bool):
+            _fail("dataset.imageCarriesData", self.image_carries_data, "must be true or false")
+
+
 # camelCase key in runtime.yaml -> (field name, nested type or None)
 _KEYS: dict[str, tuple[str, Any]] = {
     "image": ("image", None),
@@ -179,6 +225,8 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "terminationGracePeriodSeconds": ("termination_grace_period_seconds", None),
     "mlflowTrackingUri": ("mlflow_tracking_uri", None),
     "mlflowSecretRef": ("mlflow_secret_ref", SecretRef),
+    "dataset": ("dataset", Dataset),
+    "procsPerPod": ("procs_per_pod", None),
     "rendezvousPort": ("rendezvous_port", None),
     "admissionTimeoutSeconds": ("admission_timeout_seconds", None),
     "startupTimeoutSeconds": ("startup_timeout_seconds", None),
@@ -194,6 +242,7 @@ _NESTED_KEYS = {
     Resources: {"cpu": "cpu", "memory": "memory", "gpu": "gpu"},
     Checkpoint: {"pvc": "pvc", "mountPath": "mount_path", "uri": "uri"},
     SecretRef: {"name": "name", "key": "key"},
+    Dataset: {"remote": "remote", "credentialsSecret": "credentials_secret", "endpointUrl": "endpoint_url", "imageCarriesData": "image_carries_data"},
 }
 
 
@@ -214,19 +263,21 @@ class RuntimeDefaults:
     exclusive_placement: ExclusivePlacement | None = None
     resources: Resources = field(default_factory=Resources)
     shm_size: str = "2Gi"
+    procs_per_pod: int | None = None  # CPU pods only; with GPUs it is resources.gpu
     nccl_env: Mapping[str, str] = field(default_factory=dict)
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
-    termination_grace_period_seconds: int = 300
+    termination_grace_period_seconds: int = 120
     mlflow_tracking_uri: str | None = None
     mlflow_secret_ref: SecretRef | None = None
+    dataset: Dataset = field(default_factory=Dataset)
     rendezvous_port: int = 29500
     admission_timeout_seconds: int = 3600
     startup_timeout_seconds: int = 900
     training_runtime: str = "torch-distributed"
-    run_as_user: int = 1000
-    run_as_group: int = 1000
-    fs_group: int = 1000
+    run_as_user: int = 10001  # the user of docker/training.Dockerfile
+    run_as_group: int = 10001
+    fs_group: int = 10001
 
     def __post_init__(self):
         if not isinstance(self.image, str) or not _DIGEST_IMAGE.match(self.image):
@@ -267,6 +318,13 @@ class RuntimeDefaults:
             for name, value in mapping.items():
                 if value_check == "env" and not (isinstance(name, str) and _ENV_NAME.match(name)):
                     _fail(f"{mapping_key}.{name}", value, "names must be environment variable names ([A-Za-z_][A-Za-z0-9_]*)")
+                if value_check == "env" and not (name.startswith(NCCL_ENV_PREFIXES) or name in NCCL_ENV_NAMES):
+                    _fail(
+                        f"{mapping_key}.{name}",
+                        value,
+                        f"ncclEnv takes collective-library settings only: names starting with {', '.join(NCCL_ENV_PREFIXES)} "
+                        f"or one of {', '.join(NCCL_ENV_NAMES)}",
+                    )
                 if not isinstance(value, (str, int, float)) or isinstance(value, bool):
                     _fail(f"{mapping_key}.{name}", value, "values must be strings (quote numbers and booleans)")
             object.__setattr__(self, _KEYS[mapping_key][0], {str(k): str(v) for k, v in mapping.items()})
@@ -282,8 +340,21 @@ class RuntimeDefaults:
                 _fail("tolerations[].effect", item.get("effect"), "accepted values: NoSchedule, PreferNoSchedule, NoExecute")
         object.__setattr__(self, "tolerations", tuple(dict(t) for t in self.tolerations))
         _check_int("terminationGracePeriodSeconds", self.termination_grace_period_seconds, 30, 24 * 3600)
-        if self.mlflow_tracking_uri is not None and not (isinstance(self.mlflow_tracking_uri, str) and self.mlflow_tracking_uri):
-            _fail("mlflowTrackingUri", self.mlflow_tracking_uri, "must be a URI such as http://mlflow.mlflow:5000 or unset")
+        if self.mlflow_tracking_uri is not None:
+            uri = self.mlflow_tracking_uri
+            if not (isinstance(uri, str) and re.match(r"^https?://[^\s/]+", uri)):
+                _fail("mlflowTrackingUri", redact_uri(uri), "must be the tracking server's http(s) URL such as http://mlflow.mlflow:5000 (pods log weights through its artifact proxy), or unset")
+            if has_userinfo(uri):
+                _fail(
+                    "mlflowTrackingUri",
+                    redact_uri(uri),
+                    "must not carry credentials (they would be a plain value in every pod spec); "
+                    "put the token in a Secret and name it in mlflowSecretRef",
+                )
+        if self.procs_per_pod is not None:
+            _check_int("procsPerPod", self.procs_per_pod, 1, 256)
+            if self.resources.gpu and self.procs_per_pod != self.resources.gpu:
+                _fail("procsPerPod", self.procs_per_pod, f"with resources.gpu={self.resources.gpu} the pod runs one process per GPU; leave procsPerPod unset (it is for CPU pods)")
         _check_int("rendezvousPort", self.rendezvous_port, 1024, 65535)
         _check_int("admissionTimeoutSeconds", self.admission_timeout_seconds, 1)
         _check_int("startupTimeoutSeconds", self.startup_timeout_seconds, 1)
@@ -291,6 +362,11 @@ class RuntimeDefaults:
             _fail("trainingRuntime", self.training_runtime, "must be a ClusterTrainingRuntime name")
         for key, value in (("runAsUser", self.run_as_user), ("runAsGroup", self.run_as_group), ("fsGroup", self.fs_group)):
             _check_int(key, value, 1, 2**31 - 1)
+
+    @property
+    def processes_per_pod(self) -> int:
+        """torchrun's --nproc-per-node: one process per GPU, else procsPerPod (default 1)."""
+        return self.resources.gpu or self.procs_per_pod or 1
 
     # --- construction -----------------------------------------------------------------------------
 
@@ -359,22 +435,41 @@ def merge_runtime(base: Mapping[str, Any] | None, overrides: Mapping[str, Any] |
     return out
 
 
+def default_runtime_mapping() -> dict[str, Any]:
+    """The camelCase defaults of every optional key (the dataclass defaults above): the one source
+    the chart's `training` values are checked against (tests/helm/test_runtime_defaults_sync.py)."""
+    out: dict[str, Any] = {}
+    for key, (name, nested) in _KEYS.items():
+        f = RuntimeDefaults.__dataclass_fields__[name]
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            value = f.default_factory()  # type: ignore[misc]
+        else:
+            continue  # required: image, checkpoint
+        if value is None:
+            continue
+        if nested is not None:
+            value = {k: getattr(value, attr) for k, attr in _NESTED_KEYS[nested].items() if getattr(value, attr) is not None}
+        elif isinstance(value, (Mapping, tuple)):
+            value = copy.deepcopy(dict(value) if isinstance(value, Mapping) else list(value))
+        out[key] = value
+    return out
+
+
 def example_runtime_mapping() -> dict[str, Any]:
-    """Built-in example defaults for `render` without a runtime file (an example digest, a PVC)."""
-    return {
-        "image": EXAMPLE_IMAGE,
-        "namespace": "gangflow",
-        "serviceAccountName": "gangflow-training",
-        "scheduler": "kueue",
-        "api": "jobset",
-        "queue": "gangflow",
-        "resources": {"cpu": "4", "memory": "16Gi", "gpu": 1},
-        "shmSize": "2Gi",
-        "ncclEnv": {"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "eth0"},
-        "checkpoint": {"pvc": "gangflow-checkpoints", "mountPath": "/checkpoints"},
-        "terminationGracePeriodSeconds": 300,
-        "mlflowTrackingUri": "http://mlflow.gangflow.svc:5000",
-        "rendezvousPort": 29500,
-        "admissionTimeoutSeconds": 3600,
-        "startupTimeoutSeconds": 900,
-    }
+    """Built-in example for `render` without a runtime file: the defaults plus an example digest,
+    a one-GPU pod, a checkpoint PVC, the chart's MLflow Service and an S3 DVC remote."""
+    return merge_runtime(
+        default_runtime_mapping(),
+        {
+            "image": EXAMPLE_IMAGE,
+            "namespace": "gangflow",
+            "serviceAccountName": "gangflow-training",
+            "resources": {"cpu": "4", "memory": "16Gi", "gpu": 1},
+            "ncclEnv": {"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "eth0"},
+            "checkpoint": {"pvc": "gangflow-checkpoints", "mountPath": "/checkpoints"},
+            "mlflowTrackingUri": "http://mlflow.gangflow.svc:5000",
+            "dataset": {"remote": "s3://gangflow-data/dvc", "credentialsSecret": "gangflow-object-storage"},
+        },
+    )

@@ -119,7 +119,7 @@ class GangWatcher:
         self.kind = handle["kind"]
         self.name = handle["name"]
         self.namespace = handle["namespace"]
-        self.world_size = int(handle["world_size"])
+        self.world_size = int(handle.get("pods") or handle["world_size"])  # pods to watch (world size / processes per pod)
         self.admission_timeout = float(handle["admission_timeout_seconds"])
         self.startup_timeout = float(handle["startup_timeout_seconds"])
         self.image_pull_grace = float(image_pull_grace_seconds)

@@ -70,6 +70,7 @@ RUNTIME = {
     "shmSize": "8Gi",
     "ncclEnv": {"NCCL_DEBUG": "WARN"},
     "checkpoint": {"pvc": "gangflow-checkpoints", "mountPath": "/checkpoints"},
+    "dataset": {"remote": "s3://gangflow-data/dvc", "credentialsSecret": "gangflow-object-storage"},
     "mlflowTrackingUri": "http://mlflow.ml.svc:5000",
     "admissionTimeoutSeconds": 3600,
     "startupTimeoutSeconds": 900,

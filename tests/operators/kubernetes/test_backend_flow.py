@@ -25,7 +25,7 @@ from operators.exceptions import (
 )
 from operators.triggers.gang import GangTrigger
 
-from gangflow_tests_k8s_support import CONN_ID, GANG, NAMESPACE, Fixtures  # loaded by conftest.py
+from gangflow_tests_k8s_support import CONN_ID, GANG, NAMESPACE, RUNTIME, Fixtures  # loaded by conftest.py
 
 JS = ("jobset.x-k8s.io", "jobsets")
 VJ = ("batch.volcano.sh", "jobs")
@@ -37,8 +37,13 @@ def backend(**kwargs) -> KubernetesBackend:
     return KubernetesBackend(kubernetes_conn_id=CONN_ID, **kwargs)
 
 
-def spec(attempt: int = 1, world_size: int = 4) -> GangSpec:
-    return GangSpec(name=GANG, run_dir=f"/runs/{GANG}", world_size=world_size, attempt=attempt)
+GPUS = RUNTIME["resources"]["gpu"]  # processes per pod
+VERSION = "5d41402abc4b2a76b9719d911017c592"
+
+
+def spec(attempt: int = 1, pods: int = 4) -> GangSpec:
+    """A gang of `pods` pods (world size = pods x GPUs per pod) training a pinned dataset version."""
+    return GangSpec(name=GANG, run_dir=f"/runs/{GANG}", world_size=pods * GPUS, attempt=attempt, overrides=(f"data.version={VERSION}",))
 
 
 def run_trigger(trigger: GangTrigger) -> dict:
@@ -474,19 +479,19 @@ def _queues(api, *, gpu_quota: str, cohort: bool = False, borrowing: str | None 
 def test_check_capacity_refuses_more_than_the_clusterqueue_holds(fake_k8s, crd_registry):
     _queues(fake_k8s, gpu_quota="16")
     b = backend()
-    b.check_capacity(spec(world_size=2))  # 2 x 8 GPUs = 16: fits
+    b.check_capacity(spec(pods=2))  # 2 x 8 GPUs = 16: fits
     with pytest.raises(GangCapacityError) as exc:
-        b.check_capacity(spec(world_size=4))  # 32 GPUs
-    assert "needs 32 nvidia.com/gpu (4 ranks x 8) but ClusterQueue gpu-cluster-queue can hold at most 16" in str(exc.value)
+        b.check_capacity(spec(pods=4))  # 32 GPUs
+    assert "needs 32 nvidia.com/gpu (4 pods x 8) but ClusterQueue gpu-cluster-queue can hold at most 16" in str(exc.value)
 
 
 def test_check_capacity_counts_borrowing(fake_k8s):
     _queues(fake_k8s, gpu_quota="16", cohort=True, borrowing="16")
-    backend().check_capacity(spec(world_size=4))
+    backend().check_capacity(spec(pods=4))
     with pytest.raises(GangCapacityError, match="including borrowing"):
-        backend().check_capacity(spec(world_size=5))
+        backend().check_capacity(spec(pods=5))
     _queues(fake_k8s, gpu_quota="16", cohort=True)  # unlimited borrowing in the cohort: may fit
-    backend().check_capacity(spec(world_size=64))
+    backend().check_capacity(spec(pods=64))
 
 
 def test_check_capacity_missing_localqueue_and_forbidden_clusterqueue(fake_k8s):
@@ -495,7 +500,7 @@ def test_check_capacity_missing_localqueue_and_forbidden_clusterqueue(fake_k8s):
     _queues(fake_k8s, gpu_quota="8")
     fake_k8s.fail("GET", "/clusterqueues/", 403, "clusterqueues.kueue.x-k8s.io is forbidden", times=2)
     logs = []
-    backend(log=logs.append).check_capacity(spec(world_size=4))  # cannot read: skipped, logged
+    backend(log=logs.append).check_capacity(spec(pods=4))  # cannot read: skipped, logged
     assert any("capacity check skipped" in line and "403" in line for line in logs)
 
 
@@ -504,7 +509,7 @@ def test_check_capacity_rejects_uncovered_resources(fake_k8s):
     cq = fake_k8s.get("kueue.x-k8s.io", "clusterqueues", None, "gpu-cluster-queue")
     cq["spec"]["resourceGroups"][0]["coveredResources"] = ["cpu", "memory"]
     with pytest.raises(GangCapacityError, match="covers no nvidia.com/gpu"):
-        backend().check_capacity(spec(world_size=1))
+        backend().check_capacity(spec(pods=1))
 
 
 # --- Volcano ------------------------------------------------------------------------------------------
@@ -585,7 +590,7 @@ def test_trainjob_submit_validates_and_completes(fake_k8s):
 def test_large_gang_keeps_every_failed_rank_and_logs_the_root_cause(fake_k8s):
     api = fake_k8s
     b = backend()
-    handle = b.submit(spec(world_size=16))
+    handle = b.submit(spec(pods=16))
     fx = fixtures_for(handle)
 
     def many_fail(a):

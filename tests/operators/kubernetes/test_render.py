@@ -15,6 +15,14 @@ from operators.kubernetes.builders import build_gang, gang_object_name
 from operators.kubernetes.runtime import RuntimeDefaults, example_runtime_mapping, merge_runtime
 from operators.kubernetes.validation import SchemaValidationError, validate_object
 
+VERSION = "5d41402abc4b2a76b9719d911017c592"  # a pinned dataset version (DVC md5)
+
+
+def render(**kwargs) -> list[dict]:
+    """render_documents for the pinned VERSION (a gang with no dataset is refused)."""
+    kwargs.setdefault("dataset_version", VERSION)
+    return render_documents(**kwargs)
+
 
 def _pod_templates(obj: dict) -> list[dict]:
     """(pod template metadata, pod spec) of a rendered gang object."""
@@ -64,7 +72,7 @@ def assert_hardened(template: dict, *, shm: str = "2Gi") -> None:
 
 @pytest.mark.parametrize("scheduler", ["kueue", "volcano"])
 def test_render_world_size_4_validates_and_is_hardened(scheduler, crd_registry):
-    docs = render_documents(world_size=4, scheduler=scheduler, queue="team-a")
+    docs = render(world_size=4, scheduler=scheduler, queue="team-a")
     assert len(docs) == 1
     for doc in docs:
         validate_object(doc, crd_registry)  # strict CRD schema + embedded Job/PodTemplate as core kinds
@@ -108,7 +116,7 @@ def test_render_world_size_4_validates_and_is_hardened(scheduler, crd_registry):
 
 
 def test_render_trainjob_validates(crd_registry):
-    docs = render_documents(world_size=4, api="trainjob", runtime=merge_runtime(example_runtime_mapping(), {"topology": {"level": "cloud.google.com/gke-nodepool"}}))
+    docs = render(world_size=4, api="trainjob", runtime=merge_runtime(example_runtime_mapping(), {"topology": {"level": "cloud.google.com/gke-nodepool"}}))
     (tj,) = docs
     validate_object(tj, crd_registry)
     assert tj["spec"]["trainer"]["numNodes"] == 4
@@ -132,9 +140,9 @@ def test_kueue_topology_priority_and_exclusive_placement(crd_registry):
             "mlflowSecretRef": {"name": "mlflow-token", "key": "token"},
         },
     )
-    (js,) = render_documents(world_size=4, runtime=runtime)
+    (js,) = render(world_size=4, runtime=runtime)
     validate_object(js, crd_registry)
-    assert js["metadata"]["annotations"] == {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
+    assert js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
     assert js["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "training-high"
     template = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
     assert template["metadata"]["annotations"] == {"kueue.x-k8s.io/podset-preferred-topology": "cloud.google.com/gke-nodepool"}
@@ -148,7 +156,7 @@ def test_kueue_topology_priority_and_exclusive_placement(crd_registry):
 
 def test_volcano_topology_uses_pod_affinity(crd_registry):
     runtime = merge_runtime(example_runtime_mapping(), {"scheduler": "volcano", "topology": {"level": "kubernetes.io/hostname"}})
-    (job,) = render_documents(world_size=2, runtime=runtime)
+    (job,) = render(world_size=2, runtime=runtime)
     validate_object(job, crd_registry)
     affinity = job["spec"]["tasks"][0]["template"]["spec"]["affinity"]
     term = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
@@ -158,21 +166,21 @@ def test_volcano_topology_uses_pod_affinity(crd_registry):
 
 def test_object_storage_checkpoint_and_overrides(crd_registry):
     runtime = merge_runtime(example_runtime_mapping(), {"checkpoint": {"pvc": None, "uri": "s3://ml-ckpt/gangflow"}})
-    (js,) = render_documents(world_size=2, runtime=runtime, overrides=("train.max_steps=50",), name="nightly-7")
+    (js,) = render(world_size=2, runtime=runtime, overrides=("train.max_steps=50",), name="nightly-7")
     validate_object(js, crd_registry)
     spec = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     args = spec["containers"][0]["args"]
     assert args[args.index("--run-dir") + 1] == "s3://ml-ckpt/gangflow/nightly-7"
-    assert args[-2:] == ["--set", "train.max_steps=50"]
+    assert args[args.index("--config") + 2 :] == ["--set", "train.max_steps=50", "--set", "data.remote=s3://gangflow-data/dvc", "--set", f"data.version={VERSION}"]
     assert [v["name"] for v in spec["volumes"]] == ["dshm", "tmp"]
 
 
 def test_validator_rejects_unknown_fields(crd_registry):
-    (js,) = render_documents(world_size=2)
+    (js,) = render(world_size=2)
     js["spec"]["network"]["enableDnsHostnames"] = True  # wrong capitalisation: the API server refuses it
     with pytest.raises(SchemaValidationError, match="enableDnsHostnames"):
         validate_object(js, crd_registry)
-    (js,) = render_documents(world_size=2)
+    (js,) = render(world_size=2)
     js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFS"] = True
     with pytest.raises(SchemaValidationError, match="readOnlyRootFS"):
         validate_object(js, crd_registry)
@@ -194,7 +202,7 @@ def test_long_gang_names_keep_pod_names_within_63(kind, world_size):
 
 
 def test_cli_render_prints_multidocument_yaml(crd_registry, crds_dir, capsys):
-    assert main(["render", "--world-size", "4", "--scheduler", "volcano", "--queue", "q1", "--validate", "--crds", str(crds_dir)]) == 0
+    assert main(["render", "--dataset-version", VERSION, "--world-size", "4", "--scheduler", "volcano", "--queue", "q1", "--validate", "--crds", str(crds_dir)]) == 0
     out = capsys.readouterr().out
     docs = [d for d in yaml.safe_load_all(out) if d]
     assert out.startswith("# gangflow:") and "\n---\n" in out
@@ -205,7 +213,7 @@ def test_cli_render_with_runtime_configmap_file(tmp_path, capsys, runtime_mappin
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gangflow-runtime"}, "data": {"runtime.yaml": yaml.safe_dump(runtime_mapping)}}
     path = tmp_path / "cm.yaml"
     path.write_text(yaml.safe_dump(cm))
-    assert main(["render", "--runtime", str(path), "--world-size", "2", "--name", "n1"]) == 0
+    assert main(["render", "--dataset-version", VERSION, "--runtime", str(path), "--world-size", "16", "--name", "n1"]) == 0
     (doc,) = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
     assert doc["metadata"]["namespace"] == "ml"
     assert doc["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["image"] == runtime_mapping["image"]
@@ -225,14 +233,14 @@ def test_cli_render_with_runtime_configmap_file(tmp_path, capsys, runtime_mappin
 )
 def test_cli_bad_flags_name_the_flag(argv, needle, capsys):
     with pytest.raises(SystemExit) as exc:
-        main(["render", *argv])
+        main(["render", "--dataset-version", VERSION, *argv])
     assert exc.value.code == 2
     assert needle in capsys.readouterr().err
 
 
 def test_cli_module_entry_point(project_root):
     proc = subprocess.run(
-        [sys.executable, "-m", "operators.kubernetes", "render", "--world-size", "2", "--api", "trainjob"],
+        [sys.executable, "-m", "operators.kubernetes", "render", "--dataset-version", VERSION, "--world-size", "2", "--api", "trainjob"],
         cwd=project_root,
         capture_output=True,
         text=True,
@@ -244,18 +252,24 @@ def test_cli_module_entry_point(project_root):
 
 def test_build_gang_uses_spec_attempt_env_and_config(crd_registry):
     runtime = RuntimeDefaults.from_mapping(example_runtime_mapping())
-    spec = GangSpec(name="run-1", run_dir="/local/ignored", world_size=3, config_path="configs/big.yaml", env={"GANGFLOW_FAULT": "kill@step=3,rank=1"}, attempt=2)
+    spec = GangSpec(
+        name="run-1", run_dir="/local/ignored", world_size=3, config_path="configs/big.yaml",
+        overrides=(f"data.version={VERSION}",), env={"GANGFLOW_FAULT": "kill@step=3,rank=1", "GANGFLOW_ALLOW_FAULTS": "1", "MLFLOW_RUN_ID": "abc123"}, attempt=2,
+    )
     plan = build_gang(spec, runtime)
     validate_object(plan.body, crd_registry)
     assert plan.name == "run-1-t2" and plan.pod_selector == "gangflow.io/gang=run-1,gangflow.io/attempt=2"
     container = plan.body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][container["args"].index("--config") + 1] == "/app/configs/big.yaml"
-    assert {"name": "GANGFLOW_FAULT", "value": "kill@step=3,rank=1"} in container["env"]
+    names = {e["name"] for e in container["env"]}
+    assert "GANGFLOW_FAULT" not in names and "GANGFLOW_ALLOW_FAULTS" not in names  # faults are for drills, never a cluster
+    assert {"name": "MLFLOW_RUN_ID", "value": "abc123"} in container["env"]
+    assert plan.body["metadata"]["annotations"]["gangflow.io/mlflow-run-id"] == "abc123"
     assert "--rdzv-id=run-1-t2" in container["args"]
 
 
 def test_cli_validate(tmp_path, crds_dir, capsys):
-    docs = render_documents(world_size=4)
+    docs = render(world_size=4)
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump_all(docs))
     assert main(["validate", str(good), "--crds", str(crds_dir)]) == 0

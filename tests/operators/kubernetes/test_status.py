@@ -28,14 +28,14 @@ def test_workload_fixtures_match_kueue_crd(state, fx, crd_registry):
 
 @pytest.mark.parametrize("state", ["suspended", "running", "failed", "completed"])
 def test_jobset_status_fixtures_match_jobset_crd(state, fx, crd_registry):
-    (js,) = render_documents(world_size=4, name="train-demo", namespace="ml")
+    (js,) = render_documents(world_size=4, name="train-demo", namespace="ml", dataset_version="5d41402abc4b2a76b9719d911017c592")
     js["status"] = fx.jobset_status(state)
     validate_object(js, crd_registry)
 
 
 def test_volcano_fixtures_match_crds(fx, crd_registry):
     validate_object(fx.podgroup("unschedulable"), crd_registry)
-    (job,) = render_documents(world_size=4, scheduler="volcano")
+    (job,) = render_documents(world_size=4, scheduler="volcano", dataset_version="5d41402abc4b2a76b9719d911017c592")
     for state in ("pending", "running", "terminated"):
         job["status"] = fx.volcano_status(state)
         validate_object(job, crd_registry)
