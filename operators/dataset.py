@@ -45,7 +45,6 @@ from operators.exceptions import (
     StorageUnavailable,
     UserError,
 )
-from operators.failures.catalogue import transient_exception
 from operators.settings import PROJECT_ROOT
 
 if TYPE_CHECKING:
@@ -434,6 +433,8 @@ def _unreachable(exc: BaseException) -> bool:
     since fsspec's HTTP filesystem reports a refused connection as FileNotFoundError caused by
     an aiohttp connection error.
     """
+    from operators.failures.catalogue import transient_exception
+
     return transient_exception(exc) is not None
 
 

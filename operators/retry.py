@@ -44,7 +44,6 @@ from airflow.sdk import RetryDecision, RetryPolicy
 
 from operators import settings
 from operators.exceptions import GangFailure, GangflowError
-from operators.failures.catalogue import transient_exception
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.context import Context
@@ -111,6 +110,8 @@ def judge_exception(exception: BaseException) -> tuple[str | None, str]:
         if kind not in ("infra", "user", "unknown"):
             kind = "infra" if exception.retryable else "user"
         return kind, f"{type(exception).__name__}: {exception}"
+    from operators.failures.catalogue import transient_exception  # not at DAG parse time
+
     why = transient_exception(exception)
     if why:
         return "infra", f"{why}: {_short(exception)}"

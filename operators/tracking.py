@@ -20,7 +20,6 @@ from urllib.parse import urlparse
 
 from operators import settings
 from operators.exceptions import RegistryUnavailable
-from operators.failures.catalogue import transient_exception
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -64,6 +63,8 @@ def is_unavailable(exc: BaseException) -> bool:
         # timeouts, too many 5xx).
         message = str(exc.message)
         return message.startswith("API request to ") and "failed with exception" in message
+    from operators.failures.catalogue import transient_exception
+
     if transient_exception(exc):  # connection errors, timeouts, HTTP 5xx/429: the one catalogue
         return True
     try:

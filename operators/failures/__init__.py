@@ -22,12 +22,33 @@ The package:
 * `cli`: the command line.
 """
 
-from operators.failures.evidence import Evidence
-from operators.failures.ranks import classify
-from operators.failures.rules import RULES, Rule
-from operators.failures.verdict import KINDS, Verdict
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from operators.failures.evidence import Evidence
+    from operators.failures.ranks import classify
+    from operators.failures.rules import RULES, Rule
+    from operators.failures.verdict import KINDS, Verdict
 
 __all__ = ["KINDS", "RULES", "Evidence", "Rule", "Verdict", "classify", "main"]
+
+# Loaded on first use: `operators.failures.catalogue` alone (the retry policy, the dataset
+# fetch, tracking) must not compile the whole rule table, e.g. while Airflow parses a DAG.
+_LAZY = {
+    "Evidence": "evidence", "classify": "ranks", "RULES": "rules", "Rule": "rules", "KINDS": "verdict",
+    "Verdict": "verdict",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"operators.failures.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'operators.failures' has no attribute {name!r}")
 
 
 def main(argv: list[str] | None = None) -> int:

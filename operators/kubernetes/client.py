@@ -28,7 +28,6 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from operators.exceptions import KubernetesApiError, KubernetesRequestError
-from operators.failures.catalogue import http_status_kind
 
 T = TypeVar("T")
 
@@ -121,6 +120,8 @@ class GangApi:
             if status == 404 and missing_ok:
                 return None
             message = f"{action} {what}: HTTP {status} {exc.reason or ''}: {_api_message(exc)}".replace("  ", " ")
+            from operators.failures.catalogue import http_status_kind
+
             if status == 0 or http_status_kind(status) == "infra":
                 raise KubernetesApiError(message) from None
             err = KubernetesRequestError(message)

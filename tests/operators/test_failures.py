@@ -33,7 +33,7 @@ def test_fixture(path: Path):
     fixture = load(path)
     assert fixture["source"].strip(), "every fixture names where its text is seen publicly"
     expect = fixture["expect"]
-    verdict = classify(fixture["evidence"])
+    verdict = classify(fixture["evidence"], precedents=False)  # the rule table's own verdict
     assert verdict.kind == expect["kind"], verdict.reason
     assert verdict.rule == expect["rule"], verdict.reason
     assert verdict.retryable is (expect["kind"] != "user")
@@ -106,7 +106,19 @@ def test_verdict_contract():
     ],
 )
 def test_rule_details(evidence, rule):
-    assert classify(evidence).rule == rule
+    assert classify(evidence, precedents=False).rule == rule
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
+def test_a_precedent_never_overrides_a_rule(path: Path):
+    evidence = load(path)["evidence"]
+    rules_only = classify(evidence, precedents=False)
+    verdict = classify(evidence)
+    if rules_only.kind != "unknown":
+        assert verdict == rules_only and verdict.rule == rules_only.rule
+    else:
+        assert verdict.rule in {"", "precedent"}
+        assert verdict.kind == "unknown" or verdict.reason.startswith(f"{verdict.kind}: like https://")
 
 
 def test_rank_and_step_from_the_evidence_keys_are_in_the_reason():
