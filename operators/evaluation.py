@@ -146,11 +146,12 @@ def load_test_arrays(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     return features(frame), frame[LABEL_COLUMN].to_numpy(dtype=np.int64)
 
 
-def load_final_model(final_dir: str | Path) -> torch.nn.Module:
-    """The model saved in a run's `final/` dir (safetensors + model card), in eval mode."""
+def load_final_model(final_dir: str | Path, *, allowed_models: Sequence[str] | str | None = None) -> torch.nn.Module:
+    """The model saved in a run's `final/` dir (safetensors + model card), in eval mode; the
+    card's factory must be allow-listed (`trainer.allowlist`), else `ModelNotAllowed`."""
     from operators.model_pyfunc import load_final_model as _load
 
-    return _load(final_dir)
+    return _load(final_dir, allowed_models=allowed_models)
 
 
 def file_md5(path: str | Path) -> str:
@@ -160,13 +161,19 @@ def file_md5(path: str | Path) -> str:
     return md5_file(path)
 
 
-def evaluate_final_dir(final_dir: str | Path, test_path: str | Path, num_classes: int | None = None) -> dict[str, Any]:
+def evaluate_final_dir(
+    final_dir: str | Path,
+    test_path: str | Path,
+    num_classes: int | None = None,
+    *,
+    allowed_models: Sequence[str] | str | None = None,
+) -> dict[str, Any]:
     """Evaluate the weights in `final_dir` on the Parquet test split at `test_path`.
 
     The result also names the test file and its md5, so a later comparison can check that two
     scores come from the same split.
     """
-    model = load_final_model(final_dir)
+    model = load_final_model(final_dir, allowed_models=allowed_models)
     x, y = load_test_arrays(test_path)
     metrics = evaluate(model, x, y, num_classes)
     metrics["test_path"] = str(test_path)
@@ -249,7 +256,7 @@ class EvaluateModelOperator(BaseOperator):
     unreachable is `RegistryUnavailable` (retried).
     """
 
-    template_fields: Sequence[str] = ("run_dir", "test_path", "mlflow_run_id", "tracking_uri", "num_classes")
+    template_fields: Sequence[str] = ("run_dir", "test_path", "mlflow_run_id", "tracking_uri", "num_classes", "allowed_models")
     ui_color = "#e8f4ea"
     metric_prefix: ClassVar[str] = "test_"
 
@@ -261,9 +268,11 @@ class EvaluateModelOperator(BaseOperator):
         mlflow_run_id: str | None = None,
         tracking_uri: str | None = None,
         num_classes: int | None = None,
+        allowed_models: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.allowed_models = allowed_models
         self.run_dir = run_dir
         self.test_path = test_path
         self.mlflow_run_id = mlflow_run_id
@@ -278,7 +287,7 @@ class EvaluateModelOperator(BaseOperator):
 
     def load_model(self, final_dir: Path) -> Any:
         """The model to evaluate; default: rebuilt from the safetensors weights + model card."""
-        return load_final_model(final_dir)
+        return load_final_model(final_dir, allowed_models=self.allowed_models)
 
     def load_test_data(self) -> tuple[Any, Any]:
         """(x, y) of the test split."""

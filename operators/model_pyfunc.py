@@ -12,17 +12,18 @@ The input is a DataFrame with the 64 feature columns `pixel_00`..`pixel_63` (oth
 such as `label`, are ignored); the output has the predicted class in `prediction` and the
 softmax probabilities in `prob_<k>`.
 
-Loading needs torch, safetensors and the model factory named in the model card (the `gangflow`
-package for the default `trainer.models:mlp`). Weights are read with safetensors and the module
-is rebuilt by calling the factory, so nothing is unpickled.
+Loading needs torch and safetensors. Weights are read with safetensors and the module is rebuilt
+by calling the factory the model card names, so nothing is unpickled; that factory must be on
+the allow-list (entry points group `gangflow.models`, e.g. `trainer.models:mlp`, or
+`GANGFLOW_ALLOWED_MODELS=module:function,...`): a card naming anything else is refused before
+any import (`trainer.allowlist.ModelNotAllowed`). Where gangflow is not installed (so no entry
+points), set `GANGFLOW_ALLOWED_MODELS=trainer.models:mlp`.
 
 This module is also importable as `operators.model_pyfunc` (for `load_final_model` and
 `FEATURE_COLUMNS`); only when MLflow executes the file as model code does it import mlflow and
 call `mlflow.models.set_model`. It never imports Airflow.
 """
 
-import importlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -32,60 +33,21 @@ WEIGHTS_FILE = "model.safetensors"
 CARD_FILE = "model_card.json"
 
 
-def _factory_from_card(card: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(`module:function`, kwargs) of the model factory recorded in a model card.
-
-    Accepts the layouts a model card may use: `{"model": {"factory": ..., <kwargs>}}`,
-    `{"config": {"model": {...}}}`, `{"model_factory": ..., "model_kwargs": {...}}`.
-    """
-    candidates: list[dict[str, Any]] = []
-    for key in ("model", "config", "resolved_config"):
-        section = card.get(key)
-        if isinstance(section, dict):
-            candidates.append(section)
-            if isinstance(section.get("model"), dict):
-                candidates.append(section["model"])
-    for section in candidates:
-        factory = section.get("factory")
-        if isinstance(factory, str) and ":" in factory:
-            kwargs = section.get("kwargs")
-            if not isinstance(kwargs, dict):
-                kwargs = {k: v for k, v in section.items() if k not in ("factory", "kwargs")}
-            return factory, dict(kwargs)
-    if isinstance(card.get("model_factory"), str):
-        return card["model_factory"], dict(card.get("model_kwargs") or {})
-    raise ValueError(f"model card names no model factory (looked for model.factory); keys: {sorted(card)}")
-
-
-def _build_from_card(final_dir: Path):
-    """Rebuild the module from the card's factory and load the safetensors state_dict."""
-    from safetensors.torch import load_file
-
-    card = json.loads((final_dir / CARD_FILE).read_text())
-    factory, kwargs = _factory_from_card(card)
-    module_name, _, func_name = factory.partition(":")
-    fn = getattr(importlib.import_module(module_name), func_name)
-    model = fn(**kwargs)
-    model.load_state_dict(load_file(str(final_dir / WEIGHTS_FILE)))
-    return model.eval()
-
-
-def load_final_model(final_dir: "str | Path"):
+def load_final_model(final_dir: "str | Path", *, allowed_models=None):
     """A `torch.nn.Module` in eval mode from a final dir (`model.safetensors` + `model_card.json`).
 
-    Uses the trainer's own loader (`trainer.export.load_final_model`) when the trainer package
-    is installed, else rebuilds the module from the factory named in the model card.
+    Always through the trainer's guarded loader (`trainer.export.load_final_model`): the card's
+    factory must be allow-listed (`gangflow.models` entry points, `allowed_models`,
+    `GANGFLOW_ALLOWED_MODELS`) and is refused before any import otherwise. The `trainer`
+    package travels with the registered model (`code/trainer/`), so this works where gangflow
+    is not installed too.
     """
     final_dir = Path(final_dir)
     if not (final_dir / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"no {WEIGHTS_FILE} in {final_dir}")
-    try:
-        from trainer.export import load_final_model as trainer_loader
-    except ImportError:
-        trainer_loader = None
-    if trainer_loader is not None:
-        return trainer_loader(final_dir).eval()
-    return _build_from_card(final_dir)
+    from trainer.export import load_final_model as trainer_loader
+
+    return trainer_loader(final_dir, allowed_models=allowed_models).eval()
 
 
 def features(frame) -> Any:

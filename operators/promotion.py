@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator
 
+from trainer.allowlist import ModelNotAllowed
+
 from operators.exceptions import RegistryUnavailable, UserError
 from operators.registry import (
     CHAMPION_ALIAS,
@@ -99,7 +101,7 @@ class PromoteModelOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "model_name", "run_dir", "test_path", "mlflow_run_id", "candidate_metrics",
-        "floor", "min_improvement", "lineage", "tracking_uri",
+        "floor", "min_improvement", "lineage", "tracking_uri", "allowed_models",
     )
     ui_color = "#fdf2d0"
     metric_name: ClassVar[str] = "accuracy"
@@ -116,9 +118,11 @@ class PromoteModelOperator(BaseOperator):
         min_improvement: float | str = 0.0,
         lineage: Mapping[str, Any] | None = None,
         tracking_uri: str | None = None,
+        allowed_models: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.allowed_models = allowed_models
         self.model_name = model_name
         self.run_dir = run_dir
         self.test_path = test_path
@@ -156,7 +160,7 @@ class PromoteModelOperator(BaseOperator):
         """Metrics of the model in `final_dir` on `test_path` (candidate and champion alike)."""
         from operators.evaluation import evaluate_final_dir
 
-        return evaluate_final_dir(final_dir, self.test_path)
+        return evaluate_final_dir(final_dir, self.test_path, allowed_models=self.allowed_models)
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -183,6 +187,11 @@ class PromoteModelOperator(BaseOperator):
                 return self.evaluate_model_dir(final_dir)
             except (RegistryUnavailable, UserError):
                 raise
+            except ModelNotAllowed as exc:  # a card naming code we do not run: never load it
+                raise ChampionEvaluationFailed(
+                    f"refusing to load champion {champion.name} v{champion.version}: {exc}. Nothing was promoted; "
+                    f"fix the champion (or remove the '{CHAMPION_ALIAS}' alias) before promoting."
+                ) from exc
             except Exception as exc:
                 raise ChampionEvaluationFailed(
                     f"cannot evaluate champion {champion.name} v{champion.version} on {self.test_path}: "

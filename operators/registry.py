@@ -179,16 +179,10 @@ def _pip_requirements() -> list[str]:
     return reqs
 
 
-def _bundled_code(final_dir: Path) -> list[str] | None:
-    """The `trainer` package, bundled with the model when the card's factory lives in it, so the
-    model loads without gangflow installed and with the model code it was trained with."""
-    try:
-        card = json.loads((final_dir / "model_card.json").read_text())
-        factory = str(card["model"]["factory"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if factory.split(":", 1)[0].split(".", 1)[0] != "trainer":
-        return None
+def _bundled_code() -> list[str] | None:
+    """The `trainer` package, bundled with every model: its guarded loader (`trainer.export`,
+    `trainer.allowlist`) is how the pyfunc rebuilds the module, and the built-in model code
+    travels with the weights it was trained with."""
     import importlib.util
 
     spec = importlib.util.find_spec("trainer")
@@ -207,8 +201,8 @@ def log_pyfunc_model(
 ) -> str:
     """Log `final_dir` (model.safetensors + model_card.json) as an MLflow pyfunc *from code*
     (operators/model_pyfunc.py, no pickle), linked to run `run_id`; returns the model id
-    (register `models:/<model_id>`). When the model factory is in the `trainer` package, that
-    package is bundled (`code/trainer/`), so the model loads where gangflow is not installed."""
+    (register `models:/<model_id>`). The `trainer` package is bundled (`code/trainer/`): the
+    pyfunc loads through its allow-listed loader, also where gangflow is not installed."""
     import mlflow
     import pandas as pd
     from mlflow.models import Model
@@ -242,7 +236,7 @@ def log_pyfunc_model(
                 signature=_pyfunc_signature(),
                 input_example=example,
                 pip_requirements=_pip_requirements(),
-                code_paths=_bundled_code(staged),
+                code_paths=_bundled_code(),
             )
     return logged.model_id
 

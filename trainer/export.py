@@ -3,8 +3,10 @@
 The card records how to rebuild the model (`model.factory`, `model.kwargs`), the resolved
 config, the data files and their md5, the final metrics, world size, steps and versions.
 `load_final_model(final_dir)` rebuilds the module from the card and loads the weights; nothing
-is unpickled. The folder is written aside and renamed into place (an existing `final/` is moved
-away first and deleted after), so a reader never sees a half-written `final/`.
+is unpickled, and the card's factory must be on the platform's allow-list (`trainer.allowlist`):
+a card is data, so nothing it names is imported unless allow-listed. The folder is written
+aside and renamed into place (an existing `final/` is moved away first and deleted after), so a
+reader never sees a half-written `final/`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ import safetensors.torch
 import torch
 
 from trainer.checkpoint import _fsync_dir, _write_file, cpu_copy
-from trainer.config import resolve_factory
+from trainer.allowlist import ModelNotAllowed, card_model, card_weights_file, factory_for_card
 
 FINAL = "final"
 WEIGHTS = "model.safetensors"
@@ -49,18 +52,33 @@ def write_final(run_dir: str | Path, model: torch.nn.Module, card: dict[str, Any
 
 
 def read_card(final_dir: str | Path) -> dict[str, Any]:
-    return json.loads((Path(final_dir) / CARD).read_text())
+    card = json.loads((Path(final_dir) / CARD).read_text())
+    if not isinstance(card, dict):
+        raise ModelNotAllowed(f"{Path(final_dir) / CARD}: a model card is a JSON object, not {type(card).__name__}")
+    return card
 
 
-def build_model(factory: str, kwargs: dict[str, Any]) -> torch.nn.Module:
-    return resolve_factory(factory, "model.factory")(**kwargs)
+def build_model(factory: str, kwargs: dict[str, Any], *, allowed_models: Iterable[str] | str | None = None) -> torch.nn.Module:
+    """The module `factory(**kwargs)`, only for an allow-listed factory and kwargs its signature takes."""
+    func, kwargs = factory_for_card({"model": {"factory": factory, "kwargs": kwargs}}, allowed_models)
+    model = func(**kwargs)
+    if not isinstance(model, torch.nn.Module):
+        raise ModelNotAllowed(f"model.factory={factory!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return model
 
 
-def load_final_model(final_dir: str | Path) -> torch.nn.Module:
-    """The trained model of a run's `final/` dir, on CPU, in eval mode."""
+def load_final_model(final_dir: str | Path, *, allowed_models: Iterable[str] | str | None = None) -> torch.nn.Module:
+    """The trained model of a run's `final/` dir, on CPU, in eval mode.
+
+    `allowed_models`: `module:function` factories allowed beside the `gangflow.models` entry
+    points and `GANGFLOW_ALLOWED_MODELS`; anything else is refused (`ModelNotAllowed`) before
+    any import.
+    """
     final_dir = Path(final_dir)
     card = read_card(final_dir)
-    model = build_model(card["model"]["factory"], card["model"]["kwargs"])
-    state = safetensors.torch.load_file(str(final_dir / card.get("weights", {}).get("file", WEIGHTS)))
+    weights = card_weights_file(card)  # checked before the factory runs
+    factory, kwargs = card_model(card)
+    model = build_model(factory, kwargs, allowed_models=allowed_models)
+    state = safetensors.torch.load_file(str(final_dir / weights))
     model.load_state_dict(state, strict=True)
     return model.eval()

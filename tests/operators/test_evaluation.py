@@ -22,6 +22,12 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TEST_SPLIT = PROJECT_ROOT / "data" / "digits" / "test.parquet"
 
 
+@pytest.fixture(autouse=True)
+def _allow_test_model(monkeypatch):
+    """The tests' own factory is allowed the way a deployment allows one (the env var)."""
+    monkeypatch.setenv("GANGFLOW_ALLOWED_MODELS", "model_cards:tiny_mlp")
+
+
 # --------------------------------------------------------------------------- pure metrics
 
 
@@ -185,3 +191,82 @@ def test_operator_subclass_adds_a_metric(home, tmp_path):
     result = WithErrorCount(task_id="evaluate", run_dir=str(tmp_path / "run"), test_path=str(TEST_SPLIT),
                             mlflow_run_id=run_id).execute(_context())
     assert client.get_run(run_id).data.metrics["test_errors"] == result["errors"]
+
+
+# --------------------------------------------------------------------------- loading is allow-listed
+
+
+def _card(final: Path, model: dict, **extra) -> Path:
+    card = json.loads((final / "model_card.json").read_text())
+    (final / "model_card.json").write_text(json.dumps({**card, "model": model, **extra}))
+    return final
+
+
+def test_a_card_naming_code_off_the_allow_list_is_refused_before_any_import(tmp_path, monkeypatch):
+    """12.1: a model card is data; a module it names is never imported unless allow-listed."""
+    from trainer.allowlist import ModelNotAllowed
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    marker = tmp_path / "imported"
+    (pkg / "gangflow_evil_model.py").write_text(
+        f"open({str(marker)!r}, 'w').write('imported')\ndef build(**kw):\n    open({str(marker)!r}, 'w').write('called')\n")
+    monkeypatch.syspath_prepend(str(pkg))
+    final = _card(write_final_dir(tmp_path / "run", tiny_mlp()), {"factory": "gangflow_evil_model:build", "kwargs": {}})
+    with pytest.raises(ModelNotAllowed, match=r"model\.factory='gangflow_evil_model:build' is not an allowed model "
+                                              r"architecture; nothing was imported\. Allowed: .*trainer\.models:mlp"):
+        evaluation.load_final_model(final)
+    assert not marker.exists()
+    import sys
+
+    assert "gangflow_evil_model" not in sys.modules
+    # The operator fails the task with the same reason, as a user error.
+    op = EvaluateModelOperator(task_id="evaluate", run_dir=str(tmp_path / "run"), test_path=str(TEST_SPLIT))
+    with pytest.raises(UserError, match="not an allowed model architecture"):
+        op.execute(_context())
+    assert not marker.exists()
+    # Allowed explicitly by the DAG (the operator argument), the same card loads.
+    (pkg / "gangflow_evil_model.py").write_text("from model_cards import tiny_mlp as build\n")
+    allowed = EvaluateModelOperator(task_id="evaluate", run_dir=str(tmp_path / "run"), test_path=str(TEST_SPLIT),
+                                    allowed_models=["gangflow_evil_model:build"])
+    assert allowed.execute(_context())["num_examples"] == 450
+
+
+@pytest.mark.parametrize(("model", "extra", "message"), [
+    ({"factory": "model_cards:tiny_mlp", "kwargs": {"hidden": 8, "bias": True}}, {},
+     r"model\.kwargs\.bias=True: model_cards:tiny_mlp takes no argument 'bias'; it accepts: hidden, num_classes"),
+    ({"factory": "model_cards:tiny_mlp", "kwargs": {"hidden": "8"}}, {}, r"model\.kwargs\.hidden='8': .* expects int"),
+    ({"factory": "model_cards:tiny_mlp", "kwargs": {"hidden": 8.5}}, {}, r"model\.kwargs\.hidden=8\.5: .* expects int"),
+    ({"factory": "model_cards:tiny_mlp", "kwargs": {"hidden": {"__class__": "x"}}}, {}, r"only numbers, strings"),
+    ({"factory": "model_cards:tiny_mlp", "kwargs": {"_private": 1}}, {}, r"not a keyword argument name"),
+    ({"factory": "model_cards:tiny_mlp", "kwargs": {}}, {"weights": {"file": "../../etc/passwd.safetensors"}},
+     r"weights\.file='\.\./\.\./etc/passwd\.safetensors' must be a file name"),
+    ({"factory": "subprocess:run", "kwargs": {"args": ["true"]}}, {}, r"model\.factory='subprocess:run' is not an allowed"),
+    ({"factory": ["trainer.models:mlp"]}, {}, r"model\.factory=\['trainer\.models:mlp'\] must be a name"),
+])  # fmt: skip
+def test_card_kwargs_and_weights_are_validated(tmp_path, model, extra, message):
+    from trainer.allowlist import ModelNotAllowed
+
+    torch.manual_seed(0)
+    final = _card(write_final_dir(tmp_path / "run", tiny_mlp()), model, **extra)
+    with pytest.raises(ModelNotAllowed, match=message):
+        evaluation.load_final_model(final)
+
+
+def test_built_in_models_come_from_the_entry_points(tmp_path, monkeypatch):
+    """`trainer.models:mlp` is allowed because pyproject.toml declares it (entry points group
+    `gangflow.models`), by its value or its entry-point name, with no env var or argument."""
+    from importlib.metadata import entry_points
+
+    from trainer import export, models
+
+    monkeypatch.delenv("GANGFLOW_ALLOWED_MODELS")
+    assert {(ep.name, ep.value) for ep in entry_points(group="gangflow.models")} >= {("mlp", "trainer.models:mlp")}
+    model = models.mlp(hidden=16)
+    for factory in ("trainer.models:mlp", "mlp"):
+        final = export.write_final(tmp_path / factory.replace(":", "_"), model,
+                                   {"model": {"factory": factory, "kwargs": {"hidden": 16, "input_dim": 64}}})
+        x = torch.rand(3, 64) * 16
+        assert torch.equal(evaluation.load_final_model(final)(x), model.eval()(x))
+    with pytest.raises(export.ModelNotAllowed, match="model_cards:tiny_mlp' is not an allowed"):
+        evaluation.load_final_model(write_final_dir(tmp_path / "tiny", tiny_mlp()))

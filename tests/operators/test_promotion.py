@@ -18,6 +18,14 @@ from operators.promotion import PromoteModelOperator
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TEST_SPLIT = PROJECT_ROOT / "data" / "digits" / "test.parquet"
 TRAIN_SPLIT = PROJECT_ROOT / "data" / "digits" / "train.parquet"
+
+
+@pytest.fixture(autouse=True)
+def _allow_test_model(monkeypatch):
+    """This module's factory is allowed the way a deployment allows one (the env var)."""
+    monkeypatch.setenv("GANGFLOW_ALLOWED_MODELS", f"{__name__}:tiny_mlp")
+
+
 RESULT_KEYS = {"promoted", "reason", "model_name", "model_version", "candidate_accuracy", "champion_version",
                "champion_accuracy"}
 
@@ -95,7 +103,7 @@ def make(client, weights, tmp_path):
 def test_template_fields_cover_every_argument():
     assert set(PromoteModelOperator.template_fields) == {
         "model_name", "run_dir", "test_path", "mlflow_run_id", "candidate_metrics", "floor", "min_improvement",
-        "lineage", "tracking_uri"}
+        "lineage", "tracking_uri", "allowed_models"}
 
 
 def test_promotion_lifecycle(client, make):
@@ -220,8 +228,10 @@ def test_subclass_gates_on_macro_f1(client, make):
     assert tags["gangflow.gate_metric"] == "macro_f1"
 
 
-def test_champion_that_cannot_be_evaluated_fails_the_task(client, make):
+def test_champion_that_cannot_be_evaluated_fails_the_task(client, make, monkeypatch):
     name = "digits-broken-champion"
+    # An allowed factory whose module is gone (removed after the champion was promoted).
+    monkeypatch.setenv("GANGFLOW_ALLOWED_MODELS", f"{__name__}:tiny_mlp,gangflow_no_such_module:mlp")
     broken = make("broken", "ok", factory="gangflow_no_such_module:mlp")
     # Register and crown it directly (as if the factory was removed after it was promoted).
     version = registry.register_version(client, name, run_id=broken.mlflow_run_id,
@@ -230,6 +240,31 @@ def test_champion_that_cannot_be_evaluated_fails_the_task(client, make):
     with pytest.raises(registry.ChampionEvaluationFailed, match="cannot evaluate champion"):
         make("after-broken", "good").promote(name)
     assert str(registry.current_champion(client, name).version) == "1"
+
+
+def test_a_champion_whose_card_names_arbitrary_code_is_refused_and_nothing_is_promoted(client, make, tmp_path):
+    """12.1, the attack: anyone who can reach the registry registers a version whose model card
+    names `subprocess:run` and sets @champion on it; the next promote must not run it."""
+    name = "digits-attacked"
+    proof = tmp_path / "pwned"
+    evil = make("evil", "ok")
+    card = json.loads((evil.run_dir / "final" / "model_card.json").read_text())
+    card["model"] = {"factory": "subprocess:run", "kwargs": {"args": ["sh", "-c", f"id > {proof}"]}}
+    (evil.run_dir / "final" / "model_card.json").write_text(json.dumps(card))
+    client.log_artifacts(evil.mlflow_run_id, str(evil.run_dir / "final"), "attack")
+    version = registry.register_version(
+        client, name, run_id=evil.mlflow_run_id,
+        source_dir_or_artifact_path=f"{client.get_run(evil.mlflow_run_id).info.artifact_uri}/attack")
+    registry.promote(client, version)
+
+    good = make("after-attack", "good")
+    with pytest.raises(registry.ChampionEvaluationFailed,
+                       match=r"refusing to load champion digits-attacked v1: .*model\.factory='subprocess:run' "
+                             r"is not an allowed model architecture; nothing was imported.*Nothing was promoted"):
+        good.promote(name)
+    assert not proof.exists(), f"the champion's card ran code: {proof.read_text()}"
+    assert str(registry.current_champion(client, name).version) == "1"  # no alias move
+    assert not client.get_model_version(name, "2").tags.get("gangflow.decision") == "promoted"
 
 
 def test_missing_final_weights_is_a_user_error(tmp_path):

@@ -22,6 +22,12 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TEST_SPLIT = PROJECT_ROOT / "data" / "digits" / "test.parquet"
 
 
+@pytest.fixture(autouse=True)
+def _allow_test_model(monkeypatch):
+    """The tests' own factory is allowed the way a deployment allows one (the env var)."""
+    monkeypatch.setenv("GANGFLOW_ALLOWED_MODELS", "model_cards:tiny_mlp")
+
+
 # --------------------------------------------------------------------------- the gate
 
 
