@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.gangflow-installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install browser-deps setup demo test test-fast ui benchmarks constraints clean
+.PHONY: install browser-deps setup demo cluster-drill test test-fast ui benchmarks constraints clean
 
 install: $(STAMP)
 
@@ -22,6 +22,11 @@ setup: install
 # Runs the whole DAG once on the embedded defaults; the last line is a JSON summary.
 demo: setup
 	$(BIN)/python -m operators.demo
+
+# train_pipeline with backend=kubernetes, the rendered pods run as local processes, S3 (moto) and
+# MLflow servers on 127.0.0.1 (docs/kubernetes.md, "The cluster drill"); honours GANGFLOW_FAULT.
+cluster-drill: setup
+	$(BIN)/python -m operators.kubernetes.drill
 
 test: install browser-deps
 	$(BIN)/python -m pytest
@@ -41,6 +46,7 @@ benchmarks: setup
 	$(BIN)/python benchmarks/pipeline.py
 	$(BIN)/python benchmarks/goodput.py
 	$(BIN)/python benchmarks/validation.py
+	$(BIN)/python benchmarks/restart.py
 	$(BIN)/python benchmarks/classifier.py
 
 constraints:

@@ -1,0 +1,126 @@
+"""Start-up probe for benchmarks/restart.py: phase timestamps from inside a rank, without
+changing trainer/.
+
+Python imports `sitecustomize` at start-up from PYTHONPATH. restart.py puts this folder there and
+sets GANGFLOW_BENCH_PROBE to a folder; every Python process started under it (torchrun's agent,
+each rank) then appends JSON lines `{"pid", "argv0", "mark", "t"}` (t: epoch seconds) to
+`<folder>/<pid>.jsonl`:
+
+* `process_start`: the kernel's start time of this process (/proc, 10 ms resolution);
+* `site`: the interpreter is up (this file runs);
+* `import:<module>:begin|end`: executing the modules in IMPORTS (nested imports included);
+* `call:<name>:begin|end`: the trainer functions in WRAP (the first call of each only).
+
+Without GANGFLOW_BENCH_PROBE this file does nothing. Wrapping is by name and skips anything
+missing, so a trainer that moved a function just loses that phase.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+import time
+
+_DIR = os.environ.get("GANGFLOW_BENCH_PROBE")
+
+IMPORTS = ("torch", "mlflow", "pyarrow", "numpy", "trainer.loop", "trainer.__main__", "torch.distributed.run", "torch._dynamo",
+           "torch._inductor", "sympy", "torch.optim")
+# module -> [(attribute path, phase name)]
+WRAP = {
+    "trainer.cli": [("parse_args", "main")],  # the first thing trainer.__main__.main does
+    "trainer.data": [("resolve_data", "data_resolve_md5"), ("parquet_dataset", "data_load")],
+    "trainer.distributed": [("setup", "rendezvous")],
+    "trainer.checkpoint": [("Checkpointer.select", "checkpoint_select"), ("Checkpointer.read", "checkpoint_load")],
+    "trainer.tracking": [("MlflowSink.__init__", "mlflow_connect"), ("Tracker.__init__", "tracker_init")],
+    "trainer.models": [("mlp", "model_init")],
+    "trainer.loop": [("Trainer.__init__", "trainer_init"), ("make_loader", "make_loader"), ("Trainer.resume", "resume"),
+                     ("Trainer.train_step", "first_step"), ("Trainer.close", "close")],
+}
+
+
+def _emit(mark: str, t: float | None = None) -> None:
+    line = json.dumps({"pid": os.getpid(), "argv0": " ".join(sys.argv[:3])[:200], "mark": mark,
+                       "t": time.time() if t is None else t})  # fmt: skip
+    with open(os.path.join(_DIR, f"{os.getpid()}.jsonl"), "a") as fh:
+        fh.write(line + "\n")
+
+
+def _process_start() -> float | None:
+    try:
+        with open("/proc/self/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as fh:
+            btime = next(int(line.split()[1]) for line in fh if line.startswith("btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration):
+        return None
+
+
+def _wrap_once(owner, attr: str, name: str) -> None:
+    fn = getattr(owner, attr, None)
+    if fn is None or getattr(fn, "_gangflow_probe", False):
+        return
+    done = []
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if done:
+            return fn(*args, **kwargs)
+        done.append(True)
+        _emit(f"call:{name}:begin")
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _emit(f"call:{name}:end")
+
+    wrapper._gangflow_probe = True
+    setattr(owner, attr, wrapper)
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner, name: str):
+        self.inner, self.name = inner, name
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module):
+        timed = self.name in IMPORTS
+        if timed:
+            _emit(f"import:{self.name}:begin")
+        try:
+            self.inner.exec_module(module)
+        finally:
+            if timed:
+                _emit(f"import:{self.name}:end")
+        for path, phase in WRAP.get(self.name, ()):
+            owner, _, attr = path.rpartition(".")
+            target = getattr(module, owner, None) if owner else module
+            if target is not None:
+                _wrap_once(target, attr, phase)
+
+    def __getattr__(self, item):  # get_code, get_source, ... for tools that ask the loader
+        return getattr(self.inner, item)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name not in IMPORTS and name not in WRAP:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _Loader(spec.loader, name)
+        return spec
+
+
+if _DIR:
+    started = _process_start()
+    if started is not None:
+        _emit("process_start", started)
+    _emit("site")
+    sys.meta_path.insert(0, _Finder())
