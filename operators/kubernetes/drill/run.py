@@ -248,11 +248,10 @@ class Drill:
     # --- the run -----------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        from operators import demo, embedded
+        from operators import demo
         from operators.kubernetes.runtime import RuntimeDefaults
         from operators.training import gang_name
 
-        embedded.apply()  # after MLFLOW_TRACKING_URI points at the drill's server
         dag_run = demo.run_dag(self.conf)
         summary = demo.summarize(dag_run)
         gang = gang_name(demo.DAG_ID, dag_run.run_id)
@@ -314,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--conf: must be a JSON object")
     if conf.get("backend", "kubernetes") != "kubernetes":
         parser.error("--conf: backend must be 'kubernetes' (the drill runs the Kubernetes backend)")
+    from operators import embedded
+
+    embedded.apply()  # before anything imports Airflow: it binds its settings at import
     # the fault goes to the emulated pods only; the real backend never forwards GANGFLOW_FAULT
     fault = os.environ.pop("GANGFLOW_FAULT", "")
     os.environ.pop("GANGFLOW_ALLOW_FAULTS", None)
