@@ -264,7 +264,8 @@ class RuntimeDefaults:
     resources: Resources = field(default_factory=Resources)
     shm_size: str = "2Gi"
     procs_per_pod: int | None = None  # CPU pods only; with GPUs it is resources.gpu
-    nccl_env: Mapping[str, str] = field(default_factory=dict)
+    # NCCL's warnings reach the pod log, where the failure classifier reads them
+    nccl_env: Mapping[str, str] = field(default_factory=lambda: {"NCCL_DEBUG": "WARN"})
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     termination_grace_period_seconds: int = 120

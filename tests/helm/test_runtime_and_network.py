@@ -38,7 +38,7 @@ def test_runtime_yaml_has_the_contract_keys_and_defaults(render):
     assert (runtime["scheduler"], runtime["api"], runtime["queue"]) == ("kueue", "jobset", "gangflow")
     assert runtime["priorityClassName"] == "gangflow-training"
     assert runtime["workloadPriorityClass"] == "gangflow-normal"
-    assert runtime["resources"] == {"cpu": "4", "memory": "16Gi", "gpu": 1}
+    assert runtime["resources"] == {"cpu": "4", "memory": "16Gi", "gpu": 0}
     assert isinstance(runtime["resources"]["gpu"], int)
     assert runtime["checkpoint"] == {"pvc": "gangflow-checkpoints", "mountPath": "/checkpoints"}
     assert (runtime["runAsUser"], runtime["runAsGroup"], runtime["fsGroup"]) == (10001, 10001, 10001)

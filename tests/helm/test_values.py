@@ -98,8 +98,8 @@ CHECKS = [
      "mlflow.artifacts.type=pvc needs mlflow.artifacts.pvc.claimName"),
     ({"mlflow": {"replicas": 2, "artifacts": {"type": "pvc"}}},
      "mlflow.replicas=2 with a ReadWriteOnce artifact PVC"),
-    ({"training": {"maxWorldSize": 16}},
-     "ClusterQueue quota too small for the largest gang: training.maxWorldSize=16 ranks x (cpu=4, memory=16Gi, "
+    ({"training": {"maxWorldSize": 16, "resources": {"gpu": 1}}},
+     "ClusterQueue quota too small for the largest gang: training.maxWorldSize=16 pods x (cpu=4, memory=16Gi, "
      "nvidia.com/gpu=1) must fit in the nominalQuota of one ResourceFlavor (Kueue admits a gang on a single "
      "flavor), but gangflow-default lacks nvidia.com/gpu (quota 8)"),
     ({"training": {"resources": {"cpu": "9", "memory": "80Gi", "gpu": 1}}},
@@ -107,7 +107,7 @@ CHECKS = [
     ({"kueue": {"resourceFlavors": [{"name": "small", "quota": {"cpu": "8", "memory": "1Ti", "gpu": 64}},
                                     {"name": "big", "quota": {"cpu": "1000", "memory": "64Gi", "gpu": 64}}]}},
      "small lacks cpu (quota 8); big lacks memory (quota 64Gi)"),
-    ({"kueue": {"enabled": False}, "volcano": {"enabled": True, "queue": {"capability": {"gpu": 4}}}},
+    ({"kueue": {"enabled": False}, "volcano": {"enabled": True, "queue": {"capability": {"gpu": 4}}}, "training": {"resources": {"gpu": 1}}},
      "Volcano queue capability too small for the largest gang"),
     ({"training": {"resources": {"cpu": "-4"}}},
      "\"-4\" is not a non-negative Kubernetes quantity"),
@@ -125,6 +125,8 @@ CHECKS = [
      "training.exclusivePlacement is a JobSet feature"),
     ({"training": {"resources": {"cpu": "0"}}},
      "training.resources.cpu must be greater than zero"),
+    ({"training": {"resources": {"gpu": 2}, "procsPerPod": 4}},
+     "training.procsPerPod=4 with training.resources.gpu=2: a GPU pod runs one process per GPU"),
     ({"training": {"priorityClassName": "vip"}},
      "training.priorityClassName \"vip\" is not one of priorityClasses.items"),
     ({"training": {"workloadPriorityClass": "urgent"}},
