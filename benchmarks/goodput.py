@@ -1,45 +1,55 @@
-"""Goodput under injected failures, measured side by side. The last line printed is one JSON object.
+"""Goodput under an injected failure, as Airflow runs it. The last line printed is one JSON object.
 
-Each repetition runs, interleaved (U F U F ...), with fresh run dirs and the same config:
+Every arm is one real run of `train_pipeline` with `dag.test()` (`python -m operators.demo
+--conf ...`, what `make demo` runs) on one fresh state dir (SQLite Airflow DB, pool, DVC-published
+dataset, MLflow); repetitions interleave the arms, rotating which goes first:
 
-* U, the uninterrupted run: one `LocalBackend.run` of the gang (torchrun `--max-restarts 0`,
-  exactly what the Airflow training task runs per try), no fault;
-* F, the faulted run: successive attempts on ONE run dir, as Airflow retries the task: attempt k
-  gets its own `GANGFLOW_FAULT` (default `kill@step=90,rank=1`, `kill@step=170,rank=0`,
-  `kill@step=245,rank=1`: SIGKILL of one rank, at different steps, on different ranks), each
-  failure goes through the failure classifier (`operators.failures.classify`, which must call it
-  infra/retryable, as the retry policy requires), the next attempt resumes from the last
-  committed checkpoint; the last attempt runs without a fault. At most `pipeline.retries + 1`
-  attempts (the DAG's retry budget). Attempts run back to back: Airflow's retry delay is not
-  included (see `goodput_with_retry_delays`).
+* U, uninterrupted: no fault; the training task succeeds on its first try.
+* F0, faulted, no retry delay: `GANGFLOW_ALLOW_FAULTS=1 GANGFLOW_FAULT=<--fault>` (default
+  `kill@step=90,rank=1`: SIGKILL of rank 1 after step 90, synchronised) and
+  `GANGFLOW_RETRY_BASE_DELAY=0`. The try fails, the DAG's `ClassifiedRetryPolicy` classifies the
+  failure (must say retry), Airflow puts the task up for retry, dag.test() runs the next try,
+  which resumes from the last committed checkpoint. A fault fires once per run dir, so a DAG run
+  has one failure.
+* Fd, faulted, the DAG's real delay: the same with the retry delay the DAG configures
+  (`pipeline.retry_base_delay_seconds`, `min(600, base * 2**(try-1))`: 5 s before the 2nd try).
+  dag.test() polls once a second for a task whose retry time has come, as a scheduler loop would.
 
-Reported:
+The tries' start and end come from Airflow's metadata DB (`task_instance_history` for the failed
+try, `task_instance` for the last), the fault's firing time and step from its marker
+(`DIR/faults/*.fired`), the resume step and time from the trainer's `resume` event.
 
-* `goodput`: median over pairs of U's wall time / F's total wall time (sum of its attempts'
-  `LocalBackend.run` wall times). Both sides include process start-up, so 1.0 means the
-  failures cost nothing; the rest is lost steps plus one start-up (rendezvous, torch import,
-  checkpoint load) per failure.
-* `step_goodput`: useful step time over wall time: U's training-loop time for all steps
-  (`train_s` of its `final` event: every step survives into the final model exactly once) / F's
-  total wall time; `uninterrupted_step_goodput` is the same over U's own wall time (start-up
-  dominates small runs, so read it as the ceiling).
-* `lost_steps_per_failure`: per failure, steps computed after the last committed checkpoint and
-  redone: the step the fault fired at (its marker in `DIR/faults/`) minus the step the next
-  attempt resumed from (`gangflow: resuming from checkpoint step-N`). Goal: never more than
-  `checkpoint_every_steps`.
-* `final_weights_bitwise_equal`: F's `final/model.safetensors` tensors equal U's byte for byte
-  (same seed and world size), for every pair.
+Figures (medians over repetitions):
 
-Usage: `python benchmarks/goodput.py [--reps 3] [--steps 300] [--every 50] [--faults "kill@step=90,rank=1;..."]`
-(about 3-6 minutes on 2 shared cores).
+* `goodput_no_delay`, `goodput_real_delay`: U's training task time (TI end - start) / F's
+  (first try's start -> last try's end).
+* per failure (`failures`): `detection_s` (fault fired -> the failed try ended: torchrun notices
+  the dead rank, tears the gang down, the task classifies the evidence and fails), `retry_wait_s`
+  (failed try's end -> next try's start: the retry delay plus dag.test's pickup),
+  `restart_s` (next try's start -> its trainer's `resume` event: MLflow lookup, launch, gang
+  start-up, checkpoint load), `restart_cost_s` = the three, `lost_steps` (fired step - resumed
+  step), `lost_seconds` (lost steps x U's seconds per step), and `extra_s` (F - U task time:
+  everything the failure cost, measured directly).
+* `young_daly`: the optimal checkpoint interval sqrt(2 * C * MTBF) for the measured checkpoint
+  cost C (median `blocked_s` of U's checkpoint events: what the loop stops for; and, beside it,
+  the median full write time `duration_s`) and the injected failure rate (one failure per U
+  training loop: MTBF = U's loop seconds / failures), in seconds and in steps, against the
+  configured `checkpoint.every_steps`.
+* `final_weights_bitwise_equal`: every faulted run's final weights equal U's, tensor by tensor.
+
+    python benchmarks/goodput.py [--reps 2] [--steps 300] [--every 50] [--fault kill@step=90,rank=1] [--no-real-delay]
+
+About 2-3 minutes per DAG run on 2 shared cores (3 per repetition).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
+import shlex
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -48,213 +58,177 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PY, ROOT, events, note, safetensors_digest, sha256_file, summary, warm_up  # noqa: E402
+from common import PY, ROOT, clean_env, events, last_json_line, note, safetensors_digest, summary, utc_epoch  # noqa: E402
+from pipeline import _LAUNCH, setup_state  # noqa: E402
 
-DEFAULT_FAULTS = "kill@step=90,rank=1;kill@step=170,rank=0;kill@step=245,rank=1"
-
-
-def prepare_environment(scratch: Path) -> None:
-    """The backend passes os.environ to torchrun: make it the same, clean one for both sides."""
-    for key in [k for k in os.environ if k.startswith(("AIRFLOW", "MLFLOW", "GANGFLOW"))]:
-        del os.environ[key]
-    os.environ |= {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "AIRFLOW_HOME": str(scratch / "airflow"),
-                   "GANGFLOW_HOME": str(scratch / "state")}  # fmt: skip
-    os.chdir(ROOT)  # the params file's relative data paths
+DAG_ID = "train_pipeline"
+DEFAULT_FAULT = "kill@step=90,rank=1"
 
 
-def ensure_data() -> None:
-    if not all((ROOT / "data" / "digits" / f).is_file() for f in ("train.parquet", "test.parquet")):
-        note("data/digits missing: running data/prepare.py")
-        subprocess.run([PY, "data/prepare.py", "--out", "data/digits"], cwd=ROOT, check=True)
+def dag_env(home: Path, *, fault: str = "", delay: float | None = None) -> dict[str, str]:
+    env = clean_env(GANGFLOW_HOME=str(home))
+    if fault:
+        env |= {"GANGFLOW_ALLOW_FAULTS": "1", "GANGFLOW_FAULT": fault}
+    if delay is not None:
+        env["GANGFLOW_RETRY_BASE_DELAY"] = str(delay)
+    return env
 
 
-class Runner:
-    def __init__(self, *, world_size: int, steps: int, every: int, scratch: Path, max_attempts: int):
-        from operators.backends.local import LocalBackend
-
-        self.backend = LocalBackend()
-        self.world_size = world_size
-        self.steps = steps
-        self.every = every
-        self.scratch = scratch
-        self.max_attempts = max_attempts
-        self.overrides = (f"train.max_steps={steps}", f"checkpoint.every_steps={every}")
-
-    def attempt(self, name: str, run_dir: Path, attempt: int, fault: str) -> dict:
-        from operators.backends.base import GangSpec
-
-        spec = GangSpec(
-            name=name, run_dir=str(run_dir), world_size=self.world_size, config_path=str(ROOT / "params.yaml"),
-            overrides=self.overrides, env={"GANGFLOW_FAULT": fault, "GANGFLOW_TRY_NUMBER": str(attempt)}, attempt=attempt,
-        )  # fmt: skip
-        self.backend.check_capacity(spec)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.scratch / f"{name}-try-{attempt}.log", "w") as log:
-            t0 = time.time()
-            result = self.backend.run(spec, lambda line: print(line, file=log))
-            wall = time.time() - t0
-        return {"attempt": attempt, "fault": fault or None, "wall_s": wall, "succeeded": result.succeeded,
-                "exit_code": result.exit_code, "resumed_from_step": result.resumed_from_step,
-                "evidence": result.evidence}  # fmt: skip
-
-    def uninterrupted(self, i: int) -> dict:
-        run_dir = self.scratch / f"uninterrupted-{i}"
-        r = self.attempt(f"goodput-u{i}", run_dir, 1, "")
-        if not r["succeeded"]:
-            raise RuntimeError(f"uninterrupted run failed: exit {r['exit_code']}; see {self.scratch}")
-        final = events(run_dir, "final")[-1]
-        return {"wall_s": r["wall_s"], "train_s": final["train_s"], "run_dir": run_dir}
-
-    def faulted(self, i: int, faults: list[str]) -> dict:
-        from operators.failures import classify
-
-        run_dir = self.scratch / f"faulted-{i}"
-        attempts = []
-        while True:
-            n = len(attempts) + 1
-            r = self.attempt(f"goodput-f{i}", run_dir, n, faults[n - 1] if n <= len(faults) else "")
-            attempts.append(r)
-            if r["succeeded"]:
-                break
-            verdict = classify(r["evidence"])
-            r["verdict"] = verdict.to_dict()
-            if not verdict.retryable:
-                raise RuntimeError(f"attempt {n} failed and the classifier says not retryable: {verdict.to_dict()}")
-            if n >= self.max_attempts:
-                raise RuntimeError(f"attempt {n} failed and the retry budget ({self.max_attempts} attempts) is spent")
-        failures = []
-        for prev, nxt in zip(attempts, attempts[1:]):
-            fired = _fired_step(run_dir, prev["fault"])
-            resumed = nxt["resumed_from_step"] or 0
-            failures.append({
-                "attempt": prev["attempt"], "fault": prev["fault"], "fired_at_step": fired,
-                "root_cause": {k: prev["evidence"].get(k) for k in ("rank", "exit_code", "signal")},
-                "ranks": [{k: r.get(k) for k in ("rank", "exit_code", "signal") if r.get(k) is not None}
-                          for r in prev["evidence"].get("ranks", [])],
-                "verdict": prev["verdict"]["kind"], "next_attempt_resumed_from": resumed,
-                "lost_steps": None if fired is None else fired - resumed,
-            })  # fmt: skip
-        return {"wall_s": sum(a["wall_s"] for a in attempts), "attempt_wall_s": [round(a["wall_s"], 2) for a in attempts],
-                "attempts": len(attempts), "failures": failures, "run_dir": run_dir,
-                "resume_events": [e["step"] for e in events(run_dir, "resume")]}  # fmt: skip
+def tries(home: Path, run_id: str, task_id: str) -> list[dict]:
+    """Every try of the task, oldest first: history rows (earlier tries) + the current row."""
+    rows = []
+    with sqlite3.connect(home / "airflow" / "airflow.db") as db:
+        for table in ("task_instance_history", "task_instance"):
+            rows += db.execute(
+                f"SELECT try_number, state, start_date, end_date FROM {table} WHERE dag_id = ? AND run_id = ? AND task_id = ?",  # noqa: S608
+                (DAG_ID, run_id, task_id),
+            ).fetchall()
+    out = {n: {"try": n, "state": s, "start": utc_epoch(b), "end": utc_epoch(e)} for n, s, b, e in rows if b and e}
+    return [out[n] for n in sorted(out)]
 
 
-def _fired_step(run_dir: Path, fault: str | None) -> int | None:
-    if not fault:
-        return None
-    marker = run_dir / "faults" / f"{fault.replace(',', '_')}.fired"
-    try:
-        return int(json.loads(marker.read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        return None
+def dag_run(home: Path, conf: dict, env: dict[str, str], log: Path) -> dict:
+    t0 = time.time()
+    with open(log, "w") as out:
+        code = subprocess.run([PY, "-m", "operators.demo", "--conf", json.dumps(conf)], cwd=ROOT, env=env,
+                              stdout=out, stderr=subprocess.STDOUT, timeout=1800).returncode  # fmt: skip
+    dag_wall = time.time() - t0
+    text = log.read_text()
+    result = last_json_line(text)
+    if code != 0 or result.get("state") != "success":
+        raise RuntimeError(f"DAG run failed (exit {code}): {result}; see {log}")
+    task_id = f"train_local_{conf['world_size']}"
+    launches = [m for m in map(_LAUNCH.match, text.splitlines()) if m]
+    if not launches:
+        raise RuntimeError(f"no 'launching gang' line in {log}")
+    argv = shlex.split(launches[0].group(3))
+    run_dir = Path(argv[argv.index("--run-dir") + 1])
+    ts = tries(home, result["dag_run_id"], task_id)
+    return {"run_id": result["dag_run_id"], "tries": ts, "launches": [utc_epoch(m.group(1)) for m in launches],
+            "run_dir": run_dir, "dag_wall_s": dag_wall, "train_attempts": result.get("train_attempts"),
+            "task_s": ts[-1]["end"] - ts[0]["start"]}  # fmt: skip
 
 
-def retry_delays(failures: int) -> float:
-    """Airflow's waits before the retries, per ClassifiedRetryPolicy as the DAG configures it:
-    min(600 s, base * 2 ** (try - 1)) with base = pipeline.retry_base_delay_seconds."""
-    from operators.pipeline import defaults
+def failure_figures(f: dict, step_s: float) -> list[dict]:
+    out = []
+    markers = sorted((f["run_dir"] / "faults").glob("*.fired"))
+    fired = [json.loads(m.read_text()) for m in markers]
+    resumes = events(f["run_dir"], "resume")
+    for k, (failed, nxt) in enumerate(zip(f["tries"], f["tries"][1:])):
+        mark = fired[k] if k < len(fired) else {}
+        resume = resumes[k] if k < len(resumes) else {}
+        lost = (mark["step"] - resume["step"]) if mark and resume else None
+        row = {
+            "failed_try": failed["try"], "failed_state": failed["state"], "fault": mark.get("fault"),
+            "fired_at_step": mark.get("step"), "resumed_from_step": resume.get("step"),
+            "detection_s": failed["end"] - mark["time"] if mark else None,
+            "retry_wait_s": nxt["start"] - failed["end"],
+            "restart_s": resume["time"] - nxt["start"] if resume else None,
+            "lost_steps": lost, "lost_seconds": lost * step_s if lost is not None else None,
+        }  # fmt: skip
+        if None not in (row["detection_s"], row["restart_s"]):
+            row["restart_cost_s"] = row["detection_s"] + row["retry_wait_s"] + row["restart_s"]
+        out.append(row)
+    return out
 
-    base = defaults().retry_base_delay_s
-    return sum(min(600.0, base * 2 ** (k - 1)) for k in range(1, failures + 1))
+
+def young_daly(u_runs: list[dict], failures: int, every: int, steps: int) -> dict:
+    ckpts = [e for u in u_runs for e in events(u["run_dir"], "checkpoint")]
+    finals = [events(u["run_dir"], "final")[-1] for u in u_runs]
+    train_s = statistics.median(f["train_s"] for f in finals)
+    step_s = train_s / steps
+    blocked = statistics.median(e.get("blocked_s", 0.0) for e in ckpts) if ckpts else None
+    duration = statistics.median(e.get("duration_s", 0.0) for e in ckpts) if ckpts else None
+    mtbf = train_s / max(1, failures)
+    out = {"mtbf_s": round(mtbf, 3), "step_s": round(step_s, 5), "configured_interval_steps": every,
+           "configured_interval_s": round(every * step_s, 4), "checkpoints_measured": len(ckpts)}  # fmt: skip
+    for name, c in (("blocked", blocked), ("write", duration)):
+        if c:
+            t = math.sqrt(2 * c * mtbf)
+            out[f"checkpoint_cost_{name}_s"] = round(c, 5)
+            out[f"optimal_interval_{name}_s"] = round(t, 4)
+            out[f"optimal_interval_{name}_steps"] = round(t / step_s, 1)
+    out["note"] = ("T_opt = sqrt(2 * C * MTBF); C = checkpoint cost (blocked: the loop's stall per save; write: the "
+                   "whole background write); MTBF = one injected failure per uninterrupted training loop")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=3, help="interleaved uninterrupted/faulted pairs (default 3)")
-    parser.add_argument("--steps", type=int, default=300, help="train.max_steps (default 300)")
-    parser.add_argument("--every", type=int, default=50, help="checkpoint.every_steps (default 50)")
+    parser.add_argument("--reps", type=int, default=2, help="interleaved repetitions of the arms (default 2)")
+    parser.add_argument("--steps", type=int, default=300, help="max_steps (default 300)")
+    parser.add_argument("--every", type=int, default=50, help="checkpoint_every_steps (default 50)")
     parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--faults", default=DEFAULT_FAULTS, help=f"';'-separated GANGFLOW_FAULT specs, one per attempt (default {DEFAULT_FAULTS!r})")
-    parser.add_argument("--keep", action="store_true", help="keep run dirs and logs (printed as `scratch`)")
+    parser.add_argument("--fault", default=DEFAULT_FAULT, help=f"GANGFLOW_FAULT of the faulted runs (default {DEFAULT_FAULT!r})")
+    parser.add_argument("--no-real-delay", dest="real_delay", action="store_false", help="skip the arm with the DAG's real retry delay")
+    parser.add_argument("--keep", action="store_true", help="keep the state dir, logs and run dirs (printed as `home`)")
     args = parser.parse_args(argv)
-    faults = [f.strip() for f in args.faults.split(";") if f.strip()]
 
     started = time.monotonic()
-    scratch = Path(tempfile.mkdtemp(prefix="gangflow-bench-goodput-"))
-    prepare_environment(scratch)
-    ensure_data()
-    from operators.pipeline import defaults
-
-    max_attempts = defaults().retries + 1
-    if len(faults) >= max_attempts:
-        parser.error(f"{len(faults)} faults need {len(faults) + 1} attempts; the DAG allows {max_attempts} (pipeline.retries + 1)")
-    runner = Runner(world_size=args.world_size, steps=args.steps, every=args.every, scratch=scratch, max_attempts=max_attempts)
+    home = Path(tempfile.mkdtemp(prefix="gangflow-bench-goodput-"))
+    conf = {"world_size": args.world_size, "max_steps": args.steps, "checkpoint_every_steps": args.every, "promotion_floor": 0.0}
+    arms = {"u": dag_env(home), "f0": dag_env(home, fault=args.fault, delay=0)}
+    if args.real_delay:
+        arms["fd"] = dag_env(home, fault=args.fault)  # the DAG's own pipeline.retry_base_delay_seconds
     try:
-        warm_up(scratch, args.world_size)
-        pairs = []
+        note(f"setting up a fresh state dir {home} (Airflow DB, pool, dataset, MLflow)")
+        setup_state(home)
+        (home / "logs").mkdir()
+        rows: dict[str, list[dict]] = {k: [] for k in arms}
         for i in range(args.reps):
-            order = ("u", "f") if i % 2 == 0 else ("f", "u")  # alternate, so load drift hits both sides
-            got = {}
-            for side in order:
-                if side == "u":
-                    got["u"] = runner.uninterrupted(i)
-                    note(f"rep {i + 1}: uninterrupted {got['u']['wall_s']:.2f}s (loop {got['u']['train_s']:.2f}s)")
-                else:
-                    got["f"] = runner.faulted(i, faults)
-                    lost = [f["lost_steps"] for f in got["f"]["failures"]]
-                    note(f"rep {i + 1}: faulted {got['f']['wall_s']:.2f}s over {got['f']['attempts']} attempts "
-                         f"{got['f']['attempt_wall_s']}, lost steps {lost}")  # fmt: skip
-            u, f = got["u"], got["f"]
-            u_final, f_final = u["run_dir"] / "final" / "model.safetensors", f["run_dir"] / "final" / "model.safetensors"
-            got["bitwise"] = safetensors_digest(u_final) == safetensors_digest(f_final)
-            got["file_identical"] = sha256_file(u_final) == sha256_file(f_final)
-            pairs.append(got)
+            order = list(arms)[i % len(arms) :] + list(arms)[: i % len(arms)]
+            for arm in order:
+                r = dag_run(home, conf, arms[arm], home / "logs" / f"{arm}-{i}.log")
+                if arm != "u" and len(r["tries"]) < 2:
+                    raise RuntimeError(f"{arm}: the fault {args.fault!r} did not fail a try: {r['tries']}")
+                rows[arm].append(r)
+                note(f"rep {i + 1} {arm}: training task {r['task_s']:.2f}s over {len(r['tries'])} tries, dag.test {r['dag_wall_s']:.1f}s")
 
-        lost = [x["lost_steps"] for p in pairs for x in p["f"]["failures"]]
-        n_fail = len(pairs[0]["f"]["failures"])
-        delays = retry_delays(n_fail)
-        ratios = [p["u"]["wall_s"] / p["f"]["wall_s"] for p in pairs]
-        result = {
-            "benchmark": "goodput",
-            "goodput": round(statistics.median(ratios), 4),
-            "goodput_pairs": summary(ratios),
-            "step_goodput": round(statistics.median(p["u"]["train_s"] / p["f"]["wall_s"] for p in pairs), 4),
-            "uninterrupted_step_goodput": round(statistics.median(p["u"]["train_s"] / p["u"]["wall_s"] for p in pairs), 4),
-            "goodput_with_retry_delays": round(statistics.median(p["u"]["wall_s"] / (p["f"]["wall_s"] + delays) for p in pairs), 4),
-            "airflow_retry_delays_s": delays,
-            "lost_steps_per_failure": pairs[0]["f"]["failures"] and [x["lost_steps"] for x in pairs[0]["f"]["failures"]],
-            "lost_steps_max": max(lost) if None not in lost else None,
-            "lost_steps_mean": round(statistics.mean(lost), 2) if None not in lost else None,
-            "lost_steps_within_interval": None not in lost and max(lost) <= args.every,
-            "checkpoint_every_steps": args.every,
-            "failures": n_fail,
-            "attempts": pairs[0]["f"]["attempts"],
-            "final_weights_bitwise_equal": all(p["bitwise"] for p in pairs),
-            "final_weights_file_identical": all(p["file_identical"] for p in pairs),
-            "lost_steps_seconds_per_failure": round(statistics.mean(lost) * statistics.median(
-                p["u"]["train_s"] / args.steps for p in pairs), 3) if None not in lost else None,
-            "restart_cost_s_per_failure": round(statistics.median(
-                (p["f"]["wall_s"] - p["u"]["wall_s"]) / max(1, len(p["f"]["failures"])) for p in pairs), 2),
-            "uninterrupted_seconds": summary([p["u"]["wall_s"] for p in pairs], 2),
-            "faulted_seconds": summary([p["f"]["wall_s"] for p in pairs], 2),
-            "uninterrupted_train_loop_seconds": summary([p["u"]["train_s"] for p in pairs], 3),
-            "runs": [{"uninterrupted_s": round(p["u"]["wall_s"], 2), "faulted_s": round(p["f"]["wall_s"], 2),
-                      "attempt_wall_s": p["f"]["attempt_wall_s"], "resume_events": p["f"]["resume_events"],
-                      "failures": p["f"]["failures"], "bitwise_equal": p["bitwise"]} for p in pairs],  # fmt: skip
-            "config": {"world_size": args.world_size, "max_steps": args.steps, "checkpoint_every_steps": args.every,
-                       "faults": faults, "pairs": args.reps, "launcher": "operators.backends.local.LocalBackend.run "
-                       "(torchrun --standalone --max-restarts 0), the Airflow training task's launch path"},  # fmt: skip
-            "definitions": {
-                "goodput": "uninterrupted run's wall time / faulted run's total wall time over all attempts (both via "
-                "LocalBackend.run, start-up included; attempts back to back, no Airflow retry delay); median over interleaved pairs",
-                "step_goodput": "uninterrupted run's training-loop time for all max_steps steps (final event train_s; each step "
-                "survives into the final model once) / faulted run's total wall time",
-                "goodput_with_retry_delays": "goodput with Airflow's retry waits added to the faulted side "
-                "(ClassifiedRetryPolicy backoff min(600, base * 2**(try-1)), base = pipeline.retry_base_delay_seconds)",
-                "lost_steps": "per failure: step the fault fired at (DIR/faults marker) - step the next attempt resumed from",
-                "restart_cost_s_per_failure": "median over pairs of (faulted wall - uninterrupted wall) / failures: a gang "
-                "start-up (torchrun, rank start-up, checkpoint load) plus the lost steps, per failure",
-                "lost_steps_seconds_per_failure": "mean lost steps x the uninterrupted run's loop time per step: the part of "
-                "the restart cost that checkpointing more often would save",
-            },
+        u_digest = safetensors_digest(rows["u"][0]["run_dir"] / "final" / "model.safetensors")
+        bitwise = all(safetensors_digest(r["run_dir"] / "final" / "model.safetensors") == u_digest for rs in rows.values() for r in rs)
+        yd = young_daly(rows["u"], 1, args.every, args.steps)
+        step_s = yd["step_s"]
+        result: dict = {"benchmark": "goodput"}
+        for arm, label in (("f0", "no_delay"), ("fd", "real_delay")):
+            if arm not in rows:
+                continue
+            ratios = [u["task_s"] / f["task_s"] for u, f in zip(rows["u"], rows[arm])]
+            fails = [failure_figures(f, step_s) for f in rows[arm]]
+            flat = [x for fs in fails for x in fs]
+
+            def med(key: str, flat=flat) -> float | None:
+                vals = [x[key] for x in flat if x.get(key) is not None]
+                return round(statistics.median(vals), 3) if vals else None
+
+            result[f"goodput_{label}"] = round(statistics.median(ratios), 4)
+            result[f"{label}"] = {
+                "goodput_pairs": summary(ratios),
+                "faulted_task_seconds": summary([f["task_s"] for f in rows[arm]], 2),
+                "extra_s_per_failure": round(statistics.median(
+                    (f["task_s"] - u["task_s"]) / max(1, len(f["tries"]) - 1) for u, f in zip(rows["u"], rows[arm])), 3),
+                **{f"{k}_median": med(k) for k in ("detection_s", "retry_wait_s", "restart_s", "restart_cost_s",
+                                                    "lost_steps", "lost_seconds")},
+                "failures": [[{k: (round(v, 3) if isinstance(v, float) else v) for k, v in x.items()} for x in fs] for fs in fails],
+                "train_attempts": [f["train_attempts"] for f in rows[arm]],
+            }  # fmt: skip
+        lost = [x["lost_steps"] for arm in ("f0", "fd") if arm in rows for f in rows[arm] for x in failure_figures(f, step_s)]
+        result |= {
+            "uninterrupted_task_seconds": summary([u["task_s"] for u in rows["u"]], 2),
+            "lost_steps_max": max(lost) if lost and None not in lost else None,
+            "lost_steps_within_interval": bool(lost) and None not in lost and max(lost) <= args.every,
+            "final_weights_bitwise_equal": bitwise,
+            "young_daly": yd,
+            "dag_test_seconds": {arm: summary([r["dag_wall_s"] for r in rs], 1) for arm, rs in rows.items()},
+            "config": {**conf, "fault": args.fault, "reps": args.reps,
+                       "retry_delays": {"no_delay": "GANGFLOW_RETRY_BASE_DELAY=0", "real_delay": "the DAG's pipeline.retry_base_delay_seconds"}},  # fmt: skip
             "goals": {"lost_steps_max": "<= checkpoint_every_steps", "final_weights_bitwise_equal": True},
             "benchmark_seconds": round(time.monotonic() - started, 1),
         }
         if args.keep:
-            result["scratch"] = str(scratch)
+            result["home"] = str(home)
     finally:
         if not args.keep:
-            shutil.rmtree(scratch, ignore_errors=True)
+            shutil.rmtree(home, ignore_errors=True)
     print(json.dumps(result, default=str), flush=True)
     return 0
 

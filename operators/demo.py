@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from operators import embedded, settings
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(f"--conf: not valid JSON ({exc})")
     embedded.apply()
+    os.environ.setdefault("GANGFLOW_ALLOW_FAULTS", "1")  # a drill: GANGFLOW_FAULT is honoured here (docs/trainer.md)
     from airflow.sdk.exceptions import ParamValidationError
 
     try:

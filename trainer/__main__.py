@@ -20,7 +20,7 @@ from trainer.config import load_config
 from trainer.distributed import check_device, detect
 from trainer.errors import ConfigError, UserError
 from trainer.faults import ENV as FAULT_ENV
-from trainer.faults import parse_fault
+from trainer.faults import fault_from_env
 from trainer.preemption import Preemption
 
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         launch = detect()
         rank = errors.context.rank = launch.rank
         cfg = load_config(args.config, args.overrides)
-        fault = parse_fault(os.environ.get(FAULT_ENV))
+        fault = fault_from_env(rank=rank)
         if fault is not None and fault.rank is not None and fault.rank >= launch.world_size:
             raise ConfigError(f"{FAULT_ENV}={fault.spec!r} is invalid: rank={fault.rank} but the world size is {launch.world_size}")
         check_device(cfg.train.device)
@@ -60,16 +60,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(cfg.to_dict(), indent=2))
         return EXIT_OK
     try:
-        from trainer.data import check_md5
+        from trainer.data import resolve_data
 
-        if cfg.data.train_md5:
-            check_md5(cfg.data.train_path, cfg.data.train_md5)
+        data = resolve_data(cfg.data)  # fetched by version and md5-verified, before any process group
     except UserError as exc:
         return _refuse(exc, EXIT_USER_ERROR, args.run_dir, rank, _ERROR_HANDLER)
     from trainer.loop import run
 
     preemption.grace_s = cfg.checkpoint.grace_period_s
-    return run(cfg, fault, launch, args.run_dir, preemption)
+    return run(cfg, fault, launch, args.run_dir, preemption, data)
 
 
 def _exit(code: int) -> None:

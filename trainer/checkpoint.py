@@ -25,7 +25,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import random
 import re
 import shutil
@@ -43,6 +42,7 @@ import torch
 
 from trainer.config import CheckpointConfig
 from trainer.errors import CheckpointError
+from trainer.storage import Storage, fsync_dir, write_file
 
 FORMAT = "gangflow-checkpoint/1"
 MANIFEST = "manifest.json"
@@ -116,45 +116,55 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> 
 
 # --- files --------------------------------------------------------------------------------------
 
+REQUIRED = ("model.safetensors", "optimizer.safetensors", "state.json")
+
 
 def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path)
 
 
 def _write_file(path: Path, data: bytes) -> dict[str, Any]:
-    with open(path, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
+    write_file(path, data)
+    return _entry(data)
+
+
+def _entry(data: bytes) -> dict[str, Any]:
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def _read_verified(folder: Path, name: str, entry: dict[str, Any]) -> bytes:
-    path = folder / name
+def _read_verified(folder: Storage, name: str, entry: dict[str, Any]) -> bytes:
     try:
-        data = path.read_bytes()
+        data = folder.read_bytes(name)
+    except FileNotFoundError:
+        raise CorruptCheckpoint(f"{name}: missing") from None
     except OSError as exc:
         raise CorruptCheckpoint(f"{name}: unreadable ({exc.strerror or exc})") from None
-    if len(data) != entry.get("bytes"):
-        raise CorruptCheckpoint(f"{name} has {len(data)} bytes, the manifest says {entry.get('bytes')}")
-    if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+    if len(data) != entry["bytes"]:
+        raise CorruptCheckpoint(f"{name} has {len(data)} bytes, the manifest says {entry['bytes']}")
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise CorruptCheckpoint(f"{name}: sha256 does not match the manifest")
     return data
 
 
-def _manifest(path: Path) -> dict[str, Any]:
+def _manifest(folder: Storage) -> dict[str, Any]:
+    """The parsed manifest; CorruptCheckpoint unless it is well-formed and lists every file."""
     try:
-        manifest = json.loads((path / MANIFEST).read_bytes())
+        manifest = json.loads(folder.read_bytes(MANIFEST))
     except FileNotFoundError:
         raise CorruptCheckpoint(f"no {MANIFEST}") from None
     except (OSError, ValueError) as exc:
         raise CorruptCheckpoint(f"{MANIFEST} unreadable ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
         raise CorruptCheckpoint(f"{MANIFEST} is not a {FORMAT} manifest")
+    files = manifest["files"]
+    missing = [name for name in REQUIRED if name not in files]
+    if missing:
+        raise CorruptCheckpoint(f"{MANIFEST} does not list {', '.join(missing)}")
+    for name, entry in files.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int) and not isinstance(entry["bytes"], bool)
+                and isinstance(entry.get("sha256"), str)):
+            raise CorruptCheckpoint(f"{MANIFEST}: the entry of {name} is malformed (expected {{bytes: int, sha256: str}}, "
+                                    f"got {json.dumps(entry)[:80]})")
     return manifest
 
 
@@ -172,25 +182,28 @@ class Snapshot:
 @dataclass
 class Loaded:
     step: int
-    path: Path
+    path: Path | str
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any]  # a state_dict for optimizer.load_state_dict
     state: dict[str, Any]
 
 
 class Checkpointer:
-    """`save(step, ...)` on every rank at the same step; `load()`; `wait()` before exiting."""
+    """`save(step, ...)` on every rank at the same step; `load()`; `wait()` before exiting.
+
+    `root` is a local folder or an fsspec URL (see trainer.storage)."""
 
     def __init__(
         self,
-        root: str | Path,
+        root: str | Path | Storage,
         cfg: CheckpointConfig,
         *,
         rank: int = 0,
         log: Callable[[str], None] = print,
         on_commit: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
-        self.root = Path(root)
+        self.store = Storage(root)
+        self.root = self.store.local_path() if self.store.local else self.store.url
         self.cfg = cfg
         self.rank = rank
         self.log = log
@@ -199,6 +212,9 @@ class Checkpointer:
         self.blocked_s = 0.0  # loop time spent in save() (the stall)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="gangflow-ckpt") if cfg.async_save and rank == 0 else None
         self._pending: Future | None = None
+
+    def _location(self, name: str) -> Path | str:
+        return self.store.local_path(name) if self.store.local else self.store.uri(name)
 
     # --- saving ---------------------------------------------------------------------------------
 
@@ -233,7 +249,7 @@ class Checkpointer:
         try:
             info = self.write(snap)
         except OSError as exc:
-            raise CheckpointError(f"writing checkpoint step-{snap.step} to {self.root} failed: {exc}") from exc
+            raise CheckpointError(f"writing checkpoint step-{snap.step} to {self.store.url} failed: {exc}") from exc
         write_s = time.perf_counter() - t0
         info["duration_s"] = round(snap.blocked_s + write_s, 6)  # snapshot + serialize + write + commit
         info["blocked_s"] = round(snap.blocked_s + (write_s if blocking else 0.0), 6)
@@ -242,68 +258,103 @@ class Checkpointer:
         return info
 
     def write(self, snap: Snapshot) -> dict[str, Any]:
-        """Write aside, fsync, atomically rename into place, prune. Returns {step, path, bytes}."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".tmp-step-{snap.step}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-        files = {
-            "model.safetensors": _write_file(tmp / "model.safetensors", safetensors.torch.save(snap.model)),
-            "optimizer.safetensors": _write_file(tmp / "optimizer.safetensors", safetensors.torch.save(snap.optimizer)),
-            "state.json": _write_file(tmp / "state.json", json.dumps(snap.state).encode()),
+        """Write, commit (local: rename; object storage: manifest last), prune. Returns {step, path, bytes}."""
+        blobs = {
+            "model.safetensors": safetensors.torch.save(snap.model),
+            "optimizer.safetensors": safetensors.torch.save(snap.optimizer),
+            "state.json": json.dumps(snap.state).encode(),
         }
-        manifest = {"format": FORMAT, "step": snap.step, "files": files, "time": time.time()}
-        _write_file(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())  # last: marks completeness
-        _fsync_dir(tmp)
-        final = self.root / f"step-{snap.step}"
+        files = {name: _entry(data) for name, data in blobs.items()}
+        manifest = json.dumps({"format": FORMAT, "step": snap.step, "files": files, "time": time.time()}, indent=1).encode()
+        name = f"step-{snap.step}"
+        if self.store.local:
+            self._write_local(name, blobs, manifest)
+        else:
+            self._write_remote(name, blobs, manifest)
+        self.prune()
+        return {"step": snap.step, "path": str(self._location(name)), "bytes": sum(f["bytes"] for f in files.values())}
+
+    def _write_local(self, name: str, blobs: dict[str, bytes], manifest: bytes) -> None:
+        """Temporary folder, fsync every file and the folder, atomic rename, fsync the parent."""
+        root = self.store.local_path()
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        for file, data in blobs.items():
+            write_file(tmp / file, data)
+        write_file(tmp / MANIFEST, manifest)  # last: marks completeness
+        fsync_dir(tmp)
+        final = root / name
         trash = None
         if final.exists():  # re-saving a step (e.g. after a resume at it): move the old one away first
-            trash = self.root / f".trash-step-{snap.step}-{uuid.uuid4().hex[:8]}"
+            trash = root / f".trash-{name}-{uuid.uuid4().hex[:8]}"
             final.rename(trash)
         tmp.rename(final)
-        _fsync_dir(self.root)
+        fsync_dir(root)
         if trash is not None:
             shutil.rmtree(trash, ignore_errors=True)
-        self.prune()
-        size = sum(f["bytes"] for f in files.values())
-        return {"step": snap.step, "path": str(final), "bytes": size}
+
+    def _write_remote(self, name: str, blobs: dict[str, bytes], manifest: bytes) -> None:
+        """Object storage has no rename: the files, then the manifest LAST. A re-save of the same
+        step first deletes the old manifest, so the folder is invisible while it is rewritten."""
+        self.store.remove(name, MANIFEST)
+        for file, data in blobs.items():
+            self.store.write_bytes(f"{name}/{file}", data)
+        self.store.write_bytes(f"{name}/{MANIFEST}", manifest)  # the commit
 
     def prune(self) -> None:
         for _, path in self.committed()[self.cfg.keep_last :]:
-            trash = self.root / f".trash-{path.name}-{uuid.uuid4().hex[:8]}"
-            try:
-                path.rename(trash)  # gone from view at once; delete at leisure
-            except OSError:
-                continue
-            shutil.rmtree(trash, ignore_errors=True)
+            name = Path(str(path)).name
+            if self.store.local:
+                trash = self.store.local_path(f".trash-{name}-{uuid.uuid4().hex[:8]}")
+                try:
+                    Path(path).rename(trash)  # gone from view at once; delete at leisure
+                except OSError:
+                    continue
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                self.store.remove(name, MANIFEST)  # invisible at once
+                self.store.remove(name)
 
     def cleanup_stale(self) -> None:
-        """Remove leftovers of interrupted writes and deletions (rank 0, before training)."""
-        if not self.root.is_dir():
-            return
-        for path in self.root.iterdir():
-            if path.name.startswith((".tmp-", ".trash-")):
-                shutil.rmtree(path, ignore_errors=True)
+        """Remove leftovers of interrupted writes and deletions (rank 0, before training): local
+        temporary/trash folders; on object storage, step folders without a manifest."""
+        for name in self.store.listdir():
+            if name.startswith((".tmp-", ".trash-")):
+                self.store.remove(name)
+            elif not self.store.local and _STEP_DIR.match(name) and not self.store.exists(name, MANIFEST):
+                self.store.remove(name)
 
     # --- loading --------------------------------------------------------------------------------
 
-    def committed(self) -> list[tuple[int, Path]]:
-        """Committed checkpoints, newest first (by name; not yet verified)."""
-        if not self.root.is_dir():
-            return []
-        found = [(int(m.group(1)), p) for p in self.root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
-        return sorted(found, reverse=True)
+    def committed(self) -> list[tuple[int, Path | str]]:
+        """Committed checkpoints, newest first (by name; not yet verified). On object storage a
+        folder counts only once its manifest exists."""
+        found = []
+        for name in self.store.listdir():
+            m = _STEP_DIR.match(name)
+            if not m:
+                continue
+            if self.store.local:
+                if not self.store.local_path(name).is_dir():
+                    continue
+            elif not self.store.exists(name, MANIFEST):
+                continue
+            found.append((int(m.group(1)), self._location(name)))
+        return sorted(found, key=lambda item: item[0], reverse=True)
 
     @staticmethod
-    def verify(path: Path) -> dict[str, Any]:
+    def verify(path: Path | str | Storage) -> dict[str, Any]:
         """The manifest of a committed checkpoint, after checking every file; CorruptCheckpoint if not."""
-        manifest = _manifest(path)
+        folder = Storage(path)
+        manifest = _manifest(folder)
         for name, entry in manifest["files"].items():
-            _read_verified(path, name, entry)
+            _read_verified(folder, name, entry)
         return manifest
 
-    def select(self) -> tuple[int, Path] | None:
+    def select(self) -> tuple[int, Path | str] | None:
         """The newest checkpoint that verifies; logs and moves aside the corrupt ones (rank 0)."""
-        corrupt: list[tuple[int, Path, str]] = []
+        corrupt: list[tuple[int, Path | str, str]] = []
         chosen = None
         for step, path in self.committed():
             try:
@@ -314,23 +365,29 @@ class Checkpointer:
             chosen = (step, path)
             break
         then = f"resuming from step-{chosen[0]}" if chosen else "no older checkpoint; starting from step 0"
-        for step, path, why in corrupt:
+        for step, _path, why in corrupt:
             self.log(f"gangflow: checkpoint step-{step} is corrupt ({why}); {then}")
-            try:
-                path.rename(self.root / f"corrupt-step-{step}-{int(time.time())}")
-            except OSError:
-                pass
+            self.move_aside(step)
         return chosen
 
-    def read(self, step: int, path: Path | None = None) -> Loaded:
+    def move_aside(self, step: int) -> None:
+        """Keep a bad checkpoint for inspection, out of the way of every later select()."""
+        try:
+            self.store.rename(f"step-{step}", f"corrupt-step-{step}-{int(time.time())}")
+        except OSError:
+            if not self.store.local:  # at least make it invisible
+                self.store.remove(f"step-{step}", MANIFEST)
+
+    def read(self, step: int, path: Path | str | None = None) -> Loaded:
         """Load checkpoint `step` (verifying it); CorruptCheckpoint if it does not verify."""
-        path = path or self.root / f"step-{step}"
-        files = _manifest(path)["files"]
-        for name in ("model.safetensors", "optimizer.safetensors", "state.json"):
-            if name not in files:
-                raise CorruptCheckpoint(f"{MANIFEST} does not list {name}")
-        model = safetensors.torch.load(_read_verified(path, "model.safetensors", files["model.safetensors"]))
-        opt_tensors = safetensors.torch.load(_read_verified(path, "optimizer.safetensors", files["optimizer.safetensors"]))
-        state = json.loads(_read_verified(path, "state.json", files["state.json"]))
+        folder = Storage(path) if path is not None else self.store.child(f"step-{step}")
+        files = _manifest(folder)["files"]
+        model = safetensors.torch.load(_read_verified(folder, "model.safetensors", files["model.safetensors"]))
+        opt_tensors = safetensors.torch.load(_read_verified(folder, "optimizer.safetensors", files["optimizer.safetensors"]))
+        try:
+            state = json.loads(_read_verified(folder, "state.json", files["state.json"]))
+            optimizer = unflatten_optimizer(opt_tensors, state["optimizer"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptCheckpoint(f"state.json is malformed ({type(exc).__name__}: {exc})") from None
         self.last_step = step
-        return Loaded(step=step, path=path, model=model, optimizer=unflatten_optimizer(opt_tensors, state["optimizer"]), state=state)
+        return Loaded(step=step, path=path or self._location(f"step-{step}"), model=model, optimizer=optimizer, state=state)

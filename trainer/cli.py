@@ -15,6 +15,8 @@ PARAM_HELP = {
     "data.train_md5": 'refuse to start unless the train file has this md5 ("" = no check)',
     "data.factory": "dataset factory module:function, fn(path) -> Dataset of (features, label)",
     "data.num_workers": "DataLoader worker processes per rank",
+    "data.remote": "DVC 3 remote, any fsspec URL (s3://bucket/dvc, file:///abs/remote); used with data.version",
+    "data.version": 'dataset version (md5 of the DVC .dir object): fetch train/test.parquet by content address ("" = use the paths)',
     "model.factory": "model factory module:function, fn(**other model keys) -> nn.Module",
     "model.<key>": "any other key is a keyword argument of the model factory (input_dim is inferred)",
     "train.max_steps": "optimizer steps in total",
@@ -69,7 +71,10 @@ signals:
 
 environment:
   GANGFLOW_FAULT            fault injection, ACTION@step=N[,rank=R] with ACTION kill | term |
-                            exit=CODE | raise (see docs/trainer.md)
+                            exit=CODE | raise (see docs/trainer.md); honoured only with
+  GANGFLOW_ALLOW_FAULTS=1   (otherwise ignored with a warning)
+  AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL(_S3)   S3 run dirs and DVC remotes
+  TMPDIR                    rank-local scratch (the fetched dataset version)
   GANGFLOW_TERMINATION_LOG  where to write the Kubernetes termination message
                             (default /dev/termination-log when it exists)
   MLFLOW_TRACKING_URI       MLflow tracking URI (when tracking.mlflow_uri is empty)
@@ -92,12 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--run-dir", required=True, type=Path, metavar="DIR",
-                        help="run folder: checkpoints/, metrics.jsonl, final/, errors/ (created if missing)")
+    parser.add_argument("--run-dir", required=True, metavar="DIR",
+                        help="run folder, a local path or an fsspec URL (s3://bucket/prefix/run, gs://..., "
+                        "file:///...): checkpoints/, metrics.jsonl, final/, errors/ (created if missing)")
     parser.add_argument("--config", type=Path, metavar="PARAMS_YAML",
                         help="params file (default: ./params.yaml when it exists, else built-in defaults)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override one parameter; the value is parsed as YAML (repeatable)")
+                        help="override one parameter, repeatable; string parameters keep the text exactly, others are "
+                        "parsed as YAML (true, 0.1, [1, 2])")
     parser.add_argument("--print-config", action="store_true",
                         help="validate, print the resolved config as JSON and exit without training")
     return parser

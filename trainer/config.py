@@ -2,8 +2,8 @@
 
 `load_config(path, overrides)` reads the YAML params file (only the trainer's sections: data,
 model, train, checkpoint, tracking; other sections such as `prepare` belong to other stages and
-are ignored), applies `--set section.key=value` overrides whose values are parsed as YAML
-scalars, and builds a `Config`. Every unknown key and every bad value raises `ConfigError`
+are ignored), applies `--set section.key=value` overrides (string fields keep the text as given; others
+are parsed as YAML scalars), and builds a `Config`. Every unknown key and every bad value raises `ConfigError`
 naming the field, the value and what is accepted. Nothing here imports torch; the factories
 named in the config are imported by `Config.check_factories()`.
 """
@@ -89,6 +89,8 @@ class DataConfig(_Section):
     train_md5: str = ""
     factory: str = "trainer.data:parquet_dataset"
     num_workers: int = 0
+    remote: str = ""  # fsspec URL of a DVC 3 remote (s3://bucket/dvc, file:///abs/dvc-remote, a local path)
+    version: str = ""  # md5 of the dataset's DVC directory object: fetch by content address
 
     def validate(self) -> None:
         self._require("train_path", bool(self.train_path), "must be a non-empty path")
@@ -98,6 +100,11 @@ class DataConfig(_Section):
         self._require("factory", bool(_FACTORY_RE.match(self.factory)),
                       "must be 'module:function', e.g. 'trainer.data:parquet_dataset'")
         self._require("num_workers", self.num_workers >= 0, "must be >= 0")
+        self._require("version", self.version == "" or bool(_MD5_RE.match(self.version)),
+                      'must be "" (read data.train_path/test_path) or 32 lowercase hex digits '
+                      "(the md5 of the dataset's DVC directory object, without '.dir')")
+        self._require("remote", bool(self.remote.strip()) or not self.version,
+                      "must be the DVC remote's URL (e.g. s3://bucket/dvc or file:///abs/dvc-remote) when data.version is set")
 
 
 @dataclass(frozen=True)
@@ -268,19 +275,28 @@ def check_model_kwargs(model: ModelConfig) -> Callable[..., Any]:
 
 
 def parse_override(item: str) -> tuple[str, str, Any]:
-    """`section.key=value` -> (section, key, YAML-typed value)."""
+    """`section.key=value` -> (section, key, value). String fields keep the text exactly as given
+    (never YAML: `a #b` would lose ` #b` as a comment, `0123` would become a number); other
+    fields are parsed as a YAML scalar (`true`, `0.1`, `[1, 2]`), and so are `model.*` keyword
+    arguments, except that a YAML string result is replaced by the text as given (a quoted
+    YAML string keeps its quotes removed)."""
     key, sep, text = item.partition("=")
     section, dot, name = key.strip().partition(".")
     if not sep or not dot or not section or not name or "." in name:
         raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. train.lr=0.1")
     if section not in SECTIONS:
         raise ConfigError(f"--set {item!r}: unknown section {section!r}; the trainer's sections are: {', '.join(SECTIONS)}")
+    kind = _field_type(section, name)
+    if kind == "str":
+        return section, name, text
     if not text.strip():
         return section, name, ""
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {item!r}: the value is not a YAML scalar ({exc.__class__.__name__})") from None
+    if isinstance(value, str) and not text.strip().startswith(("'", '"')):
+        value = text  # e.g. a path: YAML would cut it at ` #`
     return section, name, value
 
 
@@ -315,7 +331,5 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
             raw[name] = dict(section)
     for item in overrides:
         section, name, value = parse_override(item)
-        if _field_type(section, name) == "str" and value is not None and not isinstance(value, str):
-            value = item.partition("=")[2].strip()  # e.g. an all-digit md5 stays a string
         raw.setdefault(section, {})[name] = value
     return Config.from_dict(raw)

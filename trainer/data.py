@@ -15,6 +15,8 @@ W. Resuming at another world size therefore continues the same global sample ord
 from __future__ import annotations
 
 import math
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -112,3 +114,45 @@ def make_loader(dataset: Dataset, *, batch_size: int, rank: int, world_size: int
 
 def steps_per_epoch(num_samples: int, global_batch: int) -> int:
     return math.floor(num_samples / global_batch)
+
+
+@dataclass(frozen=True)
+class DataFiles:
+    """The data this run trains and evaluates on, as resolved on this rank (local files + md5s)."""
+
+    train_path: str
+    test_path: str
+    train_md5: str
+    test_md5: str | None
+    version: str = ""  # the dataset version (md5 of the DVC .dir object) when fetched by address
+    remote: str = ""
+
+    def identity(self) -> dict[str, str | None]:
+        """What makes two runs' data the same (recorded in checkpoints and the model card)."""
+        return {"version": self.version, "train_md5": self.train_md5, "test_md5": self.test_md5}
+
+    def card(self) -> dict[str, str | None]:
+        return {"version": self.version or None, "remote": self.remote or None, "train_path": self.train_path,
+                "train_md5": self.train_md5, "test_path": self.test_path, "test_md5": self.test_md5}
+
+
+def scratch_dir() -> Path:
+    """Rank-local scratch for fetched data ($TMPDIR; shared by the ranks of one machine)."""
+    return Path(tempfile.gettempdir()) / "gangflow-data"
+
+
+def resolve_data(cfg_data) -> DataFiles:
+    """Local files for `cfg.data` on this rank: fetched by content address (data.version) into
+    scratch and md5-verified, or the given paths (checked against data.train_md5 when set).
+    Raises DataError (exit 1, source "user") before anything trains."""
+    from trainer.datastore import DATASET_FILES, dir_listing, fetch_dataset
+
+    if cfg_data.version:
+        files = fetch_dataset(cfg_data.remote, cfg_data.version, scratch_dir())
+        md5s = {e["relpath"]: e["md5"] for e in dir_listing(cfg_data.remote, cfg_data.version)}
+        train, test = DATASET_FILES
+        return DataFiles(str(files[train]), str(files[test]), md5s[train], md5s[test],
+                         version=cfg_data.version, remote=cfg_data.remote)
+    train_md5 = check_md5(cfg_data.train_path, cfg_data.train_md5)
+    test_md5 = file_md5(cfg_data.test_path) if Path(cfg_data.test_path).is_file() else None
+    return DataFiles(cfg_data.train_path, cfg_data.test_path, train_md5, test_md5)

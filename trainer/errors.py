@@ -154,12 +154,10 @@ def write_records(exc: BaseException, *, rank: int | None, step: int | None, run
     """Write DIR/errors/rank-R.json and the termination log; never raises."""
     record = error_record(exc, rank=rank, step=step)
     if run_dir is not None:
-        with contextlib.suppress(OSError):
-            folder = Path(run_dir) / "errors"
-            folder.mkdir(parents=True, exist_ok=True)
-            tmp = folder / f".rank-{rank or 0}.json.tmp"
-            tmp.write_text(json.dumps(record, indent=2) + "\n")
-            tmp.replace(folder / f"rank-{rank or 0}.json")
+        with contextlib.suppress(Exception):  # a record must never hide the error it records
+            from trainer.storage import Storage  # any storage: local dir or fsspec URL
+
+            Storage(run_dir).write_bytes(f"errors/rank-{rank or 0}.json", (json.dumps(record, indent=2) + "\n").encode())
     write_termination_log(record)
     return record
 

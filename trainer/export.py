@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import safetensors.torch
 import torch
 
 from trainer.checkpoint import _fsync_dir, _write_file, cpu_copy
+from trainer.storage import Storage
 from trainer.allowlist import ModelNotAllowed, card_model, card_weights_file, factory_for_card
 
 FINAL = "final"
@@ -30,14 +32,36 @@ CARD = "model_card.json"
 CARD_FORMAT = "gangflow-model-card/1"
 
 
-def write_final(run_dir: str | Path, model: torch.nn.Module, card: dict[str, Any]) -> Path:
-    """Atomically publish `run_dir/final/` with the weights of `model` and `card`."""
-    run_dir = Path(run_dir)
+def _write_files(folder: Path, model: torch.nn.Module, card: dict[str, Any]) -> None:
+    weights = _write_file(folder / WEIGHTS, safetensors.torch.save(cpu_copy(model.state_dict())))
+    card = {"format": CARD_FORMAT, **card, "weights": {"file": WEIGHTS, **weights}}
+    _write_file(folder / CARD, (json.dumps(card, indent=2) + "\n").encode())
+
+
+def write_final(run_dir: str | Path | Storage, model: torch.nn.Module, card: dict[str, Any],
+                then: Callable[[Path], None] | None = None) -> Path | str:
+    """Publish `run_dir/final/` with the weights of `model` and `card`; returns its location.
+
+    Local disk: written aside and renamed into place. Object storage: written in a local staging
+    folder, uploaded with the card LAST (the card marks a complete `final/`; an old card is
+    deleted first). `then(local_dir)` is called with a local folder holding the published files
+    (e.g. to log them to MLflow) before a staging folder is removed."""
+    store = Storage(run_dir)
+    if not store.local:
+        staging = Path(tempfile.mkdtemp(prefix="gangflow-final-"))
+        try:
+            _write_files(staging, model, card)
+            store.remove(FINAL, CARD)
+            store.put_dir(staging, FINAL, last=CARD)
+            if then is not None:
+                then(staging)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return store.uri(FINAL)
+    run_dir = store.local_path()
     tmp = run_dir / f".final-tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
-    weights = _write_file(tmp / WEIGHTS, safetensors.torch.save(cpu_copy(model.state_dict())))
-    card = {"format": CARD_FORMAT, **card, "weights": {"file": WEIGHTS, **weights}}
-    _write_file(tmp / CARD, (json.dumps(card, indent=2) + "\n").encode())
+    _write_files(tmp, model, card)
     _fsync_dir(tmp)
     final = run_dir / FINAL
     old = None
@@ -48,6 +72,8 @@ def write_final(run_dir: str | Path, model: torch.nn.Module, card: dict[str, Any
     _fsync_dir(run_dir)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+    if then is not None:
+        then(final)
     return final
 
 

@@ -1,6 +1,9 @@
-"""Fault injection for tests, benchmarks and drills (DESIGN.md contract 3).
+"""Fault injection for tests, benchmarks and drills (docs/trainer.md, "Fault injection").
 
-    GANGFLOW_FAULT="ACTION@step=N[,rank=R]"
+    GANGFLOW_ALLOW_FAULTS=1 GANGFLOW_FAULT="ACTION@step=N[,rank=R]"
+
+Without GANGFLOW_ALLOW_FAULTS=1 a GANGFLOW_FAULT is ignored, with a warning at start (a stray
+export must not fail real runs); an armed fault is logged at start by every rank.
 
 ACTION is one of
 
@@ -21,7 +24,7 @@ with CODE / is preempted / fails; torchrun's root cause then shows that very exi
 or stop with it at the same step boundary (term).
 
 `kill`, `term` and `exit` fire at most once per run dir: a marker `DIR/faults/<ACTION>@step=N...`
-is written and fsynced before firing, and a fault whose marker exists when the trainer starts is
+is written (durably: fsynced locally, one object PUT on object storage) before firing, and a fault whose marker exists when the trainer starts is
 disarmed. `raise` fires on every attempt, as a bug would.
 """
 
@@ -33,11 +36,14 @@ import re
 import signal
 import time
 from dataclasses import dataclass
+import sys
 from pathlib import Path
 
 from trainer.errors import ConfigError
+from trainer.storage import Storage
 
 ENV = "GANGFLOW_FAULT"
+ALLOW_ENV = "GANGFLOW_ALLOW_FAULTS"
 _SPEC = re.compile(r"^(?P<action>kill|term|raise|exit=(?P<code>\d+))@step=(?P<step>\d+)(?:,rank=(?P<rank>\d+))?$")
 ONCE = ("kill", "term", "exit")
 
@@ -81,17 +87,37 @@ def parse_fault(text: str | None) -> Fault | None:
     return Fault(action=action, step=step, rank=rank, code=code)
 
 
+def fault_from_env(environ=None, *, rank: int = 0) -> Fault | None:
+    """GANGFLOW_FAULT, honoured only with GANGFLOW_ALLOW_FAULTS=1; logs (stderr) what it decided."""
+    env = os.environ if environ is None else environ
+    text = env.get(ENV)
+    if text is None or not text.strip():
+        return None
+    if env.get(ALLOW_ENV, "").strip() != "1":
+        print(f"gangflow: warning: {ENV}={text!r} is ignored on rank {rank}: fault injection needs {ALLOW_ENV}=1 "
+              "(tests, benchmarks and drills set it); training runs without a fault", file=sys.stderr, flush=True)
+        return None
+    fault = parse_fault(text)
+    print(f"gangflow: fault injection ARMED on rank {rank}: {ENV}={fault.spec!r} ({ALLOW_ENV}=1)", file=sys.stderr, flush=True)
+    return fault
+
+
 class FaultInjector:
     """Decides, per rank, whether the configured fault fires at a given step."""
 
-    def __init__(self, fault: Fault | None, run_dir: str | Path, rank: int, world_size: int) -> None:
+    def __init__(self, fault: Fault | None, run_dir: str | Path | Storage, rank: int, world_size: int) -> None:
         self.fault = fault
         self.rank = rank
         if fault is not None and fault.rank is not None and fault.rank >= world_size:
             raise ConfigError(f"{ENV}={fault.spec!r} is invalid: rank={fault.rank} but the world size is {world_size}")
-        self.marker = Path(run_dir) / "faults" / f"{fault.spec.replace(',', '_')}.fired" if fault else None
+        self.store = Storage(run_dir)
+        self.marker_rel = f"faults/{fault.spec.replace(',', '_')}.fired" if fault else None
+        self.marker = (self.store.local_path(self.marker_rel) if self.store.local else self.store.uri(self.marker_rel)) if fault else None
         # Decided once, at start, on every rank: whether this attempt may fire a once-only fault.
-        self.armed = fault is not None and (fault.action == "raise" or not self.marker.exists())
+        self.armed = fault is not None and (fault.action == "raise" or not self.store.exists(self.marker_rel))
+        if fault is not None and not self.armed:
+            print(f"gangflow: fault injection: {fault.spec} already fired in an earlier attempt ({self.marker}); disarmed",
+                  file=sys.stderr, flush=True)
 
     def process_fault_due(self, step: int) -> bool:
         """True on every rank when a kill/term/exit fault is due after `step` (all ranks agree)."""
@@ -103,18 +129,8 @@ class FaultInjector:
         self.armed = False
         if not self.fault.targets(self.rank):
             return
-        self.marker.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, json.dumps({"fault": self.fault.spec, "rank": self.rank, "step": step, "time": time.time()}).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        dir_fd = os.open(self.marker.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        record = {"fault": self.fault.spec, "rank": self.rank, "step": step, "time": time.time()}
+        self.store.write_bytes(self.marker_rel, json.dumps(record).encode())  # durable before firing
         print(f"gangflow: fault injection: {self.fault.spec} fires on rank {self.rank} at step {step}", flush=True)
         if self.fault.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)

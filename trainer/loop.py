@@ -22,13 +22,36 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer import EXIT_OK, EXIT_PREEMPTED, errors
 from trainer.checkpoint import Checkpointer, CorruptCheckpoint, Snapshot, cpu_copy, flatten_optimizer, rng_state, set_rng_state
 from trainer.config import Config, resolve_factory
-from trainer.data import file_md5, make_loader
+from trainer.data import DataFiles, make_loader, resolve_data
 from trainer.distributed import Dist, Launch, StopAgreement, setup, teardown
-from trainer.errors import CheckpointError, DataError, user_code
+from trainer.errors import CheckpointError, ConfigError, DataError, user_code
 from trainer.export import write_final
 from trainer.faults import Fault, FaultInjector
 from trainer.preemption import Preemption
+from trainer.storage import Storage
 from trainer.tracking import Tracker
+
+# What a checkpoint must share with the run resuming it (issue: a finished checkpoint under a new
+# dataset or config must not publish old weights). Not here: world size (resume across world sizes
+# is supported), device, logging/checkpoint/tracking settings, file paths (the md5s stand for them).
+TRAIN_IDENTITY = ("max_steps", "seed", "batch_size", "lr", "momentum", "weight_decay", "warmup_steps",
+                  "optimizer", "lr_schedule")
+
+
+class ResumeMismatch(ConfigError):
+    """The newest checkpoint was made with another config or other data than this run's."""
+
+
+def run_identity(cfg: Config, data: DataFiles) -> dict[str, Any]:
+    """The training-relevant config and the data identity, as recorded in every checkpoint."""
+    train = {f"train.{k}": getattr(cfg.train, k) for k in TRAIN_IDENTITY}
+    model = {"model.factory": cfg.model.factory, **{f"model.{k}": v for k, v in sorted(cfg.model.kwargs.items())}}
+    ident = {f"data.{k}": v for k, v in data.identity().items()}
+    return {**ident, "data.factory": cfg.data.factory, **model, **train}
+
+
+def identity_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    return [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
 
 
 class WarmupCosine:
@@ -93,14 +116,16 @@ class _Window:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, fault: Fault | None, d: Dist, run_dir: Path, preempt: Preemption) -> None:
-        self.cfg, self.d, self.run_dir, self.preempt = cfg, d, run_dir, preempt
+    def __init__(self, cfg: Config, fault: Fault | None, d: Dist, run_dir: Storage, preempt: Preemption,
+                 data: DataFiles) -> None:
+        self.cfg, self.d, self.run_dir, self.preempt, self.data = cfg, d, run_dir, preempt, data
+        self.identity = run_identity(cfg, data)
         self.faults = FaultInjector(fault, run_dir, d.rank, d.world_size)  # reads markers before any step
         t = cfg.train
         self.global_batch = t.batch_size
         self.local_batch = t.batch_size // d.world_size
         with user_code():
-            self.train_set = resolve_factory(cfg.data.factory, "data.factory")(cfg.data.train_path)
+            self.train_set = resolve_factory(cfg.data.factory, "data.factory")(data.train_path)
             self.model_kwargs = self._model_kwargs()
             seed_all(t.seed)  # identical initial weights on every rank and at every world size
             self.model = resolve_factory(cfg.model.factory, "model.factory")(**self.model_kwargs).to(d.device)
@@ -118,8 +143,8 @@ class Trainer:
         self.tracker = Tracker(run_dir, enabled=d.is_main, mlflow_uri=cfg.tracking.mlflow_uri,
                                experiment=cfg.tracking.experiment, flush_every_s=cfg.tracking.flush_every_s,
                                params=cfg.to_dict(), tags={"gangflow.world_size": str(d.world_size),
-                                                           "gangflow.run_dir": str(run_dir)})
-        self.ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint, rank=d.rank, log=self.log,
+                                                           "gangflow.run_dir": run_dir.url})
+        self.ckpt = Checkpointer(run_dir.child("checkpoints"), cfg.checkpoint, rank=d.rank, log=self.log,
                                  on_commit=self._on_commit)
         self.config_dict = cfg.to_dict()
         self.step = self.epoch = self.batch_in_epoch = 0
@@ -213,6 +238,7 @@ class Trainer:
             "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
             "samples_seen": self.step * self.global_batch, "global_batch": self.global_batch,
             "world_size": self.d.world_size, "config": self.config_dict, "model_kwargs": self.model_kwargs,
+            "identity": self.identity,
             "scheduler": self.scheduler.state_dict(), "optimizer": opt_json, "rng": rng,
             "torch_version": torch.__version__, "time": time.time(),
         }
@@ -242,6 +268,7 @@ class Trainer:
         except CorruptCheckpoint as exc:
             raise CheckpointError(f"rank {d.rank} cannot read checkpoint step-{step}: {exc}") from None
         state = loaded.state
+        self.check_identity(step, loaded.path, state.get("identity"))
         self.model.load_state_dict(loaded.model)
         self.optimizer.load_state_dict(loaded.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
@@ -256,11 +283,21 @@ class Trainer:
         if state["world_size"] != d.world_size:
             self.log(f"gangflow: checkpoint step-{step} was written by {state['world_size']} ranks; continuing on "
                      f"{d.world_size} (global batch {self.global_batch} and sample order unchanged)")
-        if state["global_batch"] != self.global_batch:
-            self.log(f"gangflow: warning: train.batch_size changed from {state['global_batch']} to "
-                     f"{self.global_batch}; the position in the epoch is kept in batches, the sample order changes")
         self.log(f"gangflow: resuming from checkpoint step-{step} ({loaded.path})")
         self.tracker.event("resume", step, world_size=d.world_size, checkpoint_world_size=state["world_size"])
+
+    def check_identity(self, step: int, path: Any, saved: Any) -> None:
+        """Refuse to resume a checkpoint made with another config or other data (every rank)."""
+        where = f"checkpoint step-{step} ({path})"
+        advice = ("resuming would mix two runs and could publish old weights under this run's lineage; "
+                  "use a new run dir for the new config/data, or run with the checkpoint's")
+        if not isinstance(saved, dict):
+            raise ResumeMismatch(f"{where} records no config/data identity (written by an older trainer); {advice}")
+        diff = identity_mismatch(saved, self.identity)
+        if diff:
+            was = ", ".join(f"{k}={saved.get(k)!r}" for k in diff)
+            now = ", ".join(f"{k}={self.identity.get(k)!r}" for k in diff)
+            raise ResumeMismatch(f"{where} was made with {was}; this run has {now}: {advice}")
 
     # --- endings --------------------------------------------------------------------------------
 
@@ -278,7 +315,7 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         with user_code():
-            test_set = resolve_factory(self.cfg.data.factory, "data.factory")(self.cfg.data.test_path)
+            test_set = resolve_factory(self.cfg.data.factory, "data.factory")(self.data.test_path)
         loader = torch.utils.data.DataLoader(test_set, batch_size=1024)
         self.model.eval()
         correct, total, loss = 0, 0, 0.0
@@ -299,20 +336,21 @@ class Trainer:
             card = {
                 "model": {"factory": self.cfg.model.factory, "kwargs": self.model_kwargs},
                 "config": self.cfg.to_dict(),
-                "data": {"train_path": self.cfg.data.train_path, "train_md5": file_md5(self.cfg.data.train_path),
-                         "test_path": self.cfg.data.test_path,
-                         "test_md5": file_md5(self.cfg.data.test_path) if Path(self.cfg.data.test_path).is_file() else None},
+                "data": self.data.card(),
                 "metrics": metrics, "world_size": d.world_size, "steps": self.step,
                 "global_batch": self.global_batch, "resumed_from_step": self.resumed_from,
                 "torch_version": torch.__version__, "python_version": sys.version.split()[0],
                 "mlflow_run_id": self.tracker.mlflow_run_id, "created": time.time(),
             }
-            final = write_final(self.run_dir, self.model, card)
+            logged: list[str | None] = []
+            final = write_final(self.run_dir, self.model, card, then=lambda local: logged.append(self.tracker.log_final(local)))
+            if logged and logged[0]:
+                self.log(f"gangflow: final weights logged to MLflow as {logged[0]}")
             self.tracker.event("final", self.step, mlflow_prefix="", **metrics, world_size=d.world_size,
                                global_batch=self.global_batch,
                                train_s=round(train_s, 4), checkpoint_blocked_s=round(self.ckpt_blocked_s, 6))
             self.log(f"gangflow: done: {self.step} steps on {d.world_size} rank(s); test accuracy "
-                     f"{metrics['test_accuracy']:.4f}; final weights at {final / 'model.safetensors'}")
+                     f"{metrics['test_accuracy']:.4f}; final weights at {final}/model.safetensors")
         d.barrier()
         self.tracker.close(status="FINISHED")
         return EXIT_OK
@@ -324,17 +362,22 @@ class Trainer:
             self.tracker.close(status=status)
 
 
-def run(cfg: Config, fault: Fault | None, launch: Launch, run_dir: Path, preempt: Preemption | None = None) -> int:
-    """Train on this rank; returns the exit code (exceptions propagate after writing error records)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+def run(cfg: Config, fault: Fault | None, launch: Launch, run_dir: str | Path | Storage,
+        preempt: Preemption | None = None, data: DataFiles | None = None) -> int:
+    """Train on this rank; returns the exit code (exceptions propagate after writing error records).
+    `run_dir` is a local path or an fsspec URL; `data` defaults to `resolve_data(cfg.data)`."""
+    run_dir = Storage(run_dir)
+    run_dir.makedirs()
     if preempt is None:
         preempt = Preemption(cfg.checkpoint.grace_period_s)
         preempt.install()
     errors.context.rank = launch.rank
     trainer = None
     try:
+        if data is None:
+            data = resolve_data(cfg.data)
         d = setup(launch, cfg.train.device)
-        trainer = Trainer(cfg, fault, d, run_dir, preempt)
+        trainer = Trainer(cfg, fault, d, run_dir, preempt, data)
         code = trainer.fit()
         trainer.close(status=None)
         return code

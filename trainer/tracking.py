@@ -17,13 +17,29 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from trainer.errors import TrainerError
+from trainer.storage import Storage
+
 _MAX_BATCH = 900  # MLflow accepts 1000 metrics per log_batch
+RECORD = "tracking.json"
+METRICS = "metrics.jsonl"
+FINAL_ARTIFACT_PATH = "final"
+
+
+class FinalUploadError(TrainerError):
+    """The final weights could not be logged to the MLflow run (storage/network: retried)."""
+
+
+def redact(uri: str) -> str:
+    """A tracking URI without its user:password."""
+    return re.sub(r"//[^/@]+@", "//***@", uri)
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -40,7 +56,7 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
 class MlflowSink:
     """Batches metrics to one MLflow run from a background thread."""
 
-    def __init__(self, uri: str, experiment: str, run_dir: Path, flush_every_s: float, params: dict[str, Any], tags: dict[str, str]):
+    def __init__(self, uri: str, experiment: str, run_dir: Storage, flush_every_s: float, params: dict[str, Any], tags: dict[str, str]):
         from mlflow.tracking import MlflowClient  # lazy: only when configured
 
         self.client = MlflowClient(tracking_uri=uri)
@@ -58,25 +74,22 @@ class MlflowSink:
         self._thread = threading.Thread(target=self._run, name="gangflow-mlflow", daemon=True)
         self._thread.start()
 
-    def _run_id(self, experiment: str, run_dir: Path) -> str:
+    def _run_id(self, experiment: str, run_dir: Storage) -> str:
         if os.environ.get("MLFLOW_RUN_ID"):
             return os.environ["MLFLOW_RUN_ID"]
-        record = run_dir / "tracking.json"
-        if record.is_file():
-            try:
-                saved = json.loads(record.read_text())
-                if saved.get("uri") == self.uri and saved.get("run_id"):
-                    self.owned = bool(saved.get("owned", True))
-                    return saved["run_id"]
-            except ValueError:
-                pass
+        try:
+            saved = json.loads(run_dir.read_bytes(RECORD))
+            if isinstance(saved, dict) and saved.get("uri") == self.uri and saved.get("run_id"):
+                self.owned = bool(saved.get("owned", True))
+                return saved["run_id"]
+        except (FileNotFoundError, ValueError):
+            pass
         exp = self.client.get_experiment_by_name(experiment)
         exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(experiment)
-        run = self.client.create_run(exp_id, run_name=run_dir.name or None, tags={"gangflow.run_dir": str(run_dir)})
+        name = run_dir.url.rstrip("/").rsplit("/", 1)[-1]
+        run = self.client.create_run(exp_id, run_name=name or None, tags={"gangflow.run_dir": run_dir.url})
         self.owned = True
-        tmp = record.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"uri": self.uri, "run_id": run.info.run_id, "owned": True}))
-        tmp.replace(record)
+        run_dir.write_bytes(RECORD, json.dumps({"uri": self.uri, "run_id": run.info.run_id, "owned": True}).encode())
         return run.info.run_id
 
     def log(self, key: str, value: float, step: int) -> None:
@@ -88,7 +101,7 @@ class MlflowSink:
         except Exception as exc:  # noqa: BLE001 - tracking must never stop training
             if not self._warned:
                 self._warned = True
-                print(f"gangflow: warning: MLflow logging failed ({type(exc).__name__}: {exc}); continuing", file=sys.stderr, flush=True)
+                print(f"gangflow: warning: MLflow logging to {redact(self.uri)} failed ({type(exc).__name__}: {exc}); continuing", file=sys.stderr, flush=True)
 
     def _drain(self) -> None:
         from mlflow.entities import Metric
@@ -122,36 +135,59 @@ class MlflowSink:
 
 
 class Tracker:
-    """Rank 0's metrics sink. Safe to call from the checkpoint thread. No-op on other ranks."""
+    """Rank 0's metrics sink. Safe to call from the checkpoint thread. No-op on other ranks.
 
-    def __init__(self, run_dir: str | Path, *, enabled: bool, mlflow_uri: str = "", experiment: str = "gangflow",
+    `metrics.jsonl` is appended to on local disk. Objects cannot be appended to, so on object
+    storage the whole file is rewritten at every event (start, resume, checkpoint, preempted,
+    final) and at close: a crash loses at most the step lines since the last event."""
+
+    def __init__(self, run_dir: str | Path | Storage, *, enabled: bool, mlflow_uri: str = "", experiment: str = "gangflow",
                  flush_every_s: float = 5.0, params: dict[str, Any] | None = None, tags: dict[str, str] | None = None):
         self.enabled = enabled
         self.mlflow: MlflowSink | None = None
+        self.uri = ""
         self._lock = threading.Lock()
         self._fh = None
+        self._lines: list[str] | None = None  # object storage: the whole file, rewritten on events
         if not enabled:
             return
-        run_dir = Path(run_dir)
-        self._fh = open(run_dir / "metrics.jsonl", "a", buffering=1)
-        uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
-        if uri:
+        self.store = Storage(run_dir)
+        if self.store.local:
+            self._fh = open(self.store.local_path(METRICS), "a", buffering=1)
+        else:
             try:
-                self.mlflow = MlflowSink(uri, experiment, run_dir, flush_every_s, _flatten(params or {}), tags or {})
+                self._lines = self.store.read_bytes(METRICS).decode().splitlines(keepends=True)
+            except FileNotFoundError:
+                self._lines = []
+        self.uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+        if self.uri:
+            try:
+                self.mlflow = MlflowSink(self.uri, experiment, self.store, flush_every_s, _flatten(params or {}), tags or {})
             except Exception as exc:  # noqa: BLE001 - tracking must never stop training
-                print(f"gangflow: warning: MLflow at {uri} unavailable ({type(exc).__name__}: {exc}); "
+                print(f"gangflow: warning: MLflow at {redact(self.uri)} unavailable ({type(exc).__name__}: {exc}); "
                       "metrics go to metrics.jsonl only", file=sys.stderr, flush=True)
 
     @property
     def mlflow_run_id(self) -> str | None:
         return self.mlflow.run_id if self.mlflow else None
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any], *, sync: bool = False) -> None:
         if not self.enabled:
             return
         record = {**record, "time": round(time.time(), 3)}
         with self._lock:
-            self._fh.write(json.dumps(record) + "\n")
+            line = json.dumps(record) + "\n"
+            if self._fh is not None:
+                self._fh.write(line)
+            elif self._lines is not None:
+                self._lines.append(line)
+                if sync:
+                    self._sync()
+
+    def _sync(self) -> None:
+        """Rewrite metrics.jsonl on object storage (under the lock)."""
+        if self._lines is not None:
+            self.store.write_bytes(METRICS, "".join(self._lines).encode())
 
     def step(self, step: int, **metrics: float) -> None:
         if not self.enabled:
@@ -164,11 +200,32 @@ class Tracker:
     def event(self, event: str, step: int, mlflow_prefix: str | None = None, **fields: Any) -> None:
         if not self.enabled:
             return
-        self.write({"event": event, "step": step, **fields})
+        self.write({"event": event, "step": step, **fields}, sync=True)
         if self.mlflow and mlflow_prefix is not None:
             for key, value in fields.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     self.mlflow.log(f"{mlflow_prefix}{key}", value, step)
+
+    def log_final(self, local_dir: Path) -> str | None:
+        """Log `final/` (weights + card) as artifacts of the run MLFLOW_RUN_ID under `final`, when a
+        tracking URI and MLFLOW_RUN_ID are set; returns `runs:/<id>/final`. Re-logging (a retry)
+        overwrites the same files. A failure raises FinalUploadError: the weights are what the
+        pipeline's next step loads from there."""
+        run_id = os.environ.get("MLFLOW_RUN_ID", "")
+        if not (self.enabled and self.uri and run_id):
+            return None
+        try:
+            if self.mlflow is not None:
+                client = self.mlflow.client
+            else:
+                from mlflow.tracking import MlflowClient  # noqa: PLC0415 - rank 0 only, when configured
+
+                client = MlflowClient(tracking_uri=self.uri)
+            client.log_artifacts(run_id, str(local_dir), artifact_path=FINAL_ARTIFACT_PATH)
+        except Exception as exc:  # noqa: BLE001 - reported with what failed
+            raise FinalUploadError(f"logging the final weights to MLflow run {run_id} at {redact(self.uri)} failed "
+                                   f"({type(exc).__name__}: {exc})") from exc
+        return f"runs:/{run_id}/{FINAL_ARTIFACT_PATH}"
 
     def close(self, status: str | None = None) -> None:
         if self.mlflow:
@@ -177,3 +234,6 @@ class Tracker:
         if self._fh:
             self._fh.close()
             self._fh = None
+        if self._lines is not None:
+            with self._lock:
+                self._sync()

@@ -22,8 +22,10 @@ SMALL = ("train.max_steps=60", "checkpoint.every_steps=20", "train.log_every_ste
 
 def trainer_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("GANGFLOW_FAULT", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "TORCHELASTIC_ERROR_FILE",
+           if not k.startswith("AWS_") and k not in ("GANGFLOW_FAULT", "GANGFLOW_ALLOW_FAULTS", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "TORCHELASTIC_ERROR_FILE",
                         "GANGFLOW_TERMINATION_LOG", "RANK", "WORLD_SIZE", "LOCAL_RANK") and not k.startswith("OMPI_")}
+    if "GANGFLOW_FAULT" in extra:
+        extra.setdefault("GANGFLOW_ALLOW_FAULTS", "1")  # drills opt in (docs/trainer.md, fault injection)
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
     return env
 
@@ -109,3 +111,103 @@ class Helpers:
 def h(digits) -> type[Helpers]:
     """The helpers above (test modules cannot import conftest under --import-mode=importlib)."""
     return Helpers
+
+
+# --- an S3-API server on 127.0.0.1 (moto's server mode, what s3fs and DVC test against) ----------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    """`env` holds the standard AWS variables for child processes (botocore honours AWS_ENDPOINT_URL)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                    "AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def bucket(self, name: str) -> str:
+        import boto3
+
+        # region us-east-1: s3fs's mkdir sends a location constraint moto refuses
+        client = boto3.client("s3", region_name="us-east-1", endpoint_url=self.endpoint,
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
+        client.create_bucket(Bucket=name)
+        return f"s3://{name}"
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A moto S3 server for this session; the AWS_* env is also set in this process (s3fs reads it)."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    moto = str(Path(sys.executable).with_name("moto_server"))
+    proc = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(port)], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    server = S3Server(endpoint)
+    try:
+        import urllib.request
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(endpoint, timeout=2).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"moto_server did not start: {log.read_text()[-2000:]}")
+                time.sleep(0.2)
+        saved = {k: os.environ.get(k) for k in server.env}
+        os.environ.update(server.env)
+        try:
+            yield server
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def make_dvc_remote(root: Path, files: dict[str, bytes]) -> str:
+    """Write `files` as a DVC 3 remote (objects + the .dir listing, through dvc_data's own Tree, as
+    `dvc push` writes them); returns the dataset version (the listing's md5)."""
+    import hashlib
+
+    from dvc_data.hashfile.hash_info import HashInfo
+    from dvc_data.hashfile.meta import Meta
+    from dvc_data.hashfile.tree import Tree
+
+    from trainer.datastore import object_path
+
+    tree = Tree()
+    for relpath, data in files.items():
+        md5 = hashlib.md5(data).hexdigest()
+        target = Path(object_path(str(root), md5))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        tree.add((relpath,), Meta(size=len(data)), HashInfo("md5", md5))
+    tree.digest()
+    version = tree.hash_info.value.removesuffix(".dir")
+    listing = Path(object_path(str(root), version, ".dir"))
+    listing.parent.mkdir(parents=True, exist_ok=True)
+    listing.write_bytes(tree.as_bytes())
+    return version
+
+
+@pytest.fixture(scope="session")
+def make_remote():
+    return make_dvc_remote

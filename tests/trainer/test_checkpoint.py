@@ -146,3 +146,61 @@ def test_resave_of_same_step_replaces_it(tmp_path):
     ck.save(_state(10)[2])
     assert [s for s, _ in ck.committed()] == [10]
     ck.verify(tmp_path / "checkpoints" / "step-10")
+
+
+def _rewrite_manifest(path, change):
+    manifest = json.loads((path / "manifest.json").read_text())
+    change(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda m: m["files"].__setitem__("state.json", "not a dict"), "the entry of state.json is malformed"),
+    (lambda m: m.__setitem__("files", {}), "does not list model.safetensors, optimizer.safetensors, state.json"),
+    (lambda m: m["files"]["model.safetensors"].pop("sha256"), "the entry of model.safetensors is malformed"),
+    (lambda m: m["files"]["optimizer.safetensors"].__setitem__("bytes", "12"), "the entry of optimizer.safetensors is malformed"),
+    (lambda m: m["files"].pop("state.json"), "does not list state.json"),
+])
+def test_malformed_manifest_is_moved_aside_and_the_previous_one_used(tmp_path, change, why):
+    """Issue 12.8: a malformed manifest is a corrupt checkpoint (not an AttributeError, not a pass)."""
+    logs: list[str] = []
+    ck = _three(tmp_path, logs)
+    _rewrite_manifest(tmp_path / "checkpoints" / "step-300", change)
+    with pytest.raises(CorruptCheckpoint, match=why):
+        ck.verify(tmp_path / "checkpoints" / "step-300")
+    assert ck.select()[0] == 200
+    assert f"checkpoint step-300 is corrupt" in logs[0] and why in logs[0] and "resuming from step-200" in logs[0]
+    assert any(p.name.startswith("corrupt-step-300") for p in (tmp_path / "checkpoints").iterdir())
+    ck.read(200)
+
+
+# --- the same guarantees on object storage (S3 API, moto server on 127.0.0.1) ------------------------
+
+
+def test_s3_checkpoints_commit_with_manifest_last_prune_and_fall_back(s3, tmp_path):
+    import fsspec
+
+    root = s3.bucket("gangflow-ckpt-unit") + "/runs/g1/checkpoints"
+    fs = fsspec.filesystem("s3")
+    logs: list[str] = []
+    ck = Checkpointer(root, CheckpointConfig(keep_last=2, async_save=True), log=logs.append)
+    model, opt, snap = _state(30)
+    for step in (10, 20, 30):
+        ck.save(_state(step)[2] if step != 30 else snap)
+    ck.close()
+    assert [s for s, _ in ck.committed()] == [30, 20]
+    assert ck.committed()[0][1] == root + "/step-30"
+    loaded = ck.read(30)
+    assert all(torch.equal(loaded.model[k], v) for k, v in model.state_dict().items())
+    # A step folder without its manifest (a write cut short) is invisible and cleaned up.
+    fs.pipe_file(root.removeprefix("s3://") + "/step-40/model.safetensors", b"partial")
+    fs.invalidate_cache()
+    assert [s for s, _ in ck.committed()] == [30, 20]
+    ck.cleanup_stale()
+    assert not fs.exists(root.removeprefix("s3://") + "/step-40/model.safetensors")
+    # A corrupt newest one is moved aside and the previous one used.
+    fs.pipe_file(root.removeprefix("s3://") + "/step-30/model.safetensors", b"garbage")
+    assert ck.select()[0] == 20
+    assert "checkpoint step-30 is corrupt (model.safetensors has 7 bytes" in logs[0]
+    assert [s for s, _ in ck.committed()] == [20]
+    assert any(p.rsplit("/", 1)[-1].startswith("corrupt-step-30") for p in fs.ls(root.removeprefix("s3://"), refresh=True))

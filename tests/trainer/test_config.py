@@ -142,7 +142,55 @@ def test_cli_rejects_bad_config_with_exit_2_and_a_record(tmp_path):
 def test_cli_rejects_bad_fault_spec(tmp_path):
     import os
 
-    env = {**os.environ, "GANGFLOW_FAULT": "explode@step=3"}
+    env = {**os.environ, "GANGFLOW_FAULT": "explode@step=3", "GANGFLOW_ALLOW_FAULTS": "1"}
     out = _cli("--run-dir", str(tmp_path / "run"), env=env)
     assert out.returncode == EXIT_CONFIG_ERROR
     assert "GANGFLOW_FAULT='explode@step=3' is invalid" in out.stderr
+
+
+@pytest.mark.parametrize("value", [
+    "/data/run #3/train.parquet",  # YAML would cut it at " #"
+    "0123",  # YAML would make it a number
+    "  spaced ",
+    "yes",  # YAML 1.1 would make it a bool
+    "a: b",  # YAML would make it a mapping
+])
+def test_set_keeps_string_values_exactly(value):
+    cfg = load_config(None, [f"data.train_path={value}", f"tracking.experiment={value}"])
+    assert cfg.data.train_path == value and cfg.tracking.experiment == value
+
+
+def test_set_keeps_typed_values_and_untyped_model_strings():
+    cfg = load_config(None, ["train.max_steps=12", "checkpoint.async_save=false", "train.lr=1e-3",
+                             "model.hidden=32", "model.note=run #2 of 3"])
+    assert cfg.train.max_steps == 12 and cfg.checkpoint.async_save is False and cfg.train.lr == 0.001
+    assert cfg.model.kwargs["hidden"] == 32 and cfg.model.kwargs["note"] == "run #2 of 3"
+
+
+def test_data_version_needs_a_remote_and_an_md5():
+    cfg = load_config(None, ["data.version=" + "ab" * 16, "data.remote=s3://bucket/dvc"])
+    assert cfg.data.version == "ab" * 16 and cfg.data.remote == "s3://bucket/dvc"
+    with pytest.raises(ConfigError, match=r"data.version='v1' is invalid: must be .* 32 lowercase hex digits"):
+        load_config(None, ["data.version=v1", "data.remote=/r"])
+    with pytest.raises(ConfigError, match="data.remote='' is invalid: must be the DVC remote's URL"):
+        load_config(None, ["data.version=" + "ab" * 16])
+
+
+def test_fault_without_allow_is_ignored_with_a_warning(tmp_path):
+    """12.5: a stray GANGFLOW_FAULT does not fire unless GANGFLOW_ALLOW_FAULTS=1."""
+    from trainer.faults import fault_from_env
+
+    env = {"GANGFLOW_FAULT": "raise@step=1"}
+    assert fault_from_env(env) is None
+    assert fault_from_env({**env, "GANGFLOW_ALLOW_FAULTS": "0"}) is None
+    assert fault_from_env({**env, "GANGFLOW_ALLOW_FAULTS": "1"}).spec == "raise@step=1"
+
+
+def test_cli_warns_and_trains_without_the_fault_unless_allowed(h, tmp_path):
+    sets = ("train.max_steps=3", "checkpoint.every_steps=100", "train.log_every_steps=1")
+    proc = h.run(tmp_path / "run", sets=sets, nproc=None, GANGFLOW_FAULT="raise@step=1", GANGFLOW_ALLOW_FAULTS="")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "GANGFLOW_FAULT='raise@step=1' is ignored on rank 0: fault injection needs GANGFLOW_ALLOW_FAULTS=1" in proc.stdout
+    proc = h.run(tmp_path / "armed", sets=sets, nproc=None, GANGFLOW_FAULT="raise@step=1")
+    assert proc.returncode == 1
+    assert "fault injection ARMED on rank 0: GANGFLOW_FAULT='raise@step=1'" in proc.stdout

@@ -1,0 +1,185 @@
+"""The run dir on any storage: a local path, `file:///...`, or an fsspec URL (`s3://`, `gs://`, ...).
+
+`Storage(location)` is a folder. On local disk every write is durable and atomic (temporary
+file, fsync, rename, fsync of the folder), as before; elsewhere it goes through fsspec, where a
+single object write is atomic but a folder is not: callers that publish several files (a
+checkpoint, `final/`) write a marker file LAST and readers ignore a folder without it.
+
+Credentials and endpoints come from the storage's standard environment (for S3: AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3, which botocore honours); fsspec and
+the filesystem's package (s3fs, gcsfs, ...) are imported only for a remote location.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+_LOCAL_SCHEMES = ("", "file", "local")
+
+
+def _scheme(text: str) -> str:
+    return text.split("://", 1)[0].lower() if "://" in text else ""
+
+
+def is_remote(location: str | os.PathLike) -> bool:
+    return _scheme(os.fspath(location)) not in _LOCAL_SCHEMES
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file(path: str | os.PathLike, data: bytes) -> None:
+    """Write and fsync one local file (no rename: for files inside a folder renamed later)."""
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+class Storage:
+    """A folder on local disk or on an fsspec filesystem; paths below it are '/'-separated."""
+
+    def __init__(self, location: str | os.PathLike | Storage) -> None:
+        if isinstance(location, Storage):
+            self.fs, self.root, self.url = location.fs, location.root, location.url
+            return
+        text = os.fspath(location)
+        scheme = _scheme(text)
+        if scheme in _LOCAL_SCHEMES:
+            self.fs = None
+            self.root = text.split("://", 1)[1] if scheme else text
+            self.url = text
+        else:
+            import fsspec  # noqa: PLC0415 - only for remote run dirs
+
+            self.fs, root = fsspec.core.url_to_fs(text)
+            self.root = root.rstrip("/")
+            self.url = text.rstrip("/")
+
+    def __repr__(self) -> str:
+        return f"Storage({self.url!r})"
+
+    def __str__(self) -> str:
+        return self.url
+
+    @property
+    def local(self) -> bool:
+        return self.fs is None
+
+    def child(self, *parts: str) -> Storage:
+        sub = Storage(self)
+        sub.root = self.path(*parts)
+        sub.url = self.uri(*parts)
+        return sub
+
+    def path(self, *parts: str) -> str:
+        """Filesystem path (local path or the fsspec path without protocol) of `parts`."""
+        if self.local:
+            return str(Path(self.root, *parts)) if parts else str(Path(self.root))
+        return posixpath.join(self.root, *parts) if parts else self.root
+
+    def uri(self, *parts: str) -> str:
+        """What to show a person (and pass on): the location of `parts` as given."""
+        return posixpath.join(self.url, *parts) if parts else self.url
+
+    def local_path(self, *parts: str) -> Path:
+        assert self.local, "local_path() of a remote location"
+        return Path(self.path(*parts))
+
+    # --- files ----------------------------------------------------------------------------------
+
+    def read_bytes(self, *parts: str) -> bytes:
+        """FileNotFoundError when missing (both kinds)."""
+        if self.local:
+            return self.local_path(*parts).read_bytes()
+        return self.fs.cat_file(self.path(*parts))
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        """Replace one file atomically and durably (a single object PUT on object storage)."""
+        if self.local:
+            target = self.local_path(rel)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+            try:
+                write_file(tmp, data)
+                os.replace(tmp, target)
+            finally:
+                if tmp.exists():
+                    tmp.unlink()
+            fsync_dir(target.parent)
+        else:
+            self.fs.pipe_file(self.path(rel), data)
+
+    def exists(self, *parts: str) -> bool:
+        if self.local:
+            return self.local_path(*parts).exists()
+        return self.fs.exists(self.path(*parts))
+
+    def listdir(self, *parts: str) -> list[str]:
+        """Names directly below `parts` (files and folders); [] when it does not exist."""
+        if self.local:
+            folder = self.local_path(*parts)
+            return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        path = self.path(*parts)
+        self.fs.invalidate_cache(path)  # another process (an earlier attempt) may have written
+        try:
+            entries = self.fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted({posixpath.basename(str(e).rstrip("/")) for e in entries} - {""})
+
+    def makedirs(self, *parts: str) -> None:
+        if self.local:
+            self.local_path(*parts).mkdir(parents=True, exist_ok=True)
+        # object stores have no folders: nothing to create
+
+    def remove(self, *parts: str) -> None:
+        """Delete a file or folder; missing is fine."""
+        if self.local:
+            path = self.local_path(*parts)
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.exists():
+                path.unlink(missing_ok=True)
+            return
+        try:
+            self.fs.rm(self.path(*parts), recursive=True)
+        except FileNotFoundError:
+            pass
+
+    def rename(self, src: str, dst: str) -> None:
+        """Atomic on local disk; on object storage a copy then a delete."""
+        if self.local:
+            self.local_path(src).rename(self.local_path(dst))
+            return
+        source = self.path(src)
+        self.fs.invalidate_cache(source)
+        files = self.fs.find(source)  # objects below `src` (or `src` itself when it is one)
+        if not files:
+            raise FileNotFoundError(self.uri(src))
+        for path in files:
+            rel = posixpath.relpath(path, source)
+            self.fs.copy(path, self.path(dst) if rel == "." else posixpath.join(self.path(dst), rel))
+        self.fs.rm(source, recursive=True)
+
+    def put_dir(self, local_dir: str | os.PathLike, rel: str, *, last: str | None = None) -> None:
+        """Upload the files of `local_dir` to `rel/`, the file named `last` after all others."""
+        names = sorted(p.name for p in Path(local_dir).iterdir() if p.is_file())
+        if last in names:
+            names.remove(last)
+            names.append(last)
+        for name in names:
+            self.write_bytes(f"{rel}/{name}", (Path(local_dir) / name).read_bytes())
+
+    def info(self) -> dict[str, Any]:
+        return {"url": self.url, "local": self.local}
