@@ -33,6 +33,7 @@ import signal
 import sys
 import tempfile
 import time
+import traceback
 import uuid
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,8 @@ class Drill:
         self.conf = {**DEFAULT_CONF, **(conf or {})}
         self.state = settings.state_dir()
         base = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="gangflow-drill-"))
+        if keep and base.exists() and any(base.iterdir()):
+            raise DrillError(f"--keep {base}: the folder must be empty or not exist yet")
         if under(str(base.resolve()), self.state) or under(str(self.state), base.resolve()):
             raise DrillError(f"drill dir {base} and the state dir {self.state} must not contain each other: pods must not reach the worker's files")
         base.mkdir(parents=True, exist_ok=True)
@@ -207,13 +210,26 @@ class Drill:
         boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
 
     def _push_dataset(self, remote: str) -> str:
-        """`dvc push` of the pinned dataset to the S3 remote (the worker's DVC remote from now on)."""
+        """`dvc push` of the pinned dataset from the worker's DVC cache (filled by `make setup`) to
+        the S3 remote, which is the worker's DVC remote from now on. DVC's repository lock is
+        shared with anything else running DVC in this checkout: wait for it a little."""
+        from dvc.lock import LockError
+
         from operators import dataset
 
         os.environ[dataset.REMOTE_ENV] = remote
+        version = dataset.pinned_version()
         started = time.monotonic()
-        version = dataset.publish()
-        echo(f"drill: dvc push of dataset {version} to {remote} ({time.monotonic() - started:.1f}s)")
+        for attempt in range(10):
+            try:
+                with dataset.open_repo() as repo:
+                    pushed = repo.push(targets=[dataset.DEFAULT_OUT], remote=dataset.remote_spec()[0])
+                break
+            except LockError as exc:
+                if attempt == 9:
+                    raise DrillError(f"dvc push to {remote}: the DVC repository stayed locked: {exc}") from None
+                time.sleep(3)
+        echo(f"drill: dvc push of dataset {version} to {remote}: {pushed} object(s) ({time.monotonic() - started:.1f}s)")
         return version
 
     def _api(self, s3_key: str, s3_secret: str) -> None:
@@ -321,20 +337,29 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop("GANGFLOW_ALLOW_FAULTS", None)
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _on_signal)
-    drill = Drill(keep=args.keep, fault=fault, conf=conf)
-    echo(f"drill {drill.id}: files in {drill.dir}; worker state dir {drill.state}" + (f"; fault for the pods: {fault}" if fault else ""))
     summary: dict[str, Any] = {"state": "failed", "backend": "kubernetes", "train_attempts": 0, "promoted": False}
-    ok = False
+    try:
+        drill = Drill(keep=args.keep, fault=fault, conf=conf)
+    except DrillError as exc:
+        print(json.dumps(summary | {"failure": {"kind": "user", "reason": str(exc)}}), flush=True)
+        return 2
+    echo(f"drill {drill.id}: files in {drill.dir}; worker state dir {drill.state}" + (f"; fault for the pods: {fault}" if fault else ""))
+    ok, code = False, 1
     try:
         drill.start()
         summary = drill.run()
         ok = summary.get("state") == "success"
-    except DrillError as exc:
-        summary["failure"] = {"kind": "drill", "reason": str(exc)}
+        code = 0 if ok else 1
+    except (SystemExit, KeyboardInterrupt) as exc:  # a signal: stop everything, still say what happened
+        code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 130
+        summary["failure"] = {"kind": "interrupted", "reason": f"the drill was interrupted (exit {code}); everything it started was stopped"}
+    except Exception as exc:  # servers that did not start, DVC, S3: named, and everything stopped
+        traceback.print_exc()
+        summary["failure"] = {"kind": "drill", "reason": f"{type(exc).__name__}: {exc}"}
     finally:
         drill.close(remove=ok)
     print(json.dumps(summary, default=str), flush=True)
-    return 0 if ok else 1
+    return code
 
 
 if __name__ == "__main__":
