@@ -27,6 +27,9 @@ OFFICIAL_CHART_KEYS = {
     "workers", "workers.serviceAccount", "workers.serviceAccount.create", "workers.serviceAccount.name",
     "workers.serviceAccount.automountServiceAccountToken", "workers.resources",
     "triggerer", "triggerer.serviceAccount", "triggerer.serviceAccount.create", "triggerer.serviceAccount.name",
+    # checked against chart/values.yaml at 001394a91d3fb507eff58cc73ca8b3baa72e685e (every component's
+    # serviceAccount has automountServiceAccountToken; airflowLocalSettings is a templated string)
+    "triggerer.serviceAccount.automountServiceAccountToken", "airflowLocalSettings",
     "scheduler", "scheduler.extraInitContainers",  # list of Kubernetes Containers (templated)
 }
 # Below these paths the official chart takes free-form content (airflow.cfg options, ResourceRequirements).
@@ -63,14 +66,41 @@ def test_image_is_airflow_3_3_pinned_by_digest(airflow_values):
     assert image["repository"] == airflow_values["defaultAirflowRepository"]
 
 
-def test_workers_and_triggerer_use_the_service_account_the_chart_binds(airflow_values, chart):
+def test_workers_and_triggerer_use_the_service_accounts_the_chart_binds(airflow_values, chart):
     chart_values = chart.values["airflow"]
     workers = airflow_values["workers"]["serviceAccount"]
     triggerer = airflow_values["triggerer"]["serviceAccount"]
-    assert workers["create"] is True and workers["automountServiceAccountToken"] is True
-    assert workers["name"] == triggerer["name"] == chart_values["serviceAccountName"]
-    assert triggerer["create"] is False
+    assert workers["create"] is True and workers["name"] == chart_values["serviceAccountName"]
+    assert triggerer["create"] is True and triggerer["name"] == chart_values["triggererServiceAccountName"]
     assert airflow_values["executor"] in ("KubernetesExecutor", "CeleryExecutor")
+
+
+def test_only_the_gang_task_pod_and_the_triggerer_get_an_api_token(airflow_values):
+    """Task pods run without a Kubernetes token; the pod mutation hook gives it to the task that
+    submits the gang alone (issue 12 item 9)."""
+    from kubernetes.client import V1ObjectMeta, V1Pod, V1PodSpec
+
+    assert airflow_values["workers"]["serviceAccount"]["automountServiceAccountToken"] is False
+    assert airflow_values["triggerer"]["serviceAccount"]["automountServiceAccountToken"] is True
+    settings: dict = {}
+    exec(compile(airflow_values["airflowLocalSettings"], "airflow_local_settings.py", "exec"), settings)  # noqa: S102 - our own file
+
+    def task_pod(task_id):
+        pod = V1Pod(metadata=V1ObjectMeta(annotations={"dag_id": "train_pipeline", "task_id": task_id}), spec=V1PodSpec(containers=[]))
+        settings["pod_mutation_hook"](pod)
+        return pod.spec.automount_service_account_token
+
+    assert task_pod("train_kubernetes") is True
+    for task_id in ("validate_dataset", "train_local_2", "evaluate", "promote", "admit_gang"):
+        assert task_pod(task_id) is None  # the ServiceAccount's false applies
+    bare = V1Pod(metadata=None, spec=V1PodSpec(containers=[]))
+    settings["pod_mutation_hook"](bare)
+    assert bare.spec.automount_service_account_token is None
+
+
+def test_the_gang_task_id_is_the_dags(airflow_values, project_root):
+    """The hook names the pipeline's Kubernetes gang task; a rename in the DAG must follow here."""
+    assert 'task_id="train_kubernetes"' in (project_root / "dags" / "train_pipeline.py").read_text()
 
 
 def test_mlflow_uri_is_the_gangflow_charts_service(airflow_values, render):

@@ -89,7 +89,8 @@ def test_role_is_bound_to_the_airflow_worker_service_account_in_each_team(render
     for binding in bindings:
         assert binding["roleRef"]["kind"] == "Role"
         assert (binding["metadata"]["namespace"], binding["roleRef"]["name"]) in roles
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "workers", "namespace": "orchestration"}]
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "workers", "namespace": "orchestration"},
+                                       {"kind": "ServiceAccount", "name": "gangflow-airflow-triggerer", "namespace": "orchestration"}]
 
 
 def test_only_cluster_wide_grant_is_get_on_the_charts_clusterqueue(render, kinds):
@@ -100,8 +101,8 @@ def test_only_cluster_wide_grant_is_get_on_the_charts_clusterqueue(render, kinds
     (binding,) = kinds(objects, "ClusterRoleBinding")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                   "name": cluster_role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gangflow-airflow-worker",
-                                    "namespace": "airflow"}]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gangflow-airflow-worker", "namespace": "airflow"},
+                                   {"kind": "ServiceAccount", "name": "gangflow-airflow-triggerer", "namespace": "airflow"}]
 
 
 def test_training_service_account_mounts_no_token(render, kinds):
