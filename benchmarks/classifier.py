@@ -125,7 +125,7 @@ def calibrate(train, dev) -> list[dict]:
     base = precedent_mod.PrecedentBase(train)
     pending = [c for c in dev if classify(c.evidence, precedents=False).kind == "unknown"]
     rows = []
-    for step in range(4, 19):
+    for step in range(1, 19):
         threshold = round(step * 0.05, 2)
         r, _ = score(dev, base, threshold)
         decided = [c for c in pending if base.verdict(Evidence.parse(c.evidence), threshold) is not None]

@@ -100,7 +100,7 @@ USER_EXCEPTION_NAMES: frozenset[str] = frozenset({
     "FileNotFoundError", "IsADirectoryError", "NotADirectoryError", "PermissionError",
     "FileExistsError", "RecursionError", "OverflowError", "LookupError", "UnicodeDecodeError",
     "UnicodeEncodeError", "JSONDecodeError", "UnpicklingError", "StopIteration", "ArithmeticError",
-    "FloatingPointError", "ConfigError", "ValidationError", "HFValidationError",
+    "FloatingPointError", "ConfigError", "HFValidationError",
 })  # fmt: skip
 
 # Cloud storage / API error codes that mean "throttled or briefly unavailable": botocore
@@ -187,6 +187,7 @@ STORAGE = _rx(
     r"An error occurred \((?:SlowDown|Throttling\w*|RequestTimeout\w*|ServiceUnavailable|InternalError|RequestLimitExceeded|ProvisionedThroughputExceeded\w*|InternalFailure|TooManyRequests\w*|BandwidthLimitExceeded)\)",
     r"\bSlowDown\b", r"Please reduce your request rate", r"\bServerBusy\b", r"\bOperationTimedOut\b",
     r"\b(?:rateLimitExceeded|backendError)\b", r"\bRequestTimeout\b", r"\bServiceUnavailable\b",
+    r"\bSLOW_DOWN\b", r"\bTHROTTLING\b", r"\bSERVICE_UNAVAILABLE\b",  # the AWS C++ SDK's (Arrow, Ray) spelling
 )  # fmt: skip
 NETWORK = _rx(
     r"Temporary failure in name resolution", r"\bEAI_AGAIN\b", r"\bConnectionError\b",
@@ -197,7 +198,11 @@ NETWORK = _rx(
     r"Could not connect to the endpoint URL", r"Read timed out", r"Failed to establish a new connection",
     r"\[Errno (?:101|103|104|110|111|113)\]", r"TLS handshake timeout", r"\bi/o timeout\b",
     r"EOF occurred in violation of protocol", r"failed to connect to all addresses", r"\bStatusCode\.UNAVAILABLE\b",
-    r"server closed the connection unexpectedly", r"database is locked",
+    r"server closed the connection unexpectedly", r"database is locked", r"Host is down", r"\bEHOSTDOWN\b",
+    r"connect(?:ion)?: connection refused", r"Connection refused", r"unreachable backend", r"Read timeout on endpoint URL",
+    r"Connect timeout on endpoint URL", r"Connection broken: IncompleteRead", r"Timeout was reached", r"\bNETWORK_CONNECTION\b",
+    r"(?:read|write|connect) operation timed out", r"Connection aborted", r"Software caused connection abort",
+    r"\bECONNABORTED\b", r"no route to host", r"TLS handshake timeout", r"\bdial tcp [^\n]{0,80}(?:timeout|refused|reset)",
 )  # fmt: skip
 # HTTP status classes: 5xx (but 501/505), 429 and 408 are transient; said by a remote service.
 HTTP_TRANSIENT = _rx(
@@ -214,7 +219,7 @@ TRANSIENT_MESSAGE = re.compile(
 # Messages that name a request the user got wrong (a 4xx, a bad code or credentials).
 USER_REQUEST_MESSAGE = _rx(
     r"\b(?:HTTP(?:/\d(?:\.\d)?)?(?: Error)?|[Ss]tatus(?: [Cc]ode)?|response code|error code|returned)[ :=]*(?:40[0-7]|409|41\d|42[0-8])\b",
-    r"\b(?:401 Client Error|403 Client Error|404 Client Error|Unauthorized|Forbidden)\b",
+    r"\b(?:401 Client Error|403 Client Error|404 Client Error|Unauthorized|Forbidden)\b", r"\(error 40[0-7]\)",
     r"An error occurred \((?:AccessDenied|NoSuchBucket|NoSuchKey|InvalidAccessKeyId|SignatureDoesNotMatch|403|404|ExpiredToken|InvalidToken)\)",
     r"\b(?:RepositoryNotFoundError|GatedRepoError|EntryNotFoundError|RevisionNotFoundError)\b",
 )

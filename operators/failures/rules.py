@@ -42,10 +42,36 @@ _PEER_LOST = catalogue.PEER_LOST
 _RENDEZVOUS = catalogue.RENDEZVOUS
 _STORAGE = catalogue.STORAGE
 _NETWORK = catalogue.NETWORK
+# A node (or a framework's worker host) died or was removed under the job.
+_NODE_GONE = _rx(
+    r"has been marked dead because the detector has missed too many heartbeats", r"marked as dead by the GCS",
+    r"\bRAYLET_MARKED_DEAD\b", r"\bNodeDiedError\b", r"node (?:was |has been )?(?:removed|deleted|terminated|drained) (?:from|by)",
+    r"Terminating EC2 instance", r"Node is shutting", r"kubelet (?:stopped|is not) posting node status",
+    r"(?:worker|raylet|node) (?:died|crashed) unexpectedly", r"Shutdown manager killing pod", r"\bNodeNotReady\b",
+    r"^\s*pod deleted\s*$",
+)  # fmt: skip
+# The node could not take the pod for now: pressure, capacity, a device plugin failing admission.
+_NODE_PRESSURE = _rx(
+    r"The node was low on resource", r"The node had condition: \[\w*Pressure\]", r"\w+ are evicted\b",
+    r"\bUnexpectedAdmissionError\b",
+)  # fmt: skip
+# The cloud has no capacity for the request right now (not a quota: that is the user's).
+_NO_CAPACITY = _rx(
+    r"Insufficient (?:instance )?capacity", r"\bInsufficientInstanceCapacity\b", r"Failed to acquire resources in all zones",
+    r"Insufficient GPU capacity", r"\bZONE_RESOURCE_POOL_EXHAUSTED\w*", r"\bstockout\b", r"does not have enough resources available",
+    r"There is no (?:more )?capacity", r"\bOutOfCapacity\b", r"capacity not available",
+)  # fmt: skip
+# An account or namespace quota/limit: the request must shrink or the limit grow.
+_QUOTA = _rx(
+    r"\b\w*LimitExceeded\b(?<!RequestLimitExceeded)(?<!BandwidthLimitExceeded)", r"\bQuotaExceeded\b", r"exceeded quota",
+    r"[Qq]uota '?[\w.-]+'? exceeded", r"\bservice limit\b", r"(?:Found )?no quota for", r"out of quota",
+    r"exceeds? (?:your|the) (?:current )?(?:\w+ )?(?:quota|limit)", r"limit of \d+ \w+ allows",
+)  # fmt: skip
 # A cloud provider took the machine back (spot/preemptible capacity, maintenance).
 _CLOUD_PREEMPTION = _rx(
     r"\b(?:spot|preemptible)\b[^\n]{0,80}\b(?:interrupt\w*|preempt\w*|reclaim\w*|terminat\w*)",
     r"\binstance (?:was |has been )?preempted\b",
+    r"\b(?:cluster|VM|node|machine|TPU|spot \w+) (?:is|was|has been|got) preempted\b",
     r"\bpreempted by (?:the )?(?:cloud|provider|GCE|GCP|AWS|Azure|EC2)\b",
     r"\b(?:EC2 )?Spot Instance Interruption\b",
     r"\bhost maintenance\b[^\n]{0,60}\b(?:terminat\w*|migrat\w*|event)",
@@ -54,7 +80,7 @@ _CLOUD_PREEMPTION = _rx(
 _ADMISSION_REJECTED = _rx(
     r"admission webhook \S+ denied the request",
     r"\bis forbidden: (?:exceeded quota|unable to validate against any (?:pod )?security policy|violates PodSecurity)",
-    r"\bis invalid: [\w.\[\]]+: (?:Invalid value|Required value|Unsupported value|Forbidden)",
+    r"\bis invalid: [\w.\[\]]+: (?:Invalid value|Required value|Unsupported value|Forbidden|Too many|Too long|Duplicate value)",
     r"\bfield is immutable\b",
 )  # fmt: skip
 _INVALID_DEVICE = _rx(
@@ -74,9 +100,75 @@ _SHM_TOO_SMALL = _rx(
     r"NCCL[^\n]{0,80}(?:shm|shared memory)[^\n]{0,80}(?:No space left|failed)",
 )  # fmt: skip
 
+# The software in the image does not fit the node or itself: versions, builds, architectures.
+_ENVIRONMENT = _rx(
+    r"Version mismatch: The cluster was started with", r"\bMismatched [\w ]{0,40}version",
+    r"Loaded runtime \w+ library: [\d.]+ but source was compiled with", r"no kernel image is available for execution",
+    r"unsatisfied condition: cuda\s*>=", r"undefined symbol: \w+", r"flag provided but not defined", r"Exec format error",
+    r"ninja: build stopped", r"\bld returned \d+ exit status", r"fatal error: [\w./+-]+\.h: No such file",
+    r"error: command '[\w/+.-]+' failed", r"DNN library is not found", r"CUDA driver version is insufficient for CUDA runtime",
+    r"GLIBC_[\d.]+' not found", r"cannot open shared object file", r"\bNo module named '?[\w.]+",
+    r"is not compatible with the current PyTorch installation", r"requires? (?:a )?(?:newer|higher|more recent) version",
+    r"(?:built|compiled) (?:with|against|for) [^\n]{0,60}(?:but|while) [^\n]{0,60}(?:installed|found|loaded|running)",
+    r"unsupported (?:GPU|device|compute capability|architecture)", r"\bsm_\d+ is not compatible",
+)  # fmt: skip
+# The node's GPU stack is broken: driver/library mismatch, NVML, GSP firmware, fabric manager,
+# a GPU the device plugin marked unhealthy, a driver that cannot build for the node's kernel.
+_GPU_NODE = _rx(
+    r"Failed to initialize NVML", r"\bdriver/library version mismatch", r"NVRM: API mismatch", r"could not load NVML library",
+    r"Timeout waiting for RPC from GSP", r"\bGSP (?:RPC )?[Tt]imeout", r"XidCriticalError", r"device (?:marked|will go) unhealthy",
+    r"caused by previous Xid", r"\bfabric ?manager\b", r"system not yet initialized", r"Could not resolve Linux kernel version",
+    r"GPL-incompatible module nvidia\.ko", r"NVIDIA-SMI has failed", r"No devices were found", r"RmInitAdapter failed",
+    r"Unable to determine the device handle for GPU", r"nvidia-container-cli: initialization error",
+    r"nvls\.cc[^\n]*(?:Cuda failure|failed)",
+)  # fmt: skip
+# The program broke a tensor/API contract (shapes, dtypes, devices, autograd, DDP usage).
+_PROGRAM_ERROR = _rx(
+    r"expected \w+ and \w+ to have the same dtype", r"Expected all tensors to be on the same device", r"shapes cannot be multiplied",
+    r"\bsize mismatch\b", r"must match the size of tensor", r"Dimension out of range", r"index \d+ is out of bounds",
+    r"not implemented for '\w+'", r"CUBLAS_STATUS_NOT_SUPPORTED", r"must be (?:col|row)_major", r"parameters that were not used in producing loss",
+    r"Expected to mark a variable ready only once", r"does not require grad and does not have a grad_fn",
+    r"modified by an inplace operation", r"Trying to backward through the graph a second time", r"got an unexpected keyword argument",
+    r"missing \d+ required positional argument", r"object has no attribute", r"is not subscriptable", r"unsupported operand type",
+    r"Input type \(\S+\) and weight type \(\S+\) should be the same",
+)  # fmt: skip
+# The launch itself is misconfigured: ports, ssh between nodes, a wrong endpoint or region.
+_LAUNCH_CONFIG = _rx(
+    r"Address already in use", r"\bEADDRINUSE\b", r"Permission denied \(publickey", r"Host key verification failed",
+    r"PasswordAuthentication=no[^\n]*returned non-zero exit status 255", r"Too many open files", r"\bEMFILE\b",
+    r"\bncclInvalidUsage\b", r"\bncclInvalidArgument\b", r"NCCL WARN Could not find", r"mismatch in collective sizes",
+    r"No space left on device", r"\bENOSPC\b",
+)  # fmt: skip
+# Storage/API refused the request itself: credentials, permissions, a bucket or key that does not exist.
+_REQUEST_REFUSED = _rx(
+    r"The specified bucket does not exist", r"\bNoSuchBucket\b", r"\bInvalidAccessKeyId\b", r"\bSignatureDoesNotMatch\b",
+    r"\bExpiredToken\b", r"\bforbidden: User\b", r"cannot (?:get|list|create|watch|patch|delete) resource", r"\b403 Forbidden\b",
+    r"\(403\)\s*Reason: Forbidden", r"\bUnauthorized\b", r"\bAccessDenied\b", r"Access Denied",
+    r"An error occurred \((?:InvalidArgument|InvalidRequest|InvalidBucketName|NoSuchKey|InvalidObjectState)\)",
+    catalogue.USER_REQUEST_MESSAGE.pattern,
+)  # fmt: skip
+# The data is broken: it fails the same way on every read.
+_BAD_DATA = _rx(
+    r"NVJPEG error", r"\bNonMatchingChecksumError\b", r"Checksums didn't match", r"image file is truncated",
+    r"cannot identify image file", r"\bUnidentifiedImageError\b", r"\bDecompressionBombError\b",
+)  # fmt: skip
+# Work on one rank (tokenizing, mapping, evaluating: a progress bar) before a collective timeout.
+_SINGLE_RANK_WORK = _rx(r"\d+%\|", r"Running tokenizer", r"\bTokeniz\w+", r"\bpreprocess\w*", r"\bMap\b[^\n]{0,40}examples")
+
 # Launcher wrappers: their traceback is torchrun's, not the cause.
 _WRAPPERS = {"ChildFailedError", "SignalException", "SystemExit", "KeyboardInterrupt", "CalledProcessError"}
-_CUDA_OOM = _rx(r"CUDA out of memory", r"\bOutOfMemoryError\b", r"CUDA error: out of memory")
+# Device memory exhausted, as torch, CUDA, NCCL, XLA/JAX and TensorFlow say it.
+_CUDA_OOM = _rx(
+    r"CUDA out of memory", r"\bOutOfMemoryError\b", r"CUDA error: out of memory", r"CUDA_ERROR_OUT_OF_MEMORY",
+    r"Cuda failure '?out of memory", r"Resource exhausted: Out\s+of\s+memory", r"RESOURCE_EXHAUSTED: Out\s+of\s+memory",
+    r"Out of memory while trying to allocate", r"Can't allocate \d+ bytes on device", r"\bOOM when allocating tensor",
+    r"failed to allocate [\d.]+[KMG]? \(\d+ bytes\) from device",
+)  # fmt: skip
+# The kernel's OOM killer (a cgroup limit or the host's memory): the job asks for more than it has.
+_HOST_OOM = _rx(
+    r"invoked oom-killer", r"\bmem_cgroup_out_of_memory\b", r"Memory cgroup out of memory", r"Out of memory: Kill(?:ed)? process",
+    r"\boom_kill_process\b", r"\bOOMKilled\b",
+)  # fmt: skip
 _IMPORT_ERROR = re.compile(r"^(?:\[\w*\d+\]:\s*)?(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|TabError)\b:?(.*)$", re.MULTILINE)  # fmt: skip
 _ILLEGAL_ACCESS = _rx(
     r"CUDA error: an illegal memory access was encountered",
@@ -102,7 +194,7 @@ _CONTAINER_LIMIT = _rx(
     r"emptyDir usage exceeds",
 )
 _NODE_LOST = _rx(
-    r"\bNodeLost\b",
+    r"\bNodeLost\b", r"Node is shutting", r"\bNodeShutdown\b",
     r"\bnode\b[^\n]{0,80}\bnot ready\b",
     r"NodeNotReady",
     r"node[^\n]{0,40}unreachable",
@@ -242,7 +334,35 @@ def _evicted(f: Evidence) -> Hit | None:
         return Hit("pod reason Evicted", f.pod_message)
     for reason, message in f.event_texts("Evicted"):
         return Hit(f"event {reason}", message)
+    for cond in f.conditions:
+        if "Evicted" in cond.reason:
+            return Hit(f"condition {cond.type} ({cond.reason})", cond.message)
+    hit = _first(_NODE_PRESSURE, [f.pod_message, *(m for _, m in f.event_texts()), f.log_tail])
+    if hit:
+        return Hit("the node could not keep or admit the pod (node pressure)", hit[0], focus=hit[1])
+    if re.fullmatch(r"OutOf[\w./-]+", f.pod_reason):
+        return Hit(f"pod reason {f.pod_reason} (the node's devices were taken when the pod was admitted)", f.pod_message)
     return None
+
+
+def _collective_timeout(f: Evidence) -> Hit | None:
+    hit = _first(_COLLECTIVE_TIMEOUT, f.log_texts)
+    return Hit("collective timeout (a peer stopped answering)", hit[0], _line_rank(hit[0]), focus=hit[1]) if hit else None
+
+
+def _single_rank_work_timeout(f: Evidence) -> Hit | None:
+    """A collective timed out while this rank's log shows long work of its own (the others waited)."""
+    hit = _first(_COLLECTIVE_TIMEOUT, [f.log_tail])
+    if hit is None:
+        return None
+    before = f.log_tail[: f.log_tail.find(hit[1])]
+    work = _SINGLE_RANK_WORK.search(before)
+    if work is None:
+        return None
+    return Hit(
+        "collective timeout while one rank was still working alone (raise the process-group timeout or "
+        "move the work before init_process_group)", hit[0], _line_rank(hit[0]), focus=hit[1]
+    )
 
 
 def _oom_killed(f: Evidence) -> Hit | None:
@@ -382,6 +502,15 @@ def _user_exception(f: Evidence) -> Hit | None:
     return None
 
 
+def _image_pull_failed(f: Evidence) -> Hit | None:
+    """An image that cannot be pulled (no throttling said): the reference or its credentials are wrong."""
+    texts = [f.pod_reason, f.termination_reason, f.pod_message, *(m for _, m in f.event_texts()), f.log_tail]
+    hit = _first(_rx(r"\bErrImagePull\b", r"\bImagePullBackOff\b", r"Back-off pulling image", r"\bInvalidImageName\b"), texts)
+    if hit is None or _first(_IMAGE_THROTTLED, texts):
+        return None
+    return Hit("image cannot be pulled (ErrImagePull/ImagePullBackOff)", hit[0], focus=hit[1])
+
+
 def _user_exception_line(f: Evidence) -> Hit | None:
     """A bare exception line (no traceback) whose type says the program is wrong."""
     if f.record is not None and f.record.source_given and f.record.source is None:
@@ -465,11 +594,15 @@ RULES: tuple[Rule, ...] = (
     Rule("k8s-preempted", "infra", 1, _preempted, summary="pod reason Preempting, event Preempted"),
     Rule("k8s-evicted", "infra", 1, _evicted, summary="pod reason / event Evicted (node pressure)"),
     Rule("cloud-preemption", "infra", 1, _text_rule(_CLOUD_PREEMPTION, "the cloud provider reclaimed the machine"), summary="spot/preemptible interruption, instance preempted"),  # fmt: skip
+    Rule("node-gone", "infra", 1, _text_rule(_NODE_GONE, "the node died or was removed under the job"), summary="node marked dead, shut down, terminated"),  # fmt: skip
+    Rule("quota-exceeded", "user", 1, _text_rule(_QUOTA, "an account/namespace quota or limit refuses the request"), summary="*LimitExceeded, quota exceeded, service limit"),  # fmt: skip
+    Rule("no-capacity", "infra", 1, _text_rule(_NO_CAPACITY, "the cloud has no capacity for the request right now"), summary="insufficient capacity, stockout"),  # fmt: skip
     Rule("admission-rejected", "user", 1, _text_rule(_ADMISSION_REJECTED, "the Kubernetes API refused the object"), summary="admission webhook denied, quota exceeded, invalid field"),  # fmt: skip
     # 2. The container runtime said why.
     Rule("oom-killed", "user", 2, _oom_killed, summary="termination reason OOMKilled"),
     Rule("image-pull-throttled", "infra", 2, _image_throttled, summary="pull failed: toomanyrequests / 429"),
     Rule("image-missing", "user", 2, _image_missing, summary="pull failed: manifest unknown / not found / unauthorized"),
+    Rule("image-pull-failed", "user", 2, _image_pull_failed, summary="ErrImagePull / ImagePullBackOff, no throttling"),
     Rule("container-config-error", "user", 2, _create_container_config_error, summary="CreateContainerConfigError"),
     Rule("deadline-exceeded", "user", 2, _deadline_exceeded, summary="pod reason DeadlineExceeded"),
     # 3. The trainer said why.
@@ -477,18 +610,26 @@ RULES: tuple[Rule, ...] = (
     Rule("trainer-config-error", "user", 3, _trainer_config_error, summary="error record source config / exit code 2"),
     Rule("trainer-user-error", "user", 3, _trainer_user_record, summary="error record source user"),
     # 4. An exception from the training process.
-    Rule("cuda-oom", "user", 4, _cuda_oom, summary="CUDA out of memory"),
+    Rule("cuda-oom", "user", 4, _cuda_oom, summary="device out of memory (CUDA, NCCL, XLA, TF)"),
+    Rule("host-oom", "user", 4, _text_rule(_HOST_OOM, "the kernel's OOM killer: the job needs more memory than it asked for"), summary="oom-killer, memory cgroup out of memory"),  # fmt: skip
+    Rule("single-rank-work-timeout", "user", 4, _single_rank_work_timeout, summary="collective timeout after one rank's long preprocessing"),  # fmt: skip
     Rule("import-error", "user", 4, _import_error, summary="ModuleNotFoundError / ImportError / SyntaxError"),
+    Rule("environment-mismatch", "user", 4, _text_rule(_ENVIRONMENT, "the image's software does not fit (versions, build, architecture)"), summary="version mismatch, failed extension build, missing library"),  # fmt: skip
     Rule("illegal-memory-access", "user", 4, _illegal_memory_access, summary="CUDA illegal memory access, no Xid/ECC"),
     Rule("invalid-device", "user", 4, _text_rule(_INVALID_DEVICE, "a GPU index that does not exist (device ordinal)"), summary="CUDA invalid device ordinal"),  # fmt: skip
     Rule("checkpoint-mismatch", "user", 4, _text_rule(_CHECKPOINT_MISMATCH, "the checkpoint does not fit the model"), summary="state_dict missing/unexpected keys, size mismatch"),  # fmt: skip
     Rule("shm-too-small", "user", 4, _text_rule(_SHM_TOO_SMALL, "/dev/shm too small for the DataLoader workers"), summary="DataLoader worker Bus error, /dev/shm full"),  # fmt: skip
     Rule("user-exception", "user", 4, _user_exception, summary="traceback through the trainer's/user's frames"),
     Rule("user-exception-line", "user", 4, _user_exception_line, summary="a bare ValueError/KeyError/TypeError... line"),
+    Rule("program-error", "user", 4, _text_rule(_PROGRAM_ERROR, "the program broke a tensor/API contract"), summary="shape/dtype/device mismatch, DDP unused parameters"),  # fmt: skip
+    Rule("launch-config-error", "user", 4, _text_rule(_LAUNCH_CONFIG, "the launch is misconfigured"), summary="address already in use, ssh between nodes"),  # fmt: skip
+    Rule("request-refused", "user", 4, _text_rule(_REQUEST_REFUSED, "storage/API refused the request (credentials, permissions, missing bucket)"), summary="AccessDenied, 403, NoSuchBucket"),  # fmt: skip
+    Rule("bad-data", "user", 4, _text_rule(_BAD_DATA, "the data is broken"), summary="corrupt images, checksum mismatch"),  # fmt: skip
     # 5. Infrastructure log patterns.
     Rule("gpu-hardware", "infra", 5, _gpu_hardware, summary="NVRM Xid (hardware), ECC, unspecified launch failure"),
+    Rule("gpu-node-fault", "infra", 5, _text_rule(_GPU_NODE, "the node's GPU stack is broken"), summary="NVML init failure, driver/library mismatch, GSP timeout"),  # fmt: skip
     Rule(
-        "collective-timeout", "infra", 5, _log_rule(_COLLECTIVE_TIMEOUT, "collective timeout (a peer stopped answering)"),
+        "collective-timeout", "infra", 5, _collective_timeout,
         secondary=True, summary="NCCL/gloo watchdog timeout",
     ),  # fmt: skip
     Rule(
