@@ -10,7 +10,7 @@ from __future__ import annotations
 from airflow.sdk import Asset, dag, task
 
 from operators.callbacks import record_failure
-from operators.pipeline import DATASET_ASSET_NAME, DATASET_ASSET_URI
+from operators.pipeline import ASSET_VERSION_KEY, DATASET_ASSET_NAME, DATASET_ASSET_URI
 from operators.retry import ClassifiedRetryPolicy
 
 DATASET = Asset(DATASET_ASSET_NAME, uri=DATASET_ASSET_URI)
@@ -30,7 +30,8 @@ def publish_dataset():
         from operators import dataset
 
         version = dataset.publish()
-        outlet_events[DATASET].extra = {"version": version}
+        # train_pipeline's Asset-triggered run trains exactly this version (dataset_version_of_run).
+        outlet_events[DATASET].extra = {ASSET_VERSION_KEY: version}
         return version
 
     publish()

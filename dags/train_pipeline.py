@@ -12,7 +12,9 @@ from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param,
 
 from operators.callbacks import record_failure
 from operators.evaluation import EvaluateModelOperator
-from operators.pipeline import DATASET_ASSET_NAME, DATASET_ASSET_URI, POOL, defaults
+from operators.pipeline import (
+    DATASET_ASSET_NAME, DATASET_ASSET_URI, NOT_NAN, POOL, check_params, dataset_version_of_run, defaults,
+)  # fmt: skip
 from operators.promotion import PromoteModelOperator
 from operators.retry import ClassifiedRetryPolicy
 from operators.training import GangTrainingOperator, gang_task_id
@@ -47,6 +49,43 @@ SCHEDULE = (
 )
 
 
+PARAMS = {
+    "dataset_version": Param(
+        DEFAULTS.dataset_version, type="string", pattern="^[0-9a-f]{32}$",
+        title="Dataset version", description="DVC md5 of the dataset (default: the version pinned in dvc.lock).",
+    ),
+    "world_size": Param(
+        DEFAULTS.world_size, type="integer", minimum=1, maximum=256,
+        title="World size", description="Training ranks; they start together or not at all.",
+    ),
+    "backend": Param(
+        "local", type="string", enum=["local", "kubernetes"],
+        title="Backend", description="local: torchrun on this machine; kubernetes: a JobSet/Volcano gang.",
+    ),
+    "max_steps": Param(DEFAULTS.max_steps, type="integer", minimum=1, maximum=10_000_000, title="Max steps"),
+    "learning_rate": Param(
+        DEFAULTS.learning_rate, type="number", exclusiveMinimum=0, maximum=10, title="Learning rate", **NOT_NAN,
+    ),
+    "batch_size": Param(
+        DEFAULTS.batch_size, type="integer", minimum=1, maximum=65536, title="Global batch size",
+        description="Samples per step across all ranks; each rank takes batch_size / world_size.",
+    ),
+    "checkpoint_every_steps": Param(
+        DEFAULTS.checkpoint_every_steps, type="integer", minimum=1, maximum=10_000_000,
+        title="Checkpoint every N steps", description="A retry resumes from the last checkpoint: at most this many steps are lost.",
+    ),
+    "promotion_floor": Param(
+        DEFAULTS.promotion_floor, type="number", minimum=0, maximum=1, **NOT_NAN,
+        title="Promotion floor", description="Test accuracy a candidate needs at least to be promoted.",
+    ),
+    "min_improvement": Param(
+        DEFAULTS.min_improvement, type="number", minimum=0, exclusiveMaximum=1, **NOT_NAN,
+        title="Minimum improvement", description="A candidate must beat the champion's accuracy by more than this.",
+    ),
+}  # fmt: skip
+SCHEMAS = {name: param.schema for name, param in PARAMS.items()}
+
+
 @dag(
     dag_id="train_pipeline",
     schedule=SCHEDULE,
@@ -54,52 +93,29 @@ SCHEDULE = (
     max_active_runs=1,
     doc_md=DOC,
     tags=["gangflow", "training", "mlops"],
-    render_template_as_native_obj=True,
+    # Templates render to strings: native rendering would re-parse them as Python literals and
+    # turn the valid version 12345678901234567890123456e78901 into inf (and all-digit md5s into
+    # ints). Operators convert and check their numeric fields themselves.
+    render_template_as_native_obj=False,
+    user_defined_macros={"dataset_version_of_run": dataset_version_of_run},
     default_args={
         "retries": DEFAULTS.retries,
         "retry_policy": ClassifiedRetryPolicy(base_delay=timedelta(seconds=DEFAULTS.retry_base_delay_s)),
         "on_failure_callback": record_failure,
     },
-    params={
-        "dataset_version": Param(
-            DEFAULTS.dataset_version, type="string", pattern="^[0-9a-f]{32}$",
-            title="Dataset version", description="DVC md5 of the dataset (default: the version pinned in dvc.lock).",
-        ),
-        "world_size": Param(
-            DEFAULTS.world_size, type="integer", minimum=1, maximum=256,
-            title="World size", description="Training ranks; they start together or not at all.",
-        ),
-        "backend": Param(
-            "local", type="string", enum=["local", "kubernetes"],
-            title="Backend", description="local: torchrun on this machine; kubernetes: a JobSet/Volcano gang.",
-        ),
-        "max_steps": Param(DEFAULTS.max_steps, type="integer", minimum=1, maximum=10_000_000, title="Max steps"),
-        "learning_rate": Param(
-            DEFAULTS.learning_rate, type="number", exclusiveMinimum=0, maximum=10, title="Learning rate",
-        ),
-        "batch_size": Param(
-            DEFAULTS.batch_size, type="integer", minimum=1, maximum=65536, title="Global batch size",
-            description="Samples per step across all ranks; each rank takes batch_size / world_size.",
-        ),
-        "checkpoint_every_steps": Param(
-            DEFAULTS.checkpoint_every_steps, type="integer", minimum=1, maximum=10_000_000,
-            title="Checkpoint every N steps", description="A retry resumes from the last checkpoint: at most this many steps are lost.",
-        ),
-        "promotion_floor": Param(
-            DEFAULTS.promotion_floor, type="number", minimum=0, maximum=1,
-            title="Promotion floor", description="Test accuracy a candidate needs at least to be promoted.",
-        ),
-        "min_improvement": Param(
-            DEFAULTS.min_improvement, type="number", minimum=0, exclusiveMaximum=1,
-            title="Minimum improvement", description="A candidate must beat the champion's accuracy by more than this.",
-        ),
-    },
-)  # fmt: skip
+    params=PARAMS,
+)
 def train_pipeline():
-    validate = DatasetValidationOperator(task_id="validate_dataset", dataset_version="{{ params.dataset_version }}")
+    # An Asset-triggered run trains the version its event carries, any other run its Param.
+    validate = DatasetValidationOperator(
+        task_id="validate_dataset", dataset_version="{{ dataset_version_of_run(params, dag_run) }}"
+    )
 
     @task.branch(task_id="admit_gang")
     def admit_gang(params=None) -> str:
+        # What the form's JSON Schema cannot refuse (NaN, 2.0, batch_size vs world_size), before
+        # any slot or cluster quota is taken.
+        check_params(params, SCHEMAS)
         return gang_task_id(
             backend=params["backend"], world_size=params["world_size"], local_world_sizes=DEFAULTS.local_world_sizes
         )
@@ -131,17 +147,18 @@ def train_pipeline():
         return results[0]
 
     training = training_result()
+    # The weights travel through MLflow (`model_uri`), the test split by content address.
     evaluate = EvaluateModelOperator(
         task_id="evaluate",
-        run_dir=training["run_dir"],
-        test_path="{{ " + MANIFEST + "['test_path'] }}",
+        model_uri=training["model_uri"],
+        dataset=validate.output,
         mlflow_run_id=training["mlflow_run_id"],
     )
     promote = PromoteModelOperator(
         task_id="promote",
         model_name=DEFAULTS.model_name,
-        run_dir=training["run_dir"],
-        test_path="{{ " + MANIFEST + "['test_path'] }}",
+        model_uri=training["model_uri"],
+        dataset=validate.output,
         mlflow_run_id=training["mlflow_run_id"],
         candidate_metrics=evaluate.output,
         floor="{{ params.promotion_floor }}",

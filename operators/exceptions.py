@@ -69,6 +69,11 @@ class GangCapacityError(UserError):
     """The gang can never be admitted (more ranks than the pool or cluster can hold)."""
 
 
+class InvalidParams(UserError):
+    """A DAG run's Params break a rule the trigger form's JSON Schema cannot express (NaN, 2.0 for
+    an integer, a cross-field rule); the message names every offending field."""
+
+
 class GangAdmissionTimeout(InfraError):
     """The gang was not admitted (or not all ranks became Ready) within the timeout."""
 

@@ -16,8 +16,8 @@ from pipeline_runs import FAST, PROJECT_ROOT, finish, pipeline_env, run_pipeline
 HEAVY = ("torch", "mlflow", "great_expectations", "dvc", "pandas")
 
 
-def _python(code: str, home: Path) -> str:
-    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env=pipeline_env(home), capture_output=True, text=True, timeout=120)
+def _python(code: str, home: Path, timeout: float = 120) -> str:
+    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env=pipeline_env(home), capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stdout.strip().splitlines()[-1]
 
@@ -63,6 +63,8 @@ def test_dag_shape_schedule_and_pools(tmp_path):
         ({"learning_rate": -1}, "learning_rate"),
         ({"dataset_version": "v1"}, "dataset_version"),
         ({"max_steps": "many"}, "max_steps"),
+        ({"learning_rate": float("nan")}, "learning_rate"),  # NaN passes every JSON Schema bound
+        ({"promotion_floor": float("nan")}, "promotion_floor"),
     ],
 )
 def test_bad_params_are_refused_naming_the_field(pipeline_home, tmp_path, conf, field):
@@ -79,6 +81,82 @@ def test_impossible_gang_is_refused_with_a_reason(pipeline_home, tmp_path):
     assert code != 0 and summary["failure"]["kind"] == "user"
     assert "world_size=8" in summary["failure"]["reason"] and "2 slots" in summary["failure"]["reason"]
     assert summary["train_attempts"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("conf", "needles"),
+    [
+        # JSON Schema counts 2.0 as an integer: admit_gang must not branch to "train_local_2.0".
+        ({"world_size": 2.0, "max_steps": 60.0}, ["world_size=2.0: must be an integer", "max_steps=60.0: must be an integer"]),
+        ({"world_size": 2, "batch_size": 63}, ["batch_size=63 is not a multiple of world_size=2"]),
+    ],
+)
+def test_params_the_schema_cannot_refuse_are_refused_before_admission(pipeline_home, tmp_path, conf, needles):
+    summary, output, code = run_pipeline(pipeline_home, {**FAST, **conf}, tmp_path / "run.log")
+    assert code != 0 and summary["state"] == "failed", output[-4000:]
+    failure = summary["failure"]
+    assert failure["kind"] == "user" and failure["task_id"] == "admit_gang", summary
+    assert all(needle in failure["reason"] for needle in needles), failure
+    assert summary["train_attempts"] == 0 and "train_local_2.0" not in output
+
+
+@pytest.mark.slow
+def test_a_version_that_reads_as_a_number_stays_a_string(pipeline_home, tmp_path):
+    """Native template rendering turned this valid (absent) version into inf."""
+    version = "12345678901234567890123456e78901"
+    summary, output, code = run_pipeline(pipeline_home, {**FAST, "dataset_version": version}, tmp_path / "run.log")
+    assert code != 0 and summary["failure"]["task_id"] == "validate_dataset", summary
+    assert version in summary["failure"]["reason"] and "inf" not in summary["failure"]["reason"], summary
+
+
+ASSET_RUN = """
+import json
+from operators import demo, embedded
+embedded.apply()  # before anything imports airflow: it binds its config at import
+from operators.pipeline import DATASET_ASSET_NAME, DATASET_ASSET_URI
+import airflow.models.dagrun as dagrun_module
+from airflow.assets.manager import AssetManager
+from airflow.sdk import Asset
+
+VERSION = {version!r}
+create = dagrun_module.get_or_create_dagrun
+
+
+def asset_triggered(**kwargs):
+    # dag.test() makes its own run; give it what the scheduler gives an Asset-triggered run: the
+    # event publish_dataset's outlet records (through the same AssetManager call), consumed by the run.
+    run = create(**kwargs)
+    session = kwargs["session"]
+    event = AssetManager.register_asset_change(
+        asset=Asset(DATASET_ASSET_NAME, uri=DATASET_ASSET_URI), extra={{"version": VERSION}}, session=session
+    )
+    assert event is not None, "the dataset Asset is not registered"
+    run.consumed_asset_events.append(event)
+    session.commit()
+    return run
+
+
+dagrun_module.get_or_create_dagrun = asset_triggered
+from airflow.dag_processing.dagbag import DagBag
+
+dag = DagBag(dag_folder="dags/train_pipeline.py").dags["train_pipeline"]
+# Past validation nothing matters here: mark the rest done rather than train.
+run = dag.test(mark_success_pattern="^(admit_gang|train_|training_result|evaluate|promote)")
+print(json.dumps(demo.summarize(run) | {{"default": dag.params["dataset_version"]}}, default=str))
+"""
+
+
+@pytest.mark.slow
+def test_an_asset_triggered_run_trains_the_events_version(pipeline_home):
+    """A real asset event (AssetManager, as publish_dataset's outlet records it), consumed by the run:
+    validation gets the event's version (absent from DVC here, so it fails naming it), not the
+    parse-time default of the Param."""
+    version = "0123456789abcdef0123456789abcdef"
+    summary = json.loads(_python(ASSET_RUN.format(version=version), pipeline_home, timeout=600))
+    assert summary["default"] != version
+    assert summary["state"] == "failed" and summary["failure"]["task_id"] == "validate_dataset", summary
+    assert version in summary["failure"]["reason"], summary
 
 
 @pytest.mark.slow
