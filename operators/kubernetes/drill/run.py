@@ -312,8 +312,24 @@ class Drill:
             echo(f"drill: kept {self.dir} (report.json, pods/*/container.log, mlflow/, s3/moto.log)")
 
 
-def _on_signal(signum, frame):  # SIGTERM/SIGHUP: unwind through `finally`, which stops everything
-    raise SystemExit(128 + signum)
+_INTERRUPTED = {"failure": {"kind": "interrupted", "reason": "the drill was stopped by a signal; everything it started was stopped"}}
+
+
+def _stop_on_signal(drill: Drill):
+    """SIGTERM/SIGHUP: stop every server and pod now, say so, exit. Done in the handler rather than
+    by unwinding: Airflow's in-process task runner may swallow a SystemExit raised inside a task."""
+
+    def handler(signum, frame):
+        signal.signal(signum, signal.SIG_IGN)
+        try:
+            drill.close(remove=False)
+        finally:
+            summary = {"state": "failed", "backend": "kubernetes", "train_attempts": 0, "promoted": False, **_INTERRUPTED}
+            print(json.dumps(summary), flush=True)
+            os._exit(128 + signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -335,14 +351,13 @@ def main(argv: list[str] | None = None) -> int:
     # the fault goes to the emulated pods only; the real backend never forwards GANGFLOW_FAULT
     fault = os.environ.pop("GANGFLOW_FAULT", "")
     os.environ.pop("GANGFLOW_ALLOW_FAULTS", None)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _on_signal)
     summary: dict[str, Any] = {"state": "failed", "backend": "kubernetes", "train_attempts": 0, "promoted": False}
     try:
         drill = Drill(keep=args.keep, fault=fault, conf=conf)
     except DrillError as exc:
         print(json.dumps(summary | {"failure": {"kind": "user", "reason": str(exc)}}), flush=True)
         return 2
+    _stop_on_signal(drill)
     echo(f"drill {drill.id}: files in {drill.dir}; worker state dir {drill.state}" + (f"; fault for the pods: {fault}" if fault else ""))
     ok, code = False, 1
     try:
@@ -350,9 +365,9 @@ def main(argv: list[str] | None = None) -> int:
         summary = drill.run()
         ok = summary.get("state") == "success"
         code = 0 if ok else 1
-    except (SystemExit, KeyboardInterrupt) as exc:  # a signal: stop everything, still say what happened
-        code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 130
-        summary["failure"] = {"kind": "interrupted", "reason": f"the drill was interrupted (exit {code}); everything it started was stopped"}
+    except KeyboardInterrupt:  # Ctrl-C: stop everything, still say what happened
+        code = 130
+        summary |= _INTERRUPTED
     except Exception as exc:  # servers that did not start, DVC, S3: named, and everything stopped
         traceback.print_exc()
         summary["failure"] = {"kind": "drill", "reason": f"{type(exc).__name__}: {exc}"}
