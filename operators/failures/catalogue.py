@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import re
+import sys
 from collections.abc import Iterator
 from typing import Literal
 
@@ -62,8 +63,10 @@ TRANSIENT_ERRNOS: frozenset[int] = frozenset(
     if hasattr(errno, name)
 )  # fmt: skip
 # getaddrinfo's EAI_AGAIN ("Temporary failure in name resolution") is transient by definition;
-# EAI_NONAME ("Name or service not known") is most often a wrong host name (a user's MASTER_ADDR).
+# EAI_NONAME ("Name or service not known") too in practice: on Kubernetes a peer's DNS record
+# appears only once its pod runs, and resolvers fail intermittently (corpus train cases).
 EAI_AGAIN = -3
+EAI_NONAME = -2
 
 # Exception class names that only infrastructure raises: infra wherever they were raised.
 INFRA_EXCEPTION_NAMES: frozenset[str] = frozenset({
@@ -145,6 +148,8 @@ def transient_errno(number: object) -> str | None:
         return errno.errorcode.get(number, str(number))
     if number == EAI_AGAIN:
         return "EAI_AGAIN"
+    if number == EAI_NONAME:
+        return "EAI_NONAME"
     return None
 
 
@@ -190,7 +195,8 @@ STORAGE = _rx(
     r"\bSLOW_DOWN\b", r"\bTHROTTLING\b", r"\bSERVICE_UNAVAILABLE\b",  # the AWS C++ SDK's (Arrow, Ray) spelling
 )  # fmt: skip
 NETWORK = _rx(
-    r"Temporary failure in name resolution", r"\bEAI_AGAIN\b", r"\bConnectionError\b",
+    r"Temporary failure in name resolution", r"\bEAI_AGAIN\b", r"Name or service not known", r"\bEAI_NONAME\b",
+    r"nodename nor servname provided", r"\bConnectionError\b",
     r"ConnectionRefusedError", r"ConnectionResetError", r"ConnectionAbortedError", r"NewConnectionError",
     r"Max retries exceeded with url", r"RemoteDisconnected", r"Remote end closed connection", r"Connection timed out",
     r"\bETIMEDOUT\b", r"\bECONNRESET\b", r"\bECONNREFUSED\b", r"Network is (?:unreachable|down)", r"No route to host",
@@ -331,7 +337,7 @@ def _transient_one(exc: BaseException) -> str | None:
         return f"{name} (a connection error)"
     if isinstance(exc, OSError) and exc.errno is not None:
         why = transient_errno(exc.errno)
-        if why == "EAI_AGAIN" and name != "gaierror":
+        if why in ("EAI_AGAIN", "EAI_NONAME") and name != "gaierror":
             why = None
         if why:
             return f"{name} errno {why}"
@@ -395,12 +401,16 @@ _FRAMEWORK_DIRS = re.compile(
 )
 
 
+_PACKAGES = re.compile(r"(?:^|/)(?:site|dist)-packages/|/lib(?:64)?/python|(?:^|/)runpy\.py$")
+
+
 def is_library_path(path: str) -> bool:
     """Whether a traceback frame's file is library code (site-packages, stdlib, a framework)."""
     norm = path.replace("\\", "/")
     if norm.startswith("<"):
         return True
-    markers = ("/site-packages/", "/dist-packages/", "/lib/python", "/lib64/python", "/runpy.py")
-    if any(m in norm for m in markers) or _FRAMEWORK_DIRS.search(norm):
+    if _PACKAGES.search(norm) or _FRAMEWORK_DIRS.search(norm):
         return True
+    if "/" not in norm and norm.endswith(".py") and norm[:-3] in sys.stdlib_module_names:
+        return True  # a frozen or relocated interpreter prints stdlib frames as bare "socket.py"
     return norm.rsplit("/", 2)[-2:-1] == ["bin"]

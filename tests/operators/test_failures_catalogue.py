@@ -54,7 +54,7 @@ def test_http_status_classes(status, kind):
         (OSError(errno.EIO, "Input/output error"), True),
         (OSError(errno.ESTALE, "Stale file handle"), True),
         (socket.gaierror(-3, "Temporary failure in name resolution"), True),
-        (socket.gaierror(-2, "Name or service not known"), False),
+        (socket.gaierror(-2, "Name or service not known"), True),  # a peer's DNS record not there yet
         (OSError(errno.ENOENT, "No such file or directory"), False),
         (PermissionError(errno.EACCES, "Permission denied"), False),
         (ValueError("Connection reset by peer"), False),
