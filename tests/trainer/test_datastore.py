@@ -142,3 +142,12 @@ def test_fetch_from_s3(s3, remote, tmp_path):
     assert got["test.parquet"].read_bytes() == FILES["test.parquet"]
     with pytest.raises(DatasetNotFound, match="is not on the remote s3://"):
         dir_listing(f"{bucket}/dvc", "e" * 32)
+
+
+def test_a_rank_imports_only_what_it_needs():
+    """No mlflow (rank 0 imports it only with a tracking URI), no fsspec/s3fs for a local run dir
+    and local data, no Airflow: what the entry point and the loop import by themselves."""
+    code = ("import sys, trainer.__main__, trainer.loop; "
+            "print(sorted(m for m in ('mlflow', 'fsspec', 's3fs', 'boto3', 'airflow', 'dvc', 'dvc_data') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -261,3 +261,18 @@ def test_default_config_reaches_95_percent_with_mlflow(h, work, digits):
     assert run.data.metrics["test_accuracy"] == pytest.approx(acc)
     assert len(client.get_metric_history(run_id, "loss")) == 60
     assert {"samples_per_sec", "checkpoint_duration_s", "checkpoint_bytes"} <= set(run.data.metrics)
+
+
+def test_finished_checkpoint_under_other_data_is_refused(h, work, reference, digits):
+    """Issue 12.3: resuming a (finished) checkpoint made with other data would publish its weights
+    under this run's data; the trainer refuses, naming both md5s."""
+    from trainer.data import file_md5
+
+    run_dir = copy_run(reference, work / "other-data", keep={60})
+    other = work / "other-train.parquet"
+    shutil.copy(digits / "test.parquet", other)  # a valid dataset, another md5
+    out = h.run(run_dir, sets=(f"data.train_path={other}", *h.SMALL), nproc=None)
+    assert out.returncode != 0, out.stdout[-3000:]
+    assert (f"was made with data.train_md5='{file_md5(digits / 'train.parquet')}'; this run has "
+            f"data.train_md5='{file_md5(other)}'") in out.stdout, out.stdout[-3000:]
+    assert not (run_dir / "final").exists()
