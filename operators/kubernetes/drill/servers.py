@@ -161,7 +161,10 @@ class MlflowServer(Server):
 
     def env(self) -> dict[str, str]:
         # the server is the cluster's: nothing of the worker's MLflow/Airflow settings leaks in
-        return {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "AIRFLOW", "GANGFLOW_"))}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "AIRFLOW", "GANGFLOW_"))}
+        # no job runner: it starts seven huey consumers, which tracking and artifacts do not need
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
+        return env
 
     def ready_path(self) -> str:
         return "/health"
