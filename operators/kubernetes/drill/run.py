@@ -171,13 +171,14 @@ def isolation_findings(runs, state: Path) -> list[str]:
     or one named in what it was started with."""
     from operators.kubernetes.drill.audit_hook import read
 
+    names_state = re.compile(re.escape(str(state).rstrip("/")) + r"(?![^/\s:;,'\"])")  # the dir itself or below it
     findings = []
     for run in runs:
         for path in read(run.audit_path):
             if under(path, state):
                 findings.append(f"pod {run.name} opened {path}")
         for item in [*run.argv, *run.env.values()]:
-            if str(state) in item:
+            if names_state.search(item):
                 findings.append(f"pod {run.name} was started with {item!r}")
     return findings
 

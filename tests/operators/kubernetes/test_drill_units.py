@@ -240,3 +240,17 @@ def test_dag_test_resume_keeps_defer_kwargs_with_the_event(monkeypatch):
         return {"event": event.payload} if event else msg.next_kwargs
 
     assert run_task_like() == {"handle": {"name": "g-t1"}, "spec": {"attempt": 1}, "event": payload}
+
+
+def test_isolation_findings_name_every_state_dir_access(tmp_path):
+    from types import SimpleNamespace
+
+    from operators.kubernetes.drill.run import isolation_findings
+
+    state = tmp_path / "state"
+    audit = tmp_path / "audit.paths"
+    audit.write_text(f"/usr/lib/x.so\n{state}/mlflow.db\n{state}-other/file\n{state}\n")
+    clean = SimpleNamespace(name="p0", audit_path=tmp_path / "none.paths", argv=["torchrun", f"--x={state}-other"], env={"HOME": "/tmp"})
+    dirty = SimpleNamespace(name="p1", audit_path=audit, argv=["torchrun", "--run-dir", f"{state}/runs/g"], env={"A": "1"})
+    findings = isolation_findings([clean, dirty], state)
+    assert findings == [f"pod p1 opened {state}/mlflow.db", f"pod p1 opened {state}", f"pod p1 was started with '{state}/runs/g'"]
