@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 TORCHRUN = str(Path(PY).with_name("torchrun"))
+PROBE = Path(__file__).resolve().parent / "probe"
 _STARTED = time.monotonic()
 
 
@@ -147,3 +148,84 @@ def warm_up(scratch: Path, world_size: int = 2) -> None:
         note(f"warm-up run (not counted): {r['wall_s']:.1f}s")
     except RuntimeError as exc:
         note(f"warm-up run failed (ignored): {str(exc).splitlines()[0]}")
+
+
+# -- start-up probe (benchmarks/probe/sitecustomize.py) -----------------------------------------
+
+
+def probe_env(folder: Path) -> dict[str, str]:
+    """Environment that makes every Python process under it (torchrun's agent, the ranks, an
+    Airflow task process) record its phases into `folder` (see probe/sitecustomize.py)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = os.pathsep.join(p for p in (str(PROBE), os.environ.get("PYTHONPATH", "")) if p)
+    return {"GANGFLOW_BENCH_PROBE": str(folder), "PYTHONPATH": path}
+
+
+def probe_marks(folder: Path) -> list[dict[str, float]]:
+    """Per process: {mark: first time seen}, with "argv0"."""
+    out = []
+    for path in sorted(Path(folder).glob("*.jsonl")):
+        marks: dict = {}
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            marks.setdefault(row["mark"], row["t"])
+            marks.setdefault("argv0", row.get("argv0", ""))
+            marks.setdefault("rank", row.get("rank"))
+        out.append(marks)
+    return out
+
+
+def _span(m: dict, name: str) -> float:
+    b, e = m.get(f"{name}:begin"), m.get(f"{name}:end")
+    return (e - b) if b is not None and e is not None else 0.0
+
+
+def rank0_phases(folder: Path, t0: float) -> dict:
+    """Rank 0's start-up phases (seconds) from the probe, `t0` being the torchrun launch:
+    torchrun_agent (launch -> rank process exists), interpreter, imports (-> trainer main),
+    data_md5 (-> resolve_data returned), rendezvous, data_load, optimizer_dynamo (torch._dynamo
+    import, triggered by the first torch.optim optimizer), mlflow (MlflowSink init), checkpoint_load,
+    other (the rest up to the end of the first step); plus close_s (Trainer.close: tracking flush)."""
+    ranks = [m for m in probe_marks(folder) if "call:main:begin" in m]
+    if not ranks:
+        return {}
+    m = next((r for r in ranks if r.get("rank") == "0"), ranks[0])  # torchrun sets RANK
+    first = m.get("call:first_step:end")
+    out = {
+        "launch_to_first_step_s": (first - t0) if first else None,
+        "torchrun_agent_s": m.get("process_start", m["site"]) - t0,
+        "interpreter_s": m["site"] - m.get("process_start", m["site"]),
+        "imports_s": m["call:main:begin"] - m["site"],
+        "torch_import_s": _span(m, "import:torch"),
+        "data_md5_s": m.get("call:data_resolve_md5:end", m["call:main:begin"]) - m["call:main:begin"],
+        "rendezvous_s": _span(m, "call:rendezvous"),
+        "data_load_s": _span(m, "call:data_load"),
+        "optimizer_dynamo_s": _span(m, "import:torch._dynamo"),
+        "mlflow_s": _span(m, "call:mlflow_connect"),
+        "mlflow_import_s": _span(m, "import:mlflow"),
+        "checkpoint_load_s": _span(m, "call:checkpoint_load"),
+        "close_s": _span(m, "call:close"),
+    }
+    if first:
+        named = ("torchrun_agent_s", "interpreter_s", "imports_s", "data_md5_s", "rendezvous_s", "data_load_s",
+                 "optimizer_dynamo_s", "mlflow_s", "checkpoint_load_s")  # fmt: skip
+        out["other_s"] = out["launch_to_first_step_s"] - sum(out[k] for k in named)
+    if "atexit" in m and "call:close:end" in m:
+        out["close_to_exit_s"] = m["atexit"] - m["call:close:end"]
+    return out
+
+
+def task_process_phases(folder: Path) -> dict:
+    """The Airflow task process's (dag.test's) MLflow costs before the launch, from the probe."""
+    procs = [m for m in probe_marks(folder) if "call:op_execute:begin" in m]
+    if not procs:
+        return {}
+    m = procs[0]
+    # MLflow imported by an earlier task of the same dag.test process is not the training task's cost
+    imported_in_task = m.get("import:mlflow:begin", 0.0) >= m["call:op_execute:begin"]
+    return {"op_mlflow_import_s": _span(m, "import:mlflow") if imported_in_task else 0.0,
+            "op_mlflow_run_s": _span(m, "call:op_mlflow_run"),
+            "op_finish_s": _span(m, "call:op_finish")}  # fmt: skip

@@ -47,7 +47,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    PY, ROOT, bare_torchrun, clean_env, last_json_line, note, phases, safetensors_digest, summary, utc_epoch, warm_up,
+    PY, ROOT, bare_torchrun, clean_env, last_json_line, note, phases, probe_env, rank0_phases, safetensors_digest, summary,
+    task_process_phases, utc_epoch, warm_up,
 )
 
 DAG_FILE = ROOT / "dags" / "train_pipeline.py"
@@ -174,12 +175,13 @@ def task_instance(home: Path, run_id: str, task_id: str) -> dict:
     return {"state": state, "start": utc_epoch(start), "end": utc_epoch(end), "try_number": tries}
 
 
-def run_task_side(home: Path, conf: dict, log: Path) -> dict:
+def run_task_side(home: Path, conf: dict, log: Path, probe: Path | None = None) -> dict:
     """One `dag.test()` of train_pipeline; the training task's times from the metadata DB."""
     task_id = f"train_local_{conf['world_size']}"
+    env = pipeline_env(home) | (probe_env(probe) if probe else {})
     t0 = time.time()
     with open(log, "w") as out:
-        code = subprocess.run([PY, "-m", "operators.demo", "--conf", json.dumps(conf)], cwd=ROOT, env=pipeline_env(home),
+        code = subprocess.run([PY, "-m", "operators.demo", "--conf", json.dumps(conf)], cwd=ROOT, env=env,
                               stdout=out, stderr=subprocess.STDOUT, timeout=900).returncode  # fmt: skip
     dag_wall = time.time() - t0
     text = log.read_text()
@@ -207,6 +209,8 @@ def run_task_side(home: Path, conf: dict, log: Path) -> dict:
         "world_size": int(launch.group(2)),
     }
     out["tail_s"] = split.get("tail_s")  # final event -> task end: torchrun exit, XCom push, state update
+    if probe:
+        out |= {f"detail_{k}": v for k, v in (rank0_phases(probe, launched) | task_process_phases(probe)).items()}
     return out
 
 
@@ -237,7 +241,7 @@ def bench_task(home: Path, *, reps: int, steps: int, world_size: int, every: int
 
     def do_task(i: int) -> None:
         nonlocal args
-        r = run_task_side(home, conf, logs / f"task-{i}.log")
+        r = run_task_side(home, conf, logs / f"task-{i}.log", probe=home / "probe" / f"task-{i}")
         args = args or bare_args(r["trainer_args"])
         task.append(r)
         digests.append(safetensors_digest(Path(r["run_dir"]) / "final" / "model.safetensors"))
@@ -247,10 +251,12 @@ def bench_task(home: Path, *, reps: int, steps: int, world_size: int, every: int
 
     def do_bare(i: int, mlflow: bool) -> None:
         run_dir = home / "bare" / f"{'mlflow' if mlflow else 'plain'}-{i}"
-        env = clean_env()
+        probe = home / "probe" / f"bare-{'mlflow-' if mlflow else ''}{i}"
+        env = clean_env(**probe_env(probe))
         if mlflow:
             env |= {"MLFLOW_TRACKING_URI": f"sqlite:///{home / 'mlflow.db'}", "MLFLOW_RUN_ID": run_ids[i]}
         r = bare_torchrun(run_dir, args, world_size=world_size, env=env, log=logs / f"bare-{'mlflow-' if mlflow else ''}{i}.log")
+        r |= {f"detail_{k}": v for k, v in rank0_phases(probe, r["t0"]).items()}
         (bare_ml if mlflow else bare).append(r)
         digests.append(safetensors_digest(run_dir / "final" / "model.safetensors"))
         note(f"rep {i + 1}: bare torchrun{' + MLflow' if mlflow else ''} {r['wall_s']:.2f}s (start-up {r.get('startup_s', 0):.2f}s, "
@@ -268,7 +274,8 @@ def bench_task(home: Path, *, reps: int, steps: int, world_size: int, every: int
     pairs = [t["wall_s"] / b["wall_s"] for t, b in zip(task, bare)]
 
     def phase_medians(rows: list[dict]) -> dict:
-        keys = ("wall_s", "pre_launch_s", "startup_s", "train_to_final_s", "tail_s", "train_s")
+        keys = ["wall_s", "pre_launch_s", "startup_s", "train_to_final_s", "tail_s", "train_s"]
+        keys += sorted({k for r in rows for k in r if k.startswith("detail_")})
         return {k: round(statistics.median(r[k] for r in rows), 3) for k in keys if all(r.get(k) is not None for r in rows)}
 
     out = {
@@ -286,8 +293,31 @@ def bench_task(home: Path, *, reps: int, steps: int, world_size: int, every: int
         out["train_task_over_bare_mlflow"] = round(statistics.median(t["wall_s"] / b["wall_s"] for t, b in zip(task, bare_ml)), 4)
         out["bare_mlflow_over_bare"] = round(statistics.median(m["wall_s"] / b["wall_s"] for m, b in zip(bare_ml, bare)), 4)
         out["phases"]["bare_torchrun_mlflow"] = phase_medians(bare_ml)
+    out["task_minus_bare_s"] = where_the_gap_goes(out["phases"])
     out["dag_test_seconds"] = summary([t["dag_test_wall_s"] for t in task], 2)
     return out
+
+
+def where_the_gap_goes(ph: dict) -> dict:
+    """Task minus bare torchrun, per phase (medians, seconds): where the training task's extra time goes."""
+    t, b = ph["train_task"], ph["bare_torchrun"]
+
+    def d(key: str, side: dict = b) -> float | None:
+        return round(t[key] - side.get(key, 0.0), 3) if key in t else None
+
+    gap = {
+        "total": d("wall_s"),
+        "pre_launch (task only)": t.get("pre_launch_s"),
+        "  of which MLflow import in the task process": t.get("detail_op_mlflow_import_s"),
+        "  of which MLflow run lookup/creation (GangTrainingOperator.mlflow_run)": t.get("detail_op_mlflow_run_s"),
+        "startup": d("startup_s"),
+        "  of which the trainer's MLflow sink init (rank 0)": d("detail_mlflow_s"),
+        "  of which torchrun agent": d("detail_torchrun_agent_s"),
+        "train_to_final": d("train_to_final_s"),
+        "tail": d("tail_s"),
+        "  of which Trainer.close (MLflow flush, final artifacts)": d("detail_close_s"),
+    }
+    return {k: v for k, v in gap.items() if v is not None}
 
 
 MEASURES = {
@@ -302,7 +332,9 @@ MEASURES = {
     "bare_side_includes": "spawn of torchrun to its exit: rendezvous, rank start-up (torch import, gloo init), training, final "
     "evaluation and weights, teardown",
     "phases": "pre_launch: TI start -> 'launching gang' log line; startup: launch (bare: spawn) -> trainer 'start' event; "
-    "train_to_final: 'start' -> 'final' event (loop + test evaluation + final/); tail: 'final' event -> TI end (bare: exit)",
+    "train_to_final: 'start' -> 'final' event (loop + test evaluation + final/); tail: 'final' event -> TI end (bare: exit); "
+    "detail_*: rank 0's start-up phases and the task process's MLflow calls, measured from outside the trainer by "
+    "benchmarks/probe/sitecustomize.py (see benchmarks/restart.py)",
 }
 
 

@@ -56,9 +56,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PY, ROOT, TORCHRUN, clean_env, events, note, summary  # noqa: E402
+from common import PY, ROOT, TORCHRUN, clean_env, events, note, probe_env, rank0_phases, summary  # noqa: E402
 
-PROBE = Path(__file__).resolve().parent / "probe"
 STEPS, EVERY, KILL_AT = 300, 50, 60
 
 
@@ -143,57 +142,14 @@ class Task:
         run_dir = self.scratch / f"restart-{i}"
         shutil.copytree(self.template, run_dir, ignore=shutil.ignore_patterns("torchrun"))
         probe = self.scratch / f"probe-{i}"
-        probe.mkdir()
         env = {"MLFLOW_TRACKING_URI": f"sqlite:///{self.scratch / 'mlflow.db'}", "MLFLOW_RUN_ID": self.mlflow_runs[i],
-               "GANGFLOW_BENCH_PROBE": str(probe), "PYTHONPATH": str(PROBE)}  # fmt: skip
+               **probe_env(probe)}  # fmt: skip
         r = self.launch(run_dir, 2, env)
         if not r["succeeded"] or r["resumed_from_step"] is None:
             raise RuntimeError(f"restart {i} did not resume and finish: {r}; see {self.scratch}")
         resume = events(run_dir, "resume")[-1]["time"]
         return {"wall_s": r["wall_s"], "resumed_from_step": r["resumed_from_step"],
                 "launch_to_resume_event_s": resume - r["t0"], **rank0_phases(probe, r["t0"])}  # fmt: skip
-
-
-def rank0_phases(probe: Path, t0: float) -> dict:
-    """Rank 0's phases from the probe's marks (the rank whose process runs the MLflow sink)."""
-    ranks = []
-    for path in probe.glob("*.jsonl"):
-        marks: dict[str, float] = {}
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            marks.setdefault(row["mark"], row["t"])
-        if "call:main:begin" in marks:
-            ranks.append(marks)
-    if not ranks:
-        return {}
-    # rank 0 is the one that connected to MLflow (Tracker is enabled on the main rank only)
-    m = next((r for r in ranks if "call:mlflow_connect:begin" in r), ranks[0])
-
-    def span(name: str) -> float:
-        b, e = m.get(f"{name}:begin"), m.get(f"{name}:end")
-        return (e - b) if b is not None and e is not None else 0.0
-
-    first = m.get("call:first_step:end")
-    out = {
-        "launch_to_first_step_s": (first - t0) if first else None,
-        "torchrun_agent_s": m.get("process_start", m["site"]) - t0,
-        "interpreter_s": m["site"] - m.get("process_start", m["site"]),
-        "imports_s": m["call:main:begin"] - m["site"],
-        "torch_import_s": span("import:torch"),
-        "data_md5_s": m.get("call:data_resolve_md5:end", m["call:main:begin"]) - m["call:main:begin"],
-        "rendezvous_s": span("call:rendezvous"),
-        "data_load_s": span("call:data_load"),
-        "optimizer_dynamo_s": span("import:torch._dynamo"),
-        "mlflow_s": span("call:mlflow_connect"),
-        "mlflow_import_s": span("import:mlflow"),
-        "checkpoint_load_s": span("call:checkpoint_load"),
-    }
-    if first:
-        named = ("torchrun_agent_s", "interpreter_s", "imports_s", "data_md5_s", "rendezvous_s", "data_load_s",
-                 "optimizer_dynamo_s", "mlflow_s", "checkpoint_load_s")  # fmt: skip
-        # mlflow import inside MlflowSink.__init__ is part of mlflow_s already
-        out["other_s"] = out["launch_to_first_step_s"] - sum(out[k] for k in named)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         bare_ratio = [t["launch_to_first_step_s"] / b["launch_to_first_step_s"] for t, b in zip(rows["task_restart"], rows["bare_torchrun"])]
         task_phases = med("task_restart")
         ranked = sorted(((k, v) for k, v in task_phases.items() if k.endswith("_s") and k not in
-                         ("wall_s", "launch_to_first_step_s", "launch_to_resume_event_s", "torch_import_s", "mlflow_import_s")),
+                         ("wall_s", "launch_to_first_step_s", "launch_to_resume_event_s", "torch_import_s", "mlflow_import_s",
+                          "close_s", "close_to_exit_s")),
                         key=lambda kv: -kv[1])  # fmt: skip
         result = {
             "benchmark": "restart",

@@ -3,13 +3,14 @@ changing trainer/.
 
 Python imports `sitecustomize` at start-up from PYTHONPATH. restart.py puts this folder there and
 sets GANGFLOW_BENCH_PROBE to a folder; every Python process started under it (torchrun's agent,
-each rank) then appends JSON lines `{"pid", "argv0", "mark", "t"}` (t: epoch seconds) to
+each rank) then appends JSON lines `{"pid", "rank", "argv0", "mark", "t"}` (t: epoch seconds) to
 `<folder>/<pid>.jsonl`:
 
 * `process_start`: the kernel's start time of this process (/proc, 10 ms resolution);
 * `site`: the interpreter is up (this file runs);
 * `import:<module>:begin|end`: executing the modules in IMPORTS (nested imports included);
-* `call:<name>:begin|end`: the trainer functions in WRAP (the first call of each only).
+* `call:<name>:begin|end`: the trainer functions in WRAP (the first call of each only);
+* `atexit`: the interpreter is shutting down normally (not after os._exit or a signal).
 
 Without GANGFLOW_BENCH_PROBE this file does nothing. Wrapping is by name and skips anything
 missing, so a trainer that moved a function just loses that phase.
@@ -37,14 +38,17 @@ WRAP = {
     "trainer.checkpoint": [("Checkpointer.select", "checkpoint_select"), ("Checkpointer.read", "checkpoint_load")],
     "trainer.tracking": [("MlflowSink.__init__", "mlflow_connect"), ("Tracker.__init__", "tracker_init")],
     "trainer.models": [("mlp", "model_init")],
+    # the Airflow task process (dag.test runs the task in-process)
+    "operators.training": [("GangTrainingOperator.execute", "op_execute"), ("GangTrainingOperator.mlflow_run", "op_mlflow_run"),
+                           ("GangTrainingOperator._finish", "op_finish")],
     "trainer.loop": [("Trainer.__init__", "trainer_init"), ("make_loader", "make_loader"), ("Trainer.resume", "resume"),
                      ("Trainer.train_step", "first_step"), ("Trainer.close", "close")],
 }
 
 
 def _emit(mark: str, t: float | None = None) -> None:
-    line = json.dumps({"pid": os.getpid(), "argv0": " ".join(sys.argv[:3])[:200], "mark": mark,
-                       "t": time.time() if t is None else t})  # fmt: skip
+    line = json.dumps({"pid": os.getpid(), "rank": os.environ.get("RANK"), "argv0": " ".join(sys.argv[:3])[:200],
+                       "mark": mark, "t": time.time() if t is None else t})  # fmt: skip
     with open(os.path.join(_DIR, f"{os.getpid()}.jsonl"), "a") as fh:
         fh.write(line + "\n")
 
@@ -124,3 +128,6 @@ if _DIR:
         _emit("process_start", started)
     _emit("site")
     sys.meta_path.insert(0, _Finder())
+    import atexit
+
+    atexit.register(_emit, "atexit")
