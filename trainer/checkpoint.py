@@ -1,23 +1,26 @@
 """Checkpoints: complete training state, committed atomically, loaded only when intact.
 
-Layout of `DIR/checkpoints/`:
+Layout of `DIR/checkpoints/` (DIR: a local folder or an fsspec URL, see trainer.storage):
 
-    step-200/                  committed (the name appears only by an atomic rename)
+    step-200/                  committed
       model.safetensors        the unwrapped model's state_dict
       optimizer.safetensors    optimizer tensors (e.g. momentum buffers), keys "<param>/<name>"
       state.json               step, epoch, position in the epoch, world size, config, LR
-                               scheduler, optimizer param groups, RNG states of every rank
+                               scheduler, optimizer param groups, RNG states of every rank, and
+                               the run's identity (training-relevant config + data md5s/version)
       manifest.json            written last: size and sha256 of every file above
-    .tmp-step-300-1a2b3c4d/    being written (ignored; removed on the next start)
+    .tmp-step-300-1a2b3c4d/    local disk: being written (ignored; removed on the next start)
     corrupt-step-250-<time>/   a committed checkpoint that failed verification (kept to inspect)
 
 Saving: on the loop thread, `save()` copies the state to CPU (cheap: it is a copy, not a
-serialization); rank 0 then serializes, writes to `.tmp-step-N-*`, fsyncs every file and the
-folder, renames it to `step-N`, fsyncs the parent, and prunes to `keep_last` -- in a background
-thread when `checkpoint.async_save` (one write in flight at most: the next save waits for it).
-Loading: the newest `step-N` whose manifest and checksums verify; a corrupt one is logged,
-moved aside, and the previous one is used. Nothing is unpickled: tensors are safetensors,
-everything else JSON.
+serialization); rank 0 then serializes and commits -- in a background thread when
+`checkpoint.async_save` (one write in flight at most: the next save waits for it) -- and prunes
+to `keep_last`. Local disk: write to `.tmp-step-N-*`, fsync every file and the folder, rename to
+`step-N`, fsync the parent. Object storage (no rename): write the files under `step-N/`, then
+the manifest LAST; a `step-N/` without a manifest is invisible to readers and removed at the
+next start. Loading: the newest `step-N` whose manifest is well-formed and whose checksums
+verify; a corrupt or malformed one is logged, moved aside, and the previous one is used.
+Nothing is unpickled: tensors are safetensors, everything else JSON.
 """
 
 from __future__ import annotations

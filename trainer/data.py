@@ -122,14 +122,18 @@ class DataFiles:
 
     train_path: str
     test_path: str
-    train_md5: str
+    train_md5: str | None
     test_md5: str | None
     version: str = ""  # the dataset version (md5 of the DVC .dir object) when fetched by address
     remote: str = ""
 
     def identity(self) -> dict[str, str | None]:
-        """What makes two runs' data the same (recorded in checkpoints and the model card)."""
-        return {"version": self.version, "train_md5": self.train_md5, "test_md5": self.test_md5}
+        """What makes two runs' data the same (recorded in checkpoints): the md5s, or the
+        train path where there is no file to hash (a custom factory's folder or URL)."""
+        ident = {"version": self.version, "train_md5": self.train_md5, "test_md5": self.test_md5}
+        if self.train_md5 is None:
+            ident["train_path"] = self.train_path
+        return ident
 
     def card(self) -> dict[str, str | None]:
         return {"version": self.version or None, "remote": self.remote or None, "train_path": self.train_path,
@@ -153,6 +157,9 @@ def resolve_data(cfg_data) -> DataFiles:
         train, test = DATASET_FILES
         return DataFiles(str(files[train]), str(files[test]), md5s[train], md5s[test],
                          version=cfg_data.version, remote=cfg_data.remote)
-    train_md5 = check_md5(cfg_data.train_path, cfg_data.train_md5)
+    if cfg_data.train_md5 or Path(cfg_data.train_path).is_file():
+        train_md5 = check_md5(cfg_data.train_path, cfg_data.train_md5)
+    else:  # a custom dataset factory may read a folder or a URL: its path stands for it
+        train_md5 = None
     test_md5 = file_md5(cfg_data.test_path) if Path(cfg_data.test_path).is_file() else None
     return DataFiles(cfg_data.train_path, cfg_data.test_path, train_md5, test_md5)

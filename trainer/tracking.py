@@ -9,7 +9,9 @@ run is env MLFLOW_RUN_ID when set (the Airflow operator creates it; a retry logs
 run), else the run recorded in `DIR/tracking.json` by an earlier attempt, else a new run in
 `tracking.experiment`. Nothing blocks the loop: metrics are queued and a background thread sends
 them with `MlflowClient.log_batch` every `tracking.flush_every_s`. MLflow errors are reported
-once on stderr and never stop training.
+once on stderr and never stop training, except one: with MLFLOW_RUN_ID set, `log_final` logs
+`final/` as the run's artifacts under `final` and a failure there fails the attempt (the
+pipeline loads the weights from there). On object storage metrics.jsonl is rewritten at events.
 """
 
 from __future__ import annotations

@@ -157,3 +157,20 @@ def test_lr_schedule_and_its_state():
     state = json.loads(json.dumps(sched.state_dict()))
     other.load_state_dict({**state, "last_step": 37})
     assert other.get_last_lr()[0] == lrs[37]
+
+
+def test_resolve_data_hashes_files_and_lets_custom_factories_read_folders(tmp_path):
+    from trainer.config import load_config
+    from trainer.data import resolve_data
+    from trainer.datastore import file_md5
+    from trainer.errors import DataError
+
+    train = tmp_path / "train.bin"
+    train.write_bytes(b"rows")
+    data = resolve_data(load_config(None, [f"data.train_path={train}", f"data.test_path={tmp_path / 'none'}"]).data)
+    assert data.train_md5 == file_md5(train) and data.test_md5 is None
+    assert data.identity() == {"version": "", "train_md5": file_md5(train), "test_md5": None}
+    folder = resolve_data(load_config(None, [f"data.train_path={tmp_path}"]).data)  # e.g. a sharded dataset folder
+    assert folder.train_md5 is None and folder.identity()["train_path"] == str(tmp_path)
+    with pytest.raises(DataError, match="data.train_md5 mismatch"):
+        resolve_data(load_config(None, [f"data.train_path={train}", "data.train_md5=" + "0" * 32]).data)
