@@ -305,6 +305,8 @@ def _node_lost(f: Evidence) -> Hit | None:
             return Hit(f"event {reason}", message)
     if _NODE_LOST.search(f.pod_message):
         return Hit("pod message: node not ready", f.pod_message)
+    if "Terminating" in (f.pod_phase, f.pod_reason):  # stuck: its node stopped answering the kubelet's deletes
+        return Hit("pod stuck Terminating (its node stopped answering)", f.pod_message)
     return None
 
 
