@@ -121,7 +121,7 @@ def test_one_runtime_per_team_with_its_own_queue(render):
 
 
 def netpol(objects):
-    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy" and o["metadata"]["name"].endswith("-training")]
     return policy["spec"]
 
 

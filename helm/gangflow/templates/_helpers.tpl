@@ -102,3 +102,11 @@ Fails with the offending value when it cannot be parsed.
 {{- end -}}
 {{- mulf (float64 $num) (get $mult $suffix) -}}
 {{- end -}}
+
+{{/* Pod Security admission labels of a team namespace (podSecurity.level, enforced, audited, warned). */}}
+{{- define "gangflow.podSecurityLabels" -}}
+pod-security.kubernetes.io/enforce: {{ .Values.podSecurity.level }}
+pod-security.kubernetes.io/enforce-version: latest
+pod-security.kubernetes.io/audit: {{ .Values.podSecurity.level }}
+pod-security.kubernetes.io/warn: {{ .Values.podSecurity.level }}
+{{- end -}}
