@@ -1,6 +1,6 @@
 """`make demo`: run `train_pipeline` once on the embedded defaults and print a JSON summary.
 
-The last line of output is one JSON object (DESIGN.md contract 5):
+The last line of output is one JSON object (contract 5, docs/contracts.md):
 `state`, `dataset_version`, `accuracy`, `tracking_uri`, `model_name`, `model_version`,
 `promoted`, `promotion_reason`, `train_attempts`, and on failure `failure: {kind, reason}`;
 the exit code is then non-zero. Honours GANGFLOW_HOME and GANGFLOW_FAULT.

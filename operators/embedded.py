@@ -1,7 +1,7 @@
 """The embedded defaults of one machine, as environment variables for Airflow and MLflow.
 
 `make setup`, `make demo`, `make ui` and the tests all take the environment from here, so
-they agree on one state dir (DESIGN.md: SQLite metadata, LocalExecutor, a small parallelism).
+they agree on one state dir (the embedded defaults: SQLite metadata, LocalExecutor, a small parallelism).
 """
 
 from __future__ import annotations

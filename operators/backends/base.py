@@ -49,7 +49,7 @@ class GangSpec:
 
 @dataclass
 class GangResult:
-    """How the gang ended. `evidence` uses the classifier's keys (DESIGN.md contract 4)."""
+    """How the gang ended. `evidence` uses the classifier's keys (contract 4, docs/contracts.md)."""
 
     succeeded: bool
     exit_code: int | None = None

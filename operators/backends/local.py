@@ -132,7 +132,7 @@ class LocalBackend(GangBackend):
 
     @staticmethod
     def _evidence(exit_code: int, agent_text: str, rank_tails: dict) -> dict:
-        """Classifier evidence (DESIGN.md contract 4): the root-cause rank's fields, all ranks in `ranks`."""
+        """Classifier evidence (contract 4, docs/contracts.md): the root-cause rank's fields, all ranks in `ranks`."""
         ranks = []
         for failure in parse_torchrun_failures(agent_text):
             rank = failure.get("rank")

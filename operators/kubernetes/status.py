@@ -2,7 +2,7 @@
 
 Pure functions over the JSON the API server returns (no client calls), shared by the trigger
 (which decides when the gang has ended) and by `collect` (which turns pods into the failure
-classifier's evidence, DESIGN.md contract 4).
+classifier's evidence, contract 4, docs/contracts.md).
 """
 
 from __future__ import annotations

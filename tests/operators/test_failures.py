@@ -1,4 +1,4 @@
-"""The failure classifier (DESIGN.md contract 4), tested on evidence text quoted from public bug reports.
+"""The failure classifier (contract 4, docs/contracts.md), tested on evidence text quoted from public bug reports.
 
 Each file in tests/operators/evidence/ holds `source` (where such text is seen publicly),
 `expect` ({kind, rule, reason_contains}) and `evidence` (what a backend would collect).

@@ -1,5 +1,5 @@
 """Reading the cluster's words from realistic objects: the fixtures themselves validate against
-the upstream schemas; the evidence has the classifier's keys (DESIGN.md contract 4)."""
+the upstream schemas; the evidence has the classifier's keys (contract 4, docs/contracts.md)."""
 
 from __future__ import annotations
 
