@@ -87,7 +87,10 @@ def test_kill_and_resume_is_bitwise_equal(h, work, reference):
     assert -9 in h.torchrun_exitcodes(first.stdout), first.stdout[-3000:]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-20"]
     assert (run_dir / "faults" / "kill@step=30.fired").is_file()
+    for rank in (0, 1):  # every rank says at start that a fault is armed
+        assert f"fault injection ARMED on rank {rank}: GANGFLOW_FAULT='kill@step=30'" in first.stdout
     second = h.check_ok(h.run(run_dir, GANGFLOW_FAULT="kill@step=30"))  # fires at most once per run dir
+    assert "kill@step=30 already fired in an earlier attempt" in second
     assert RESUME.search(second).group(1) == "20"
     assert "starting from step 0" not in second
     records = h.metrics(run_dir)

@@ -216,3 +216,19 @@ def test_kill_and_resume_on_s3_is_bitwise_equal(h, work, dataset, reference, s3,
     got = Path(client.download_artifacts(run_id, "final", str(work / "dl-http")))
     assert (got / "model.safetensors").read_bytes() == (ref_dir / "final" / "model.safetensors").read_bytes()
     assert list(artifacts.rglob("model_card.json"))
+
+
+def test_error_records_land_on_s3(h, work, s3):
+    """A failing rank's record goes to errors/rank-R.json under an s3:// run dir too."""
+    import fsspec
+
+    bucket = s3.bucket("gangflow-errors")
+    run_dir = f"{bucket}/runs/raised"
+    out = run(h, run_dir, h.SMALL, nproc=None, GANGFLOW_FAULT="raise@step=3", **s3.env)
+    assert out.returncode == 1, out.stdout[-3000:]
+    fs = fsspec.filesystem("s3")
+    fs.invalidate_cache()
+    record = json.loads(fs.cat_file(f"{run_dir.removeprefix('s3://')}/errors/rank-0.json"))
+    assert record["exc_type"] == "ValueError" and record["source"] == "user" and record["step"] == 3
+    events = [json.loads(x) for x in fs.cat_file(f"{run_dir.removeprefix('s3://')}/metrics.jsonl").decode().splitlines()]
+    assert events[0]["event"] == "start"
