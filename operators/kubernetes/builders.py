@@ -159,8 +159,9 @@ def gang_object_name(gang: str, attempt: int, kind: str = "JobSet", world_size: 
 
 
 def _pod_paths(runtime: RuntimeDefaults) -> tuple[str, ...]:
-    """Absolute paths that exist inside a rank's container."""
-    return (APP_DIR, "/tmp", "/dev/shm", runtime.checkpoint.mount_path)
+    """Absolute paths a pod can read input from: the image's /app and the checkpoint mount. Not
+    /tmp or /dev/shm: they start empty in a pod, so a value there names the worker's own /tmp."""
+    return (APP_DIR, runtime.checkpoint.mount_path)
 
 
 def _inside_pod(path: str, runtime: RuntimeDefaults) -> bool:
@@ -175,7 +176,7 @@ def _config_path(spec: GangSpec, runtime: RuntimeDefaults) -> str:
     path = spec.config_path
     if not path.startswith("/"):
         return posixpath.join(APP_DIR, path)
-    if _inside_pod(path, runtime):
+    if posixpath.normpath(path).startswith(APP_DIR + "/"):
         return path
     if posixpath.basename(path) == "params.yaml":
         return posixpath.join(APP_DIR, "params.yaml")

@@ -183,6 +183,14 @@ def test_other_worker_paths_are_refused_naming_them():
         build_gang(spec, _runtime())
     with pytest.raises(WorkerPathError, match="config_path='/srv/team/custom.yaml' is a file on the Airflow worker"):
         build_gang(_worker_spec(config_path="/srv/team/custom.yaml"), _runtime())
+    # /tmp is a pod's own empty scratch: a worker path there is refused too (a clone under /tmp found it)
+    with pytest.raises(WorkerPathError, match="override data.extra='/tmp/airflow/x.parquet'"):
+        build_gang(_worker_spec(overrides=(f"data.version={VERSION}", "data.extra=/tmp/airflow/x.parquet")), _runtime())
+    with pytest.raises(WorkerPathError, match="config_path='/tmp/work/custom.yaml'"):
+        build_gang(_worker_spec(config_path="/tmp/work/custom.yaml"), _runtime())
+    spec = _worker_spec(config_path="/tmp/k2-clone/params.yaml")
+    (container,) = _containers(build_gang(spec, _runtime()).body)
+    assert container["args"][container["args"].index("--config") + 1] == "/app/params.yaml"
     with pytest.raises(ValueError, match="must be the DVC md5"):
         build_gang(_worker_spec(overrides=("data.version=latest",)), _runtime())
 
