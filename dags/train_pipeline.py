@@ -56,7 +56,9 @@ PARAMS = {
     ),
     "world_size": Param(
         DEFAULTS.world_size, type="integer", minimum=1, maximum=256,
-        title="World size", description="Training ranks; they start together or not at all.",
+        title="World size",
+        description="Training processes (ranks); they start together or not at all. On Kubernetes a pod runs "
+        "one per GPU (or the runtime's procsPerPod on CPU pods): pods = world size / processes per pod.",
     ),
     "backend": Param(
         "local", type="string", enum=["local", "kubernetes"],
