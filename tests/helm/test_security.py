@@ -126,6 +126,15 @@ def test_mlflow_egress_when_enabled(render, validate):
     assert not [o for o in render({"mlflow": {"networkPolicy": {"enabled": False}}}) if o["kind"] == "NetworkPolicy" and "mlflow" in o["metadata"]["name"]]
 
 
+def test_tracking_uri_with_credentials_is_refused_by_the_schema(render):
+    import helm_python
+
+    with pytest.raises(helm_python.errors.HelmValuesError) as exc:
+        render({"training": {"mlflowTrackingUri": "https://bob:s3cret@mlflow.example.com"}})
+    assert "mlflowTrackingUri" in str(exc.value)
+    render({"training": {"mlflowTrackingUri": "https://mlflow.example.com/prefix"}})  # without credentials: fine
+
+
 # --- checkov -------------------------------------------------------------------------------------
 
 CHECKOV = os.environ.get("GANGFLOW_CHECKOV") or shutil.which("checkov") or "/tmp/checkov-venv/bin/checkov"

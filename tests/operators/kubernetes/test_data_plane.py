@@ -263,6 +263,14 @@ def test_fault_injection_is_never_forwarded(kind):
 # --- 9.7 lineage ---------------------------------------------------------------------------------
 
 
+def test_image_digest_tag_prefers_the_digest():
+    from operators.backends.kubernetes import image_digest
+
+    assert image_digest("r.example/t@sha256:" + "ab" * 32) == ("sha256:" + "ab" * 32, None)
+    value, warning = image_digest("r.example/t:v1")
+    assert value == "r.example/t:v1" and "not pinned by digest" in warning
+
+
 def test_submit_tags_the_mlflow_run_and_annotates_the_gang(fake_k8s, tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
