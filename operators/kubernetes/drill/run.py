@@ -351,14 +351,23 @@ class Drill:
 
 
 _INTERRUPTED = {"failure": {"kind": "interrupted", "reason": "the drill was stopped by a signal; everything it started was stopped"}}
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
-def _stop_on_signal(drill: Drill):
-    """SIGTERM/SIGHUP: stop every server and pod now, say so, exit. Done in the handler rather than
-    by unwinding: Airflow's in-process task runner may swallow a SystemExit raised inside a task."""
+def _stop_on_signal(drill: Drill) -> None:
+    """SIGTERM/SIGHUP/SIGINT: stop every server and pod now, say so, exit.
+
+    The drill keeps these signals for the whole run: Airflow's in-process task runner (dag.test)
+    installs the task's `on_kill` as the SIGTERM handler and never restores it
+    (airflow/sdk/execution_time/task_runner.py `run`), after which a SIGTERM would kill a gang and
+    let the DAG run retry it instead of stopping the drill. So `signal.signal` is guarded in this
+    process: a request for one of these signals is ignored, the drill's handler stays.
+    """
+    install = signal.signal
 
     def handler(signum, frame):
-        signal.signal(signum, signal.SIG_IGN)
+        for other in _STOP_SIGNALS:
+            install(other, signal.SIG_IGN)
         try:
             drill.close(remove=False)
         finally:
@@ -366,8 +375,14 @@ def _stop_on_signal(drill: Drill):
             print(json.dumps(summary), flush=True)
             os._exit(128 + signum)
 
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, handler)
+    def guarded(signum, action):
+        if signum in _STOP_SIGNALS:
+            return handler
+        return install(signum, action)
+
+    for signum in _STOP_SIGNALS:
+        install(signum, handler)
+    signal.signal = guarded
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,9 +418,6 @@ def main(argv: list[str] | None = None) -> int:
         summary = drill.run()
         ok = summary.get("state") == "success"
         code = 0 if ok else 1
-    except KeyboardInterrupt:  # Ctrl-C: stop everything, still say what happened
-        code = 130
-        summary |= _INTERRUPTED
     except Exception as exc:  # servers that did not start, DVC, S3: named, and everything stopped
         traceback.print_exc()
         summary["failure"] = {"kind": "drill", "reason": f"{type(exc).__name__}: {exc}"}
