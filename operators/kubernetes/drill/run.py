@@ -46,7 +46,6 @@ CONN_ID = "kubernetes_default"
 S3_SECRET = "gangflow-s3"
 MLFLOW_SECRET = "gangflow-mlflow"
 DEFAULT_CONF = {"backend": "kubernetes", "world_size": 2, "max_steps": 120, "checkpoint_every_steps": 10, "promotion_floor": 0.8}
-_RESUMED = re.compile(r"gangflow: resuming from checkpoint step-(\d+)")
 
 
 class DrillError(RuntimeError):
@@ -301,6 +300,7 @@ class Drill:
 
     def run(self) -> dict[str, Any]:
         from operators import demo
+        from operators.backends.local import _RESUMED  # the trainer's resume line, read as the local backend reads it
         from operators.kubernetes.runtime import RuntimeDefaults
         from operators.training import gang_name
 
