@@ -43,7 +43,7 @@ from typing import Any
 
 from operators.kubernetes.drill.api_double import InMemoryKubernetesApi
 from operators.kubernetes.drill.image import Image
-from operators.kubernetes.drill.pods import ContainerConfigError, Rewrites, expand_argv, process_env, resolve_env
+from operators.kubernetes.drill.pods import ContainerConfigError, Rewrites, differences, expand_argv, process_env, resolve_env
 
 JS = ("jobset.x-k8s.io", "jobsets")
 KQ = ("kueue.x-k8s.io", "workloads")
@@ -123,6 +123,8 @@ class PodRun:
             "pod": self.name, "namespace": self.namespace, "dir": str(self.dir),
             "rendered_argv": self.rendered_argv, "argv": self.argv,
             "rendered_env": self.rendered_env, "env": self.env,
+            # what differs between the rendered container and the process: the host and the mounts
+            "rewrites": differences(self.rendered_argv, self.argv) + differences(self.rendered_env, self.env),
             "exit_code": self.exit_code, "started_at": self.started_at, "finished_at": self.finished_at,
         }  # fmt: skip
 

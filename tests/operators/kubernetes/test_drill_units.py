@@ -254,3 +254,10 @@ def test_isolation_findings_name_every_state_dir_access(tmp_path):
     dirty = SimpleNamespace(name="p1", audit_path=audit, argv=["torchrun", "--run-dir", f"{state}/runs/g"], env={"A": "1"})
     findings = isolation_findings([clean, dirty], state)
     assert findings == [f"pod p1 opened {state}/mlflow.db", f"pod p1 opened {state}", f"pod p1 was started with '{state}/runs/g'"]
+
+
+def test_differences_list_what_was_rewritten():
+    from operators.kubernetes.drill.pods import differences
+
+    assert differences(["a", "--h=x:1", "/app/p"], ["a", "--h=127.0.0.1:1", "/i/app/p"]) == [("--h=x:1", "--h=127.0.0.1:1"), ("/app/p", "/i/app/p")]
+    assert differences({"HOME": "/tmp", "A": "1"}, {"HOME": "/p/tmp", "A": "1", "EXTRA": "x"}) == [("HOME=/tmp", "HOME=/p/tmp")]
