@@ -209,6 +209,8 @@ class Drill:
         from operators.kubernetes.drill.servers import MlflowServer, MotoS3Server, free_port
 
         _require_data_plane()
+        if not (settings.airflow_home() / "airflow.db").exists():
+            raise DrillError(f"the state dir {self.state} is not set up (no Airflow database): run `make setup` (or `make cluster-drill`, which does)")
         moto = MotoS3Server(self.dir / "s3")
         mlflow = MlflowServer(self.dir / "mlflow")
         self.servers = [moto, mlflow]
@@ -343,7 +345,7 @@ class Drill:
             self.api.stop()
         for server in reversed(self.servers):
             server.stop()
-        if remove and not self.keep:
+        if (remove or not any(self.dir.iterdir())) and not self.keep:
             make_writable(self.dir)
             shutil.rmtree(self.dir, ignore_errors=True)
         else:
@@ -419,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         ok = summary.get("state") == "success"
         code = 0 if ok else 1
     except Exception as exc:  # servers that did not start, DVC, S3: named, and everything stopped
-        traceback.print_exc()
+        if not isinstance(exc, DrillError):
+            traceback.print_exc()
         summary["failure"] = {"kind": "drill", "reason": f"{type(exc).__name__}: {exc}"}
     finally:
         drill.close(remove=ok)
