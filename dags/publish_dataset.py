@@ -1,7 +1,9 @@
-"""Publish a new dataset version: `dvc repro` the prepare stage, push it to the DVC remote, and
-emit the dataset Asset so that `train_pipeline` runs on the new version.
+"""Publish a new dataset version, one DAG per pipeline (pipelines/*.yaml): `dvc repro` the
+pipeline's prepare stage, push its output to the DVC remote, and emit the pipeline's dataset
+Asset so that its training DAG runs on the new version. The digits pipeline's DAG keeps the id
+`publish_dataset`; another pipeline's is `publish_<name>` unless its file says otherwise.
 
-Manual trigger only (a data engineer runs it after changing data/prepare.py or params.yaml's
+Manual trigger only (a data engineer runs it after changing the prepare code or params.yaml's
 `prepare` section); `dvc repro && dvc push` outside Airflow does the same minus the Asset event.
 """
 
@@ -10,31 +12,35 @@ from __future__ import annotations
 from airflow.sdk import Asset, dag, task
 
 from operators.callbacks import record_failure
-from operators.pipeline import ASSET_VERSION_KEY, DATASET_ASSET_NAME, DATASET_ASSET_URI
+from operators.pipeline import ASSET_VERSION_KEY, PipelineConfig, load_pipelines
 from operators.retry import ClassifiedRetryPolicy
 
-DATASET = Asset(DATASET_ASSET_NAME, uri=DATASET_ASSET_URI)
+
+def build_publish_dag(p: PipelineConfig):
+    asset = Asset(p.dataset_asset, uri=p.dataset_asset_uri)
+
+    @dag(
+        dag_id=p.publish_dag_id,
+        schedule=None,
+        catchup=False,
+        tags=["gangflow", "data", f"pipeline:{p.name}"],
+        doc_md=__doc__,
+        default_args={"retries": 2, "retry_policy": ClassifiedRetryPolicy(), "on_failure_callback": record_failure},
+    )
+    def publish_dataset():
+        @task(outlets=[asset])
+        def publish(outlet_events=None) -> str:
+            from operators import dataset
+
+            version = dataset.publish(stage=p.dataset_stage, out=p.dataset_out)
+            # The training DAG's Asset-triggered run trains exactly this version (dataset_version_of_run).
+            outlet_events[asset].extra = {ASSET_VERSION_KEY: version}
+            return version
+
+        publish()
+
+    return publish_dataset()
 
 
-@dag(
-    dag_id="publish_dataset",
-    schedule=None,
-    catchup=False,
-    tags=["gangflow", "data"],
-    doc_md=__doc__,
-    default_args={"retries": 2, "retry_policy": ClassifiedRetryPolicy(), "on_failure_callback": record_failure},
-)
-def publish_dataset():
-    @task(outlets=[DATASET])
-    def publish(outlet_events=None) -> str:
-        from operators import dataset
-
-        version = dataset.publish()
-        # train_pipeline's Asset-triggered run trains exactly this version (dataset_version_of_run).
-        outlet_events[DATASET].extra = {ASSET_VERSION_KEY: version}
-        return version
-
-    publish()
-
-
-publish_dataset()
+for _config in load_pipelines().values():
+    globals()[_config.publish_dag_id] = build_publish_dag(_config)

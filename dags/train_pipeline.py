@@ -1,7 +1,10 @@
-"""gangflow's training pipeline: validate -> gang train -> evaluate -> promote.
+"""The DAG factory: one training DAG per pipeline file (pipelines/*.yaml, docs/extending.md),
+validate -> gang train -> evaluate -> promote. The digits pipeline's DAG keeps the id
+`train_pipeline`; any other pipeline's is `train_<name>` unless its file says otherwise.
 
 Parsed often by Airflow: imports only airflow.sdk and gangflow's light operator modules (no
-torch, mlflow, great_expectations, dvc or pandas at module level).
+torch, mlflow, great_expectations, dvc or pandas at module level). Adding a pipeline is adding
+a file under pipelines/: nothing here changes.
 """
 
 from __future__ import annotations
@@ -10,171 +13,210 @@ from datetime import timedelta
 
 from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
 
+from operators.backends import register_backend
 from operators.callbacks import record_failure
 from operators.evaluation import EvaluateModelOperator
 from operators.pipeline import (
-    DATASET_ASSET_NAME, DATASET_ASSET_URI, NOT_NAN, POOL, check_params, dataset_version_of_run, defaults,
+    DEFAULT_PIPELINE, NOT_NAN, POOL, PipelineConfig, check_params, dataset_version_of_run, load_pipelines,
 )  # fmt: skip
 from operators.promotion import PromoteModelOperator
 from operators.retry import ClassifiedRetryPolicy
 from operators.training import GangTrainingOperator, gang_task_id
 from operators.validation import DatasetValidationOperator
 
-DEFAULTS = defaults()
-DATASET = Asset(DATASET_ASSET_NAME, uri=DATASET_ASSET_URI)
 MANIFEST = "ti.xcom_pull(task_ids='validate_dataset')"
 
 DOC = """
-### gangflow training pipeline
+### gangflow pipeline `{name}`: {description}
 
-1. **validate_dataset**: resolve the DVC-pinned dataset version, check its bytes against the
-   pinned hash, run the Great Expectations suite (Data Docs under the state dir).
+1. **validate_dataset**: resolve the DVC-pinned version of `{out}`, check its bytes against the
+   pinned hash, run the Great Expectations suite `{suite}` (Data Docs under the state dir).
 2. **admit_gang**: pick the training task for the requested world size and backend, or refuse
    a gang that can never be admitted.
-3. **train_local_N** / **train_kubernetes**: a gang of ranks that start together or not at all
+3. **train_local_N** / **train_<backend>**: a gang of ranks that start together or not at all
    (local: Airflow pool `gangflow_training` with `pool_slots = N`; Kubernetes: Kueue/Volcano).
    Infrastructure failures are retried and resume from the last committed checkpoint; user
    failures fail at once with the reason in the log.
-4. **evaluate**: the final weights on the same version's test split, logged to MLflow.
-5. **promote**: register the model version and move the `champion` alias only when the
-   candidate passes the floor and beats the champion by the minimum improvement.
+4. **evaluate**: the final weights on the same version's test split ({task}), logged to MLflow.
+5. **promote**: register `{model}` and move the `champion` alias only when the candidate's
+   `{metric}` ({direction} is better) passes the gate and beats the champion's by the minimum
+   improvement.
 
-Runs on a schedule and whenever a new dataset version is published (Asset `gangflow-dataset-digits`).
+Runs on a schedule and whenever a new dataset version is published (Asset `{asset}`).
+Declared in `{source}`.
 """
 
-SCHEDULE = (
-    AssetOrTimeSchedule(timetable=CronTriggerTimetable(DEFAULTS.schedule, timezone="UTC"), assets=DATASET)
-    if DEFAULTS.schedule
-    else DATASET
-)
+
+def build_params(p: PipelineConfig) -> dict[str, Param]:
+    """The trigger form of one pipeline; the gate's bounds follow its metric."""
+    metric, bounded = p.metric, {}
+    if metric.minimum is not None:
+        bounded["minimum"] = metric.minimum
+    if metric.maximum is not None:
+        bounded["maximum"] = metric.maximum
+    span = None if metric.minimum is None or metric.maximum is None else metric.maximum - metric.minimum
+    reach = "at least" if metric.higher_is_better else "at most"
+    # Before its first `dvc repro` a pipeline has no pinned version: empty then means "pinned",
+    # and validate_dataset says how to publish one (Airflow refuses a schedule whose defaults fail).
+    version_pattern = "^[0-9a-f]{32}$" if p.dataset_version else "^([0-9a-f]{32})?$"
+    return {
+        "dataset_version": Param(
+            p.dataset_version, type="string", pattern=version_pattern,
+            title="Dataset version", description="DVC md5 of the dataset (default: the version pinned in dvc.lock).",
+        ),
+        "world_size": Param(
+            p.world_size, type="integer", minimum=1, maximum=256,
+            title="World size",
+            description="Training processes (ranks); they start together or not at all. On Kubernetes a pod runs "
+            "one per GPU (or the runtime's procsPerPod on CPU pods): pods = world size / processes per pod.",
+        ),
+        "backend": Param(
+            p.default_backend, type="string", enum=p.backend_names,
+            title="Backend", description="local: torchrun on this machine; kubernetes: a JobSet/Volcano gang"
+            + "".join(f"; {name}: {path}" for name, path in sorted(p.backends.items())) + ".",
+        ),
+        "max_steps": Param(p.max_steps, type="integer", minimum=1, maximum=10_000_000, title="Max steps"),
+        "learning_rate": Param(
+            p.learning_rate, type="number", exclusiveMinimum=0, maximum=10, title="Learning rate", **NOT_NAN,
+        ),
+        "batch_size": Param(
+            p.batch_size, type="integer", minimum=1, maximum=65536, title="Global batch size",
+            description="Samples per step across all ranks; each rank takes batch_size / world_size.",
+        ),
+        "checkpoint_every_steps": Param(
+            p.checkpoint_every_steps, type="integer", minimum=1, maximum=10_000_000,
+            title="Checkpoint every N steps", description="A retry resumes from the last checkpoint: at most this many steps are lost.",
+        ),
+        "promotion_floor": Param(
+            p.promotion_floor, type="number", **bounded, **NOT_NAN,
+            title="Promotion floor" if metric.higher_is_better else "Promotion ceiling",
+            description=f"Test {metric.name} a candidate needs {reach} to be promoted ({metric.direction} is better).",
+        ),
+        "min_improvement": Param(
+            p.min_improvement, type="number", minimum=0, **({"exclusiveMaximum": span} if span else {}), **NOT_NAN,
+            title="Minimum improvement",
+            description=f"A candidate must beat the champion's {metric.name} by more than this ({metric.direction} is better).",
+        ),
+    }  # fmt: skip
 
 
-PARAMS = {
-    "dataset_version": Param(
-        DEFAULTS.dataset_version, type="string", pattern="^[0-9a-f]{32}$",
-        title="Dataset version", description="DVC md5 of the dataset (default: the version pinned in dvc.lock).",
-    ),
-    "world_size": Param(
-        DEFAULTS.world_size, type="integer", minimum=1, maximum=256,
-        title="World size",
-        description="Training processes (ranks); they start together or not at all. On Kubernetes a pod runs "
-        "one per GPU (or the runtime's procsPerPod on CPU pods): pods = world size / processes per pod.",
-    ),
-    "backend": Param(
-        "local", type="string", enum=["local", "kubernetes"],
-        title="Backend", description="local: torchrun on this machine; kubernetes: a JobSet/Volcano gang.",
-    ),
-    "max_steps": Param(DEFAULTS.max_steps, type="integer", minimum=1, maximum=10_000_000, title="Max steps"),
-    "learning_rate": Param(
-        DEFAULTS.learning_rate, type="number", exclusiveMinimum=0, maximum=10, title="Learning rate", **NOT_NAN,
-    ),
-    "batch_size": Param(
-        DEFAULTS.batch_size, type="integer", minimum=1, maximum=65536, title="Global batch size",
-        description="Samples per step across all ranks; each rank takes batch_size / world_size.",
-    ),
-    "checkpoint_every_steps": Param(
-        DEFAULTS.checkpoint_every_steps, type="integer", minimum=1, maximum=10_000_000,
-        title="Checkpoint every N steps", description="A retry resumes from the last checkpoint: at most this many steps are lost.",
-    ),
-    "promotion_floor": Param(
-        DEFAULTS.promotion_floor, type="number", minimum=0, maximum=1, **NOT_NAN,
-        title="Promotion floor", description="Test accuracy a candidate needs at least to be promoted.",
-    ),
-    "min_improvement": Param(
-        DEFAULTS.min_improvement, type="number", minimum=0, exclusiveMaximum=1, **NOT_NAN,
-        title="Minimum improvement", description="A candidate must beat the champion's accuracy by more than this.",
-    ),
-}  # fmt: skip
-SCHEMAS = {name: param.schema for name, param in PARAMS.items()}
-
-
-@dag(
-    dag_id="train_pipeline",
-    schedule=SCHEDULE,
-    catchup=False,
-    max_active_runs=1,
-    doc_md=DOC,
-    tags=["gangflow", "training", "mlops"],
-    # Templates render to strings: native rendering would re-parse them as Python literals and
-    # turn the valid version 12345678901234567890123456e78901 into inf (and all-digit md5s into
-    # ints). Operators convert and check their numeric fields themselves.
-    render_template_as_native_obj=False,
-    user_defined_macros={"dataset_version_of_run": dataset_version_of_run},
-    default_args={
-        "retries": DEFAULTS.retries,
-        "retry_policy": ClassifiedRetryPolicy(base_delay=timedelta(seconds=DEFAULTS.retry_base_delay_s)),
-        "on_failure_callback": record_failure,
-    },
-    params=PARAMS,
-)
-def train_pipeline():
-    # An Asset-triggered run trains the version its event carries, any other run its Param.
-    validate = DatasetValidationOperator(
-        task_id="validate_dataset", dataset_version="{{ dataset_version_of_run(params, dag_run) }}"
+def build_pipeline_dag(p: PipelineConfig):
+    """The training DAG of one pipeline."""
+    for name, path in p.backends.items():  # selectable by name; imported only when a gang runs
+        register_backend(name, path)
+    asset = Asset(p.dataset_asset, uri=p.dataset_asset_uri)
+    schedule = (
+        AssetOrTimeSchedule(timetable=CronTriggerTimetable(p.schedule, timezone="UTC"), assets=asset)
+        if p.schedule
+        else asset
     )
+    params = build_params(p)
+    schemas = {name: param.schema for name, param in params.items()}
+    doc = DOC.format(name=p.name, description=p.description, out=p.dataset_out, suite=p.suite, task=p.task,
+                     model=p.model_name, metric=p.metric.name, direction=p.metric.direction, asset=p.dataset_asset,
+                     source=p.source)  # fmt: skip
+    allowed = list(p.allowed_models) or None
 
-    @task.branch(task_id="admit_gang")
-    def admit_gang(params=None) -> str:
-        # What the form's JSON Schema cannot refuse (NaN, 2.0, batch_size vs world_size), before
-        # any slot or cluster quota is taken.
-        check_params(params, SCHEMAS)
-        return gang_task_id(
-            backend=params["backend"], world_size=params["world_size"], local_world_sizes=DEFAULTS.local_world_sizes
-        )
-
-    overrides = {
-        "train.max_steps": "{{ params.max_steps }}",
-        "train.lr": "{{ params.learning_rate }}",
-        "train.batch_size": "{{ params.batch_size }}",
-        "checkpoint.every_steps": "{{ params.checkpoint_every_steps }}",
-    }
-    gangs = [
-        GangTrainingOperator(
-            task_id=f"train_local_{n}", world_size=n, backend="local", pool=POOL, pool_slots=n,
-            dataset=validate.output, overrides=overrides,
-        )
-        for n in DEFAULTS.local_world_sizes
-    ]  # fmt: skip
-    gangs.append(
-        GangTrainingOperator(
-            task_id="train_kubernetes", world_size="{{ params.world_size }}", backend="kubernetes",
-            dataset=validate.output, overrides=overrides,
-        )
-    )  # fmt: skip
-
-    @task(task_id="training_result", multiple_outputs=True, trigger_rule="none_failed_min_one_success")
-    def training_result(ti=None) -> dict:
-        """The result of whichever gang task ran (the others were skipped by admit_gang)."""
-        results = [r for r in ti.xcom_pull(task_ids=[g.task_id for g in gangs]) or [] if r]
-        return results[0]
-
-    training = training_result()
-    # The weights travel through MLflow (`model_uri`), the test split by content address.
-    evaluate = EvaluateModelOperator(
-        task_id="evaluate",
-        model_uri=training["model_uri"],
-        dataset=validate.output,
-        mlflow_run_id=training["mlflow_run_id"],
-    )
-    promote = PromoteModelOperator(
-        task_id="promote",
-        model_name=DEFAULTS.model_name,
-        model_uri=training["model_uri"],
-        dataset=validate.output,
-        mlflow_run_id=training["mlflow_run_id"],
-        candidate_metrics=evaluate.output,
-        floor="{{ params.promotion_floor }}",
-        min_improvement="{{ params.min_improvement }}",
-        lineage={
-            "dataset_version": "{{ " + MANIFEST + "['version'] }}",
-            "dataset_md5": "{{ " + MANIFEST + "['train_md5'] }}",
-            "train_try_number": training["attempt"],
+    @dag(
+        dag_id=p.dag_id,
+        schedule=schedule,
+        catchup=False,
+        max_active_runs=1,
+        doc_md=doc,
+        tags=["gangflow", "training", "mlops", f"pipeline:{p.name}"],
+        # Templates render to strings: native rendering would re-parse them as Python literals and
+        # turn the valid version 12345678901234567890123456e78901 into inf (and all-digit md5s into
+        # ints). Operators convert and check their numeric fields themselves.
+        render_template_as_native_obj=False,
+        user_defined_macros={"dataset_version_of_run": dataset_version_of_run},
+        default_args={
+            "retries": p.retries,
+            "retry_policy": ClassifiedRetryPolicy(base_delay=timedelta(seconds=p.retry_base_delay_s)),
+            "on_failure_callback": record_failure,
         },
+        params=params,
     )
-    admission = admit_gang()
-    validate >> admission >> gangs
-    gangs >> training
-    evaluate >> promote
+    def pipeline_dag():
+        # An Asset-triggered run trains the version its event carries, any other run its Param.
+        validate = DatasetValidationOperator(
+            task_id="validate_dataset",
+            dataset_version="{{ dataset_version_of_run(params, dag_run, %r) }}" % p.dataset_asset,
+            suite=p.suite,
+            dvc_out=p.dataset_out,
+        )
+
+        @task.branch(task_id="admit_gang")
+        def admit_gang(params=None) -> str:
+            # What the form's JSON Schema cannot refuse (NaN, 2.0, batch_size vs world_size), before
+            # any slot or cluster quota is taken.
+            check_params(params, schemas)
+            return gang_task_id(
+                backend=params["backend"], world_size=params["world_size"], local_world_sizes=p.local_world_sizes
+            )
+
+        overrides = {
+            "train.max_steps": "{{ params.max_steps }}",
+            "train.lr": "{{ params.learning_rate }}",
+            "train.batch_size": "{{ params.batch_size }}",
+            "checkpoint.every_steps": "{{ params.checkpoint_every_steps }}",
+        }
+        gangs = [
+            GangTrainingOperator(
+                task_id=f"train_local_{n}", world_size=n, backend="local", pool=POOL, pool_slots=n,
+                dataset=validate.output, overrides=overrides, config_path=p.trainer_config,
+            )
+            for n in p.local_world_sizes
+        ]  # fmt: skip
+        for backend in p.backend_names[1:]:  # every non-local backend: one task, sized by the Param
+            gangs.append(
+                GangTrainingOperator(
+                    task_id=f"train_{backend}", world_size="{{ params.world_size }}", backend=backend,
+                    dataset=validate.output, overrides=overrides, config_path=p.trainer_config,
+                )
+            )  # fmt: skip
+
+        @task(task_id="training_result", multiple_outputs=True, trigger_rule="none_failed_min_one_success")
+        def training_result(ti=None) -> dict:
+            """The result of whichever gang task ran (the others were skipped by admit_gang)."""
+            results = [r for r in ti.xcom_pull(task_ids=[g.task_id for g in gangs]) or [] if r]
+            return results[0]
+
+        training = training_result()
+        # The weights travel through MLflow (`model_uri`), the test split by content address.
+        evaluate = EvaluateModelOperator(
+            task_id="evaluate",
+            model_uri=training["model_uri"],
+            dataset=validate.output,
+            mlflow_run_id=training["mlflow_run_id"],
+            allowed_models=allowed,
+        )
+        promote = PromoteModelOperator(
+            task_id="promote",
+            model_name=p.model_name,
+            model_uri=training["model_uri"],
+            dataset=validate.output,
+            mlflow_run_id=training["mlflow_run_id"],
+            candidate_metrics=evaluate.output,
+            floor="{{ params.promotion_floor }}",
+            min_improvement="{{ params.min_improvement }}",
+            allowed_models=allowed,
+            lineage={
+                "dataset_version": "{{ " + MANIFEST + "['version'] }}",
+                "dataset_md5": "{{ " + MANIFEST + "['train_md5'] }}",
+                "train_try_number": training["attempt"],
+            },
+        )
+        admission = admit_gang()
+        validate >> admission >> gangs
+        gangs >> training
+        evaluate >> promote
+
+    return pipeline_dag(), params, schemas
 
 
-train_pipeline()
+PIPELINES = load_pipelines()
+for _config in PIPELINES.values():
+    _dag, _params, _schemas = build_pipeline_dag(_config)
+    globals()[_config.dag_id] = _dag
+    if _config.name == DEFAULT_PIPELINE:  # the digits DAG's form, as tests and tools import it
+        PARAMS, SCHEMAS = _params, _schemas

@@ -111,6 +111,8 @@ class DatasetValidationOperator(BaseOperator):
     :param suite: `"module:function"` of the suite factory, called as `function(split)` for each
         split and returning a `great_expectations.ExpectationSuite` (templated). Modules under
         the project root (such as `data.expectations`) are loaded from there.
+    :param dvc_out: the DVC-tracked folder of the dataset (an `outs` entry of dvc.yaml); default
+        the class attribute `dvc_out` (`data/digits`). A pipeline file's `dataset.out`.
 
     ``execute`` runs these steps, each a method you can override in a subclass:
 
@@ -149,12 +151,15 @@ class DatasetValidationOperator(BaseOperator):
         dataset_version: str = "{{ params.dataset_version }}",
         project_root: str | None = None,
         suite: str = "data.expectations:digits_suite",
+        dvc_out: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.dataset_version = dataset_version
         self.project_root = project_root
         self.suite = suite
+        if dvc_out:
+            self.dvc_out = dvc_out
 
     # -- the steps -------------------------------------------------------------------------
 
