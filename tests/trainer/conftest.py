@@ -143,14 +143,13 @@ class S3Server:
 
 
 @pytest.fixture(scope="session")
-def s3(tmp_path_factory):
-    """A moto S3 server for this session; the AWS_* env is also set in this process (s3fs reads it)."""
+def s3_server(tmp_path_factory):
+    """A moto S3 server for this session (started once)."""
     port = _free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
     moto = str(Path(sys.executable).with_name("moto_server"))
     proc = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(port)], stdout=open(log, "w"), stderr=subprocess.STDOUT)
     endpoint = f"http://127.0.0.1:{port}"
-    server = S3Server(endpoint)
     try:
         import urllib.request
 
@@ -163,16 +162,7 @@ def s3(tmp_path_factory):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"moto_server did not start: {log.read_text()[-2000:]}")
                 time.sleep(0.2)
-        saved = {k: os.environ.get(k) for k in server.env}
-        os.environ.update(server.env)
-        try:
-            yield server
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        yield S3Server(endpoint)
     finally:
         proc.terminate()
         try:
@@ -180,6 +170,15 @@ def s3(tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture()
+def s3(s3_server, monkeypatch):
+    """The S3 server, with the standard AWS_* env set in this process for this test only (s3fs
+    reads it, as the trainer does); pass `s3.env` to child processes."""
+    for key, value in s3_server.env.items():
+        monkeypatch.setenv(key, value)
+    return s3_server
 
 
 def make_dvc_remote(root: Path, files: dict[str, bytes]) -> str:
