@@ -106,6 +106,16 @@ def remote_spec() -> tuple[str, str | None]:
     return value, None
 
 
+def remote_url() -> str:
+    """The DVC remote as an fsspec URL (`file:///...` for a folder): what a rank is given as
+    `data.remote` to fetch a version by content address (`trainer.datastore`)."""
+    name, url = remote_spec()
+    if url is None:  # a named remote of .dvc/config: DVC resolves its URL
+        with open_repo() as repo:
+            return _remote_url(repo)
+    return url if "://" in url else Path(url).expanduser().resolve().as_uri()
+
+
 def dvc_config() -> dict[str, Any]:
     """The DVC config gangflow merges over the repository's own (`Repo(root, config=...)`).
 

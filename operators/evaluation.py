@@ -17,7 +17,7 @@ import logging
 import math
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -181,6 +181,63 @@ def evaluate_final_dir(
     return metrics
 
 
+def manifest_of(dataset: Mapping[str, Any] | str | None) -> dict[str, Any]:
+    """The validated-dataset manifest (a dict, or its JSON as a rendered template gives it)."""
+    if isinstance(dataset, str):
+        try:
+            dataset = json.loads(dataset)
+        except ValueError:
+            raise UserError(f"dataset={dataset[:80]!r}: expected the validate task's manifest (a JSON object)") from None
+    if not isinstance(dataset, Mapping):
+        raise UserError(f"dataset={dataset!r}: expected the validate task's manifest (keys version, test_md5)")
+    for key in ("version", "test_md5"):
+        if not dataset.get(key):
+            raise UserError(f"dataset manifest lacks {key!r} (keys: {sorted(dataset)}): pass the validate task's output")
+    return dict(dataset)
+
+
+def fetch_test_split(dataset: Mapping[str, Any] | str, scratch: str | Path, *, remote: str | None = None) -> Path:
+    """The test split of the manifest's dataset version, by content address, md5-verified.
+
+    Read from this worker's DVC cache when it holds the object (the validate task ran here),
+    else fetched from the DVC remote (`trainer.datastore`, as the ranks fetch their data) into
+    `scratch`. Either way its md5 must equal the manifest's `test_md5` (`DatasetHashMismatch`
+    otherwise): a score is only comparable on the very bytes that were validated.
+    """
+    from operators.dataset import md5_file
+    from operators.exceptions import DatasetHashMismatch, StorageUnavailable
+
+    manifest = manifest_of(dataset)
+    version, expected = str(manifest["version"]), str(manifest["test_md5"])
+    cached = manifest.get("test_path")
+    if cached and Path(str(cached)).is_file():
+        path = Path(str(cached))
+    else:
+        from operators.failures.catalogue import transient_exception
+        from trainer.datastore import fetch_dataset
+
+        if remote is None:
+            from operators.dataset import remote_url
+
+            remote = remote_url()
+        try:
+            path = fetch_dataset(remote, version, Path(scratch), relpaths=("test.parquet",))["test.parquet"]
+        except Exception as exc:  # DataError: missing or corrupt objects; OSError: the remote
+            why = transient_exception(exc)
+            if why or (isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError)):
+                raise StorageUnavailable(f"fetching test.parquet of dataset version {version} from {remote} "
+                                         f"failed: {type(exc).__name__}: {exc}") from exc
+            raise UserError(f"cannot fetch test.parquet of dataset version {version} from {remote}: "
+                            f"{type(exc).__name__}: {exc}") from exc
+    actual = md5_file(path)
+    if actual != expected:
+        raise DatasetHashMismatch(
+            f"test split of dataset version {version}: md5 {actual}, but the validated manifest says "
+            f"test_md5 {expected}; refusing to score a model on other data"
+        )
+    return path
+
+
 def confusion_matrix_png(cm: Sequence[Sequence[int]], path: str | Path, *, title: str = "Confusion matrix") -> Path:
     """Write the confusion matrix (rows: true class, columns: predicted) as a PNG at `path`."""
     import numpy as np
@@ -224,9 +281,11 @@ def flat_metrics(metrics: dict[str, Any], prefix: str = "test_") -> dict[str, fl
 class EvaluateModelOperator(BaseOperator):
     """Evaluate a training run's final weights on the test split and log the result to MLflow.
 
-    Reads `<run_dir>/final/` (`model.safetensors` + `model_card.json`, written by the trainer),
-    evaluates on the Parquet file `test_path` (the test split of the same DVC-pinned dataset
-    version the model was trained on), and, when `mlflow_run_id` is set, logs to that run:
+    Downloads the model from MLflow (`model_uri`, `runs:/<run>/final` as the training task
+    returns it: `model.safetensors` + `model_card.json`; the card's factory must be allow-listed),
+    gets the test split of the dataset version the run trained on by content address
+    (`fetch_test_split`: md5-checked against the manifest's `test_md5`), evaluates, and, when
+    `mlflow_run_id` is set, logs to that run:
 
     * metrics `test_accuracy`, `test_macro_f1`, `test_{precision,recall,f1}_class_<k>`;
     * the artifact `evaluation/metrics.json` (everything below, per-class support included);
@@ -235,36 +294,42 @@ class EvaluateModelOperator(BaseOperator):
 
     Returns (XCom) the metrics dict: `accuracy`, `macro_f1`, `num_examples`, `num_classes`,
     `per_class` {"<k>": {precision, recall, f1, support}}, `confusion_matrix` (list of lists),
-    `test_path`, `test_md5`.
+    `test_md5`, `dataset_version`, `model_uri` (no worker paths).
 
-    :param run_dir: the training run dir (templated).
-    :param test_path: Parquet test split (templated; any path, DVC cache objects included).
+    :param model_uri: MLflow URI of the final weights (templated), e.g. `runs:/<id>/final`.
+    :param dataset: the validate task's manifest (an XComArg or dict; templated): its `version`,
+        `test_md5` (and, when this worker has it, `test_path` in the DVC cache).
     :param mlflow_run_id: MLflow run to log into (templated); empty: do not log.
     :param tracking_uri: MLflow tracking URI (templated); default `operators.settings.tracking_uri()`.
     :param num_classes: number of classes; default: the model's number of outputs.
+    :param allowed_models: `module:function` model factories allowed beside the `gangflow.models`
+        entry points (templated); a card naming anything else is refused before any import.
 
     Subclassing (data engineers): override
 
     * `load_model(final_dir)` to load another kind of model (must return something callable on
       a float tensor [N, features] giving logits [N, classes]);
-    * `load_test_data()` to read another format (returns `(x, y)` arrays);
+    * `load_test_data(test_path)` to read another format (returns `(x, y)` arrays);
     * `metrics(model, x, y)` to add metrics: call `super().metrics(...)` and add JSON-friendly
       keys; numbers at the top level are logged to MLflow with the `test_` prefix too;
     * `log_to_mlflow(metrics)` to log more artifacts (call `super()` first).
 
-    Failures: a missing final dir or test file is a `UserError` (fail at once); MLflow
-    unreachable is `RegistryUnavailable` (retried).
+    Failures: no weights at `model_uri`, a model card that is not allowed, a test split whose
+    md5 differs from the manifest: `UserError` (fail at once); MLflow or the DVC remote
+    unreachable: `RegistryUnavailable` / `StorageUnavailable` (retried).
     """
 
-    template_fields: Sequence[str] = ("run_dir", "test_path", "mlflow_run_id", "tracking_uri", "num_classes", "allowed_models")
+    template_fields: Sequence[str] = ("model_uri", "dataset", "mlflow_run_id", "tracking_uri", "num_classes",
+                                      "allowed_models")
+    template_fields_renderers = {"dataset": "json"}
     ui_color = "#e8f4ea"
     metric_prefix: ClassVar[str] = "test_"
 
     def __init__(
         self,
         *,
-        run_dir: str,
-        test_path: str,
+        model_uri: str,
+        dataset: Mapping[str, Any] | str,
         mlflow_run_id: str | None = None,
         tracking_uri: str | None = None,
         num_classes: int | None = None,
@@ -272,26 +337,22 @@ class EvaluateModelOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.allowed_models = allowed_models
-        self.run_dir = run_dir
-        self.test_path = test_path
+        self.model_uri = model_uri
+        self.dataset = dataset
         self.mlflow_run_id = mlflow_run_id
         self.tracking_uri = tracking_uri
         self.num_classes = num_classes
+        self.allowed_models = allowed_models
 
     # -- hooks -----------------------------------------------------------------------------
-
-    @property
-    def final_dir(self) -> Path:
-        return Path(str(self.run_dir)) / "final"
 
     def load_model(self, final_dir: Path) -> Any:
         """The model to evaluate; default: rebuilt from the safetensors weights + model card."""
         return load_final_model(final_dir, allowed_models=self.allowed_models)
 
-    def load_test_data(self) -> tuple[Any, Any]:
-        """(x, y) of the test split."""
-        return load_test_arrays(self.test_path)
+    def load_test_data(self, test_path: Path) -> tuple[Any, Any]:
+        """(x, y) of the test split (a verified local copy)."""
+        return load_test_arrays(test_path)
 
     def metrics(self, model: Any, x: Any, y: Any) -> dict[str, Any]:
         """The metrics dict (JSON-serialisable); default: `evaluate(model, x, y, num_classes)`."""
@@ -329,29 +390,35 @@ class EvaluateModelOperator(BaseOperator):
     # -- execute ---------------------------------------------------------------------------
 
     def execute(self, context: Context) -> dict[str, Any]:
-        final_dir = self.final_dir
-        if not (final_dir / "model.safetensors").is_file():
-            raise UserError(f"no final weights at {final_dir}/model.safetensors: did training finish?")
-        if not Path(str(self.test_path)).is_file():
-            raise UserError(f"test split not found at {self.test_path}")
-        try:
-            model = self.load_model(final_dir)
-        except GangflowError:
-            raise
-        except Exception as exc:  # the model card, the factory or the weights are wrong
-            raise UserError(f"cannot load the model in {final_dir}: {type(exc).__name__}: {exc}") from exc
-        try:
-            x, y = self.load_test_data()
-        except GangflowError:
-            raise
-        except Exception as exc:  # unreadable file, wrong schema
-            raise UserError(f"cannot read the test split {self.test_path}: {type(exc).__name__}: {exc}") from exc
-        metrics = self.metrics(model, x, y)
-        metrics.setdefault("test_path", str(self.test_path))
-        metrics.setdefault("test_md5", file_md5(self.test_path))
+        from operators.registry import download_model
+        from operators.tracking import get_client
+
+        manifest = manifest_of(self.dataset)
+        model_uri = str(self.model_uri)
+        with tempfile.TemporaryDirectory(prefix="gangflow-evaluate-") as tmp:
+            final_dir = download_model(get_client(self.tracking_uri or None), model_uri, Path(tmp) / "model")
+            test_path = fetch_test_split(manifest, Path(tmp) / "data")
+            try:
+                model = self.load_model(final_dir)
+            except GangflowError:
+                raise
+            except Exception as exc:  # the model card, the factory or the weights are wrong
+                raise UserError(f"cannot load the model at {model_uri}: {type(exc).__name__}: {exc}") from exc
+            try:
+                x, y = self.load_test_data(test_path)
+            except GangflowError:
+                raise
+            except Exception as exc:  # unreadable file, wrong schema
+                raise UserError(f"cannot read test.parquet of dataset version {manifest['version']}: "
+                                f"{type(exc).__name__}: {exc}") from exc
+            metrics = self.metrics(model, x, y)
+        metrics.pop("test_path", None)  # a temporary or worker-local path: meaningless downstream
+        metrics["test_md5"] = str(manifest["test_md5"])  # verified by fetch_test_split
+        metrics["dataset_version"] = str(manifest["version"])
+        metrics["model_uri"] = model_uri
         log.info(
-            "evaluated %s on %s (%d examples, md5 %s): accuracy %.4f, macro-F1 %.4f",
-            final_dir, self.test_path, metrics.get("num_examples", len(y)), metrics["test_md5"],
+            "evaluated %s on dataset version %s test split (%d examples, md5 %s): accuracy %.4f, macro-F1 %.4f",
+            model_uri, manifest["version"], metrics.get("num_examples", len(y)), metrics["test_md5"],
             metrics["accuracy"], metrics["macro_f1"],
         )
         if self.mlflow_run_id:

@@ -21,15 +21,17 @@ from trainer.allowlist import ModelNotAllowed
 from operators.exceptions import RegistryUnavailable, UserError
 from operators.registry import (
     CHAMPION_ALIAS,
+    ChampionChanged,
     ChampionEvaluationFailed,
     Decision,
     PromotionGate,
     current_champion,
     decide,
+    download_model,
     download_version,
     git_commit,
     lineage_tags,
-    promote,
+    move_champion,
     record_decision,
     recorded_decision,
     register_version,
@@ -63,18 +65,25 @@ class PromoteModelOperator(BaseOperator):
 
     Steps (each safe to repeat when Airflow retries the task):
 
-    1. register `<run_dir>/final/` as a version of `model_name` (a pyfunc logged from code, no
-       pickle; see `operators.registry.register_version`): a retry reuses the version already
-       registered from `mlflow_run_id`;
-    2. if that version already holds the `champion` alias (a retry after the alias moved),
+    1. download the candidate from MLflow (`model_uri`, `runs:/<run>/final`) and get the test
+       split of the manifest's dataset version by content address (md5-checked against the
+       manifest's `test_md5`);
+    2. register it as a version of `model_name` (a pyfunc logged from code, no pickle; see
+       `operators.registry.register_version`): a retry reuses the version already registered
+       from `mlflow_run_id`; the version gets the run's `gangflow.*` lineage tags;
+    3. if that version already holds the `champion` alias (a retry after the alias moved),
        report it as promoted without deciding again;
-    3. score the candidate (`candidate_metrics` from the evaluate task, or a fresh evaluation
-       when absent or computed on another test file) and the current champion, evaluated now
-       ON THE SAME TEST SPLIT (`test_path`);
-    4. `decide` with `PromotionGate(floor, min_improvement)`: promote iff the candidate reaches
+    4. score the candidate (`candidate_metrics` from the evaluate task when they are for this
+       test file, else a fresh evaluation) and the current champion, downloaded and evaluated
+       now ON THE SAME TEST SPLIT; a champion whose card names a factory off the allow-list is
+       never loaded: the task fails (`ChampionEvaluationFailed`) and nothing is promoted;
+    5. `decide` with `PromotionGate(floor, min_improvement)`: promote iff the candidate reaches
        the floor and beats the champion by MORE than `min_improvement`;
-    5. record the decision on the version and the registered model (`gangflow.*` tags, see
-       docs/registry.md) and, only when promoted, move the `champion` alias.
+    6. record the decision on the version and the registered model (`gangflow.*` tags, see
+       docs/registry.md) and, only when promoted, move the `champion` alias by compare-and-set
+       (`operators.registry.move_champion`): if another promotion moved it meanwhile, decide
+       again against the new champion (at most `max_rounds` times, then `ChampionChanged`,
+       retried), so a slower, worse candidate never overwrites a better champion.
 
     Returns (XCom): `promoted`, `reason`, `model_name`, `model_version` (str, as in MLflow's REST
     API and UI), `candidate_accuracy`, `champion_version` (the champion compared against, str;
@@ -82,8 +91,8 @@ class PromoteModelOperator(BaseOperator):
     (the gated metric; equal to the accuracies by default).
 
     :param model_name: registered model name (templated).
-    :param run_dir: training run dir holding `final/` (templated).
-    :param test_path: Parquet test split, the same one the candidate was evaluated on (templated).
+    :param model_uri: MLflow URI of the candidate's final weights (templated), `runs:/<id>/final`.
+    :param dataset: the validate task's manifest (templated): `version`, `test_md5`, ...
     :param mlflow_run_id: the DAG run's MLflow run (templated); the version links to it.
     :param candidate_metrics: the evaluate task's metrics dict (an XComArg; templated).
     :param floor: minimum score, in [0, 1] (templated).
@@ -92,26 +101,31 @@ class PromoteModelOperator(BaseOperator):
         `gangflow.<key>`; `dag_id`, `dag_run_id`, `try_number`, `git_commit`, `mlflow_run_id`
         are filled from the context when absent (templated).
     :param tracking_uri: MLflow tracking/registry URI (templated); default from settings.
+    :param allowed_models: `module:function` model factories allowed beside the `gangflow.models`
+        entry points (templated), for the candidate and the champion alike.
 
     Subclassing: set `metric_name` and override `score(metrics)` to gate on another metric,
     e.g. ``metric_name = "macro_f1"; def score(self, m): return m["macro_f1"]``; override
-    `evaluate_model_dir(final_dir)` to evaluate differently (it scores both candidate and
-    champion, so they stay comparable); override `gate()` for another gate policy.
+    `evaluate_model_dir(final_dir, test_path)` to evaluate differently (it scores both candidate
+    and champion, so they stay comparable); override `gate()` for another gate policy.
     """
 
     template_fields: Sequence[str] = (
-        "model_name", "run_dir", "test_path", "mlflow_run_id", "candidate_metrics",
+        "model_name", "model_uri", "dataset", "mlflow_run_id", "candidate_metrics",
         "floor", "min_improvement", "lineage", "tracking_uri", "allowed_models",
     )
+    template_fields_renderers = {"dataset": "json", "lineage": "json"}
     ui_color = "#fdf2d0"
     metric_name: ClassVar[str] = "accuracy"
+    #: How often the alias may move under this promotion before it gives up (and is retried).
+    max_rounds: ClassVar[int] = 5
 
     def __init__(
         self,
         *,
         model_name: str,
-        run_dir: str,
-        test_path: str,
+        model_uri: str,
+        dataset: Mapping[str, Any] | str,
         mlflow_run_id: str,
         candidate_metrics: Mapping[str, Any] | None = None,
         floor: float | str = 0.9,
@@ -122,16 +136,16 @@ class PromoteModelOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.allowed_models = allowed_models
         self.model_name = model_name
-        self.run_dir = run_dir
-        self.test_path = test_path
+        self.model_uri = model_uri
+        self.dataset = dataset
         self.mlflow_run_id = mlflow_run_id
         self.candidate_metrics = candidate_metrics
         self.floor = floor
         self.min_improvement = min_improvement
         self.lineage = lineage
         self.tracking_uri = tracking_uri
+        self.allowed_models = allowed_models
         if not (_is_template(floor) or _is_template(min_improvement)) and all(
             isinstance(v, (int, float)) for v in (floor, min_improvement)
         ):
@@ -156,35 +170,33 @@ class PromoteModelOperator(BaseOperator):
         """The number the gate compares; default `metrics["accuracy"]`."""
         return float(metrics[self.metric_name])
 
-    def evaluate_model_dir(self, final_dir: Path) -> dict[str, Any]:
+    def evaluate_model_dir(self, final_dir: Path, test_path: Path) -> dict[str, Any]:
         """Metrics of the model in `final_dir` on `test_path` (candidate and champion alike)."""
         from operators.evaluation import evaluate_final_dir
 
-        return evaluate_final_dir(final_dir, self.test_path, allowed_models=self.allowed_models)
+        return evaluate_final_dir(final_dir, test_path, allowed_models=self.allowed_models)
 
     # -- steps -----------------------------------------------------------------------------
 
-    def candidate_metrics_for(self, final_dir: Path) -> dict[str, Any]:
+    def candidate_metrics_for(self, final_dir: Path, test_path: Path, test_md5: str) -> dict[str, Any]:
         """The evaluate task's metrics when they are for this test file, else a fresh evaluation."""
-        from operators.evaluation import file_md5
-
         given = dict(self.candidate_metrics) if isinstance(self.candidate_metrics, Mapping) else None
         if given and self.metric_name in given:
             md5 = given.get("test_md5")
-            if md5 is None or md5 == file_md5(self.test_path):
+            if md5 == test_md5:
                 return given
-            log.warning("candidate metrics were computed on another test file (md5 %s): re-evaluating on %s",
-                        md5, self.test_path)
+            log.warning("candidate metrics were computed on another test file (md5 %s, not %s): re-evaluating",
+                        md5, test_md5)
         elif self.candidate_metrics:
             log.warning("candidate_metrics lack %r: re-evaluating the candidate", self.metric_name)
-        return self.evaluate_model_dir(final_dir)
+        return self.evaluate_model_dir(final_dir, test_path)
 
-    def champion_metrics(self, client: MlflowClient, champion: ModelVersion) -> dict[str, Any]:
+    def champion_metrics(self, client: MlflowClient, champion: ModelVersion, test_path: Path) -> dict[str, Any]:
         """Download the champion and evaluate it on the same test split."""
         with tempfile.TemporaryDirectory(prefix="gangflow-champion-") as tmp:
             final_dir = download_version(client, champion, tmp)
             try:
-                return self.evaluate_model_dir(final_dir)
+                return self.evaluate_model_dir(final_dir, test_path)
             except (RegistryUnavailable, UserError):
                 raise
             except ModelNotAllowed as exc:  # a card naming code we do not run: never load it
@@ -194,12 +206,13 @@ class PromoteModelOperator(BaseOperator):
                 ) from exc
             except Exception as exc:
                 raise ChampionEvaluationFailed(
-                    f"cannot evaluate champion {champion.name} v{champion.version} on {self.test_path}: "
+                    f"cannot evaluate champion {champion.name} v{champion.version} on the test split: "
                     f"{type(exc).__name__}: {exc}. Fix the champion (or remove the '{CHAMPION_ALIAS}' alias) "
                     "before promoting."
                 ) from exc
 
-    def lineage_for(self, context: Context, candidate_metrics: Mapping[str, Any]) -> dict[str, str]:
+    def lineage_for(self, context: Context, candidate_metrics: Mapping[str, Any], final_dir: Path,
+                    manifest: Mapping[str, Any]) -> dict[str, str]:
         ti = context.get("ti") if isinstance(context, Mapping) else None
         dag_run = context.get("dag_run") if isinstance(context, Mapping) else None
         return lineage_tags(
@@ -210,63 +223,79 @@ class PromoteModelOperator(BaseOperator):
             try_number=getattr(ti, "try_number", None),
             git_commit=git_commit(),
             mlflow_run_id=str(self.mlflow_run_id),
-            test_data_md5=candidate_metrics.get("test_md5"),
-            **_card_lineage(Path(str(self.run_dir)) / "final"),
+            dataset_version=manifest.get("version"),
+            test_data_md5=manifest.get("test_md5"),
+            model_uri=str(self.model_uri),
+            **_card_lineage(final_dir),
         )
 
     # -- execute ---------------------------------------------------------------------------
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from operators.evaluation import fetch_test_split, manifest_of
         from operators.tracking import get_client
 
         gate = self.gate()
-        name = str(self.model_name)
-        final_dir = Path(str(self.run_dir)) / "final"
-        if not (final_dir / "model.safetensors").is_file():
-            raise UserError(f"no final weights at {final_dir}/model.safetensors: nothing to register")
-        if not Path(str(self.test_path)).is_file():
-            raise UserError(f"test split not found at {self.test_path}")
         if not self.mlflow_run_id:
             raise UserError("mlflow_run_id is empty: the version must link to the DAG run's MLflow run")
-
-        candidate_metrics = self.candidate_metrics_for(final_dir)
-        candidate_score = self.score(candidate_metrics)
+        manifest = manifest_of(self.dataset)
         client = get_client(self.tracking_uri or None)
+        with tempfile.TemporaryDirectory(prefix="gangflow-promote-") as tmp:
+            final_dir = download_model(client, str(self.model_uri), Path(tmp) / "candidate")
+            test_path = fetch_test_split(manifest, Path(tmp) / "data")
+            return self._promote(context, client, gate, final_dir, test_path, manifest)
+
+    def _promote(self, context: Context, client: MlflowClient, gate: PromotionGate, final_dir: Path,
+                 test_path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        name = str(self.model_name)
+        candidate_metrics = self.candidate_metrics_for(final_dir, test_path, str(manifest["test_md5"]))
+        candidate_score = self.score(candidate_metrics)
         version = register_version(
             client, name, run_id=str(self.mlflow_run_id), source_dir_or_artifact_path=final_dir,
-            tags=self.lineage_for(context, candidate_metrics),
+            tags=self.lineage_for(context, candidate_metrics, final_dir, manifest),
         )
         champion = current_champion(client, name)
+        for _ in range(self.max_rounds):
+            if champion is not None and str(champion.version) == str(version.version):
+                recorded = recorded_decision(client.get_model_version(name, str(version.version)))
+                reason = recorded.get("gangflow.reason") or f"{name} v{version.version} already holds the alias"
+                log.info("%s v%s already holds @%s (a retried task): not deciding again. %s",
+                         name, version.version, CHAMPION_ALIAS, reason)
+                prev_version = recorded.get("gangflow.champion_version", "none")
+                prev_score = recorded.get(f"gangflow.champion_{gate.metric}", "none")
+                return self._result(
+                    Decision(True, reason), version, candidate_metrics, candidate_score,
+                    champion_version=None if prev_version == "none" else prev_version,
+                    champion_metrics=None, champion_score=None if prev_score == "none" else float(prev_score),
+                )
 
-        if champion is not None and str(champion.version) == str(version.version):
-            recorded = recorded_decision(client.get_model_version(name, str(version.version)))
-            reason = recorded.get("gangflow.reason") or f"{name} v{version.version} already holds the alias"
-            log.info("%s v%s already holds @%s (a retried task): not deciding again. %s",
-                     name, version.version, CHAMPION_ALIAS, reason)
-            prev_version = recorded.get("gangflow.champion_version", "none")
-            prev_score = recorded.get(f"gangflow.champion_{gate.metric}", "none")
-            return self._result(
-                Decision(True, reason), version, candidate_metrics, candidate_score,
-                champion_version=None if prev_version == "none" else prev_version,
-                champion_metrics=None, champion_score=None if prev_score == "none" else float(prev_score),
+            champion_metrics = self.champion_metrics(client, champion, test_path) if champion is not None else None
+            champion_score = self.score(champion_metrics) if champion_metrics is not None else None
+            decision = decide(candidate_score, champion_score, gate,
+                              champion_version=champion.version if champion is not None else None)
+            record_decision(client, version, decision, candidate_score=candidate_score, champion=champion,
+                            champion_score=champion_score, gate=gate)
+            result = self._result(
+                decision, version, candidate_metrics, candidate_score,
+                champion_version=str(champion.version) if champion is not None else None,
+                champion_metrics=champion_metrics, champion_score=champion_score,
             )
-
-        champion_metrics = self.champion_metrics(client, champion) if champion is not None else None
-        champion_score = self.score(champion_metrics) if champion_metrics is not None else None
-        decision = decide(candidate_score, champion_score, gate,
-                          champion_version=champion.version if champion is not None else None)
-        record_decision(client, version, decision, candidate_score=candidate_score, champion=champion,
-                        champion_score=champion_score, gate=gate)
-        if decision.promote:
-            promote(client, version)
-            log.info("PROMOTED %s v%s to @%s. %s", name, version.version, CHAMPION_ALIAS, decision.reason)
-        else:
-            stays = f"champion stays v{champion.version}" if champion is not None else "there is still no champion"
-            log.info("NOT PROMOTED %s v%s (%s). %s", name, version.version, stays, decision.reason)
-        return self._result(
-            decision, version, candidate_metrics, candidate_score,
-            champion_version=str(champion.version) if champion is not None else None,
-            champion_metrics=champion_metrics, champion_score=champion_score,
+            if not decision.promote:
+                stays = f"champion stays v{champion.version}" if champion is not None else "there is still no champion"
+                log.info("NOT PROMOTED %s v%s (%s). %s", name, version.version, stays, decision.reason)
+                return result
+            moved, now = move_champion(client, version, expected=champion, metric=gate.metric)
+            if moved:
+                log.info("PROMOTED %s v%s to @%s. %s", name, version.version, CHAMPION_ALIAS, decision.reason)
+                return result
+            was = f"v{champion.version}" if champion is not None else "no champion"
+            log.warning("the %s alias of %s moved from %s to %s while this promotion decided: not moving it; "
+                        "deciding again against the new champion", CHAMPION_ALIAS, name, was,
+                        f"v{now.version}" if now is not None else "none")
+            champion = now
+        raise ChampionChanged(
+            f"the {CHAMPION_ALIAS} alias of {name} moved {self.max_rounds} times while v{version.version} was being "
+            "decided (promotions racing); nothing was moved by this try, the retry decides again"
         )
 
     def _result(

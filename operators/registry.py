@@ -22,6 +22,7 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from operators import settings
-from operators.exceptions import UserError
+from operators.exceptions import InfraError, UserError
 from operators.tracking import client_uri, mlflow_errors
 
 if TYPE_CHECKING:
@@ -53,6 +54,15 @@ TAG_DECIDED_AT = "gangflow.decided_at"
 TAG_LAST_DECISION = "gangflow.last_decision"  # on the registered model
 TAG_LAST_DECIDED_AT = "gangflow.last_decided_at"  # on the registered model
 TAG_MLFLOW_RUN_ID = "gangflow.mlflow_run_id"
+
+
+class ModelNotFound(UserError):
+    """No final weights at the model URI the training task returned."""
+
+
+class ChampionChanged(InfraError):
+    """The champion alias kept moving while this promotion decided (other promotions racing);
+    retried: the next try decides against the champion of that moment."""
 
 
 class ChampionEvaluationFailed(UserError):
@@ -179,16 +189,24 @@ def _pip_requirements() -> list[str]:
     return reqs
 
 
-def _bundled_code() -> list[str] | None:
-    """The `trainer` package, bundled with every model: its guarded loader (`trainer.export`,
-    `trainer.allowlist`) is how the pyfunc rebuilds the module, and the built-in model code
-    travels with the weights it was trained with."""
-    import importlib.util
+def _bundled_code(staging: Path) -> list[str]:
+    """The `trainer` package's sources, staged under `staging` for bundling with every model:
+    its guarded loader (`trainer.export`, `trainer.allowlist`) is how the pyfunc rebuilds the
+    module, and the built-in model code travels with the weights it was trained with. Only
+    `*.py` files are staged (no bytecode caches another process may be rewriting)."""
+    # Imported first, so that MLflow's validation load (which puts the bundled copy on sys.path)
+    # finds the installed package in sys.modules instead of importing a temporary copy.
+    import trainer.export  # noqa: F401
 
-    spec = importlib.util.find_spec("trainer")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return [str(Path(next(iter(spec.submodule_search_locations))).resolve())]
+    src = Path(sys.modules["trainer"].__file__).resolve().parent
+    dst = staging / "trainer"
+    for path in sorted(src.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        target = dst / path.relative_to(src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    return [str(dst)]
 
 
 def log_pyfunc_model(
@@ -236,7 +254,7 @@ def log_pyfunc_model(
                 signature=_pyfunc_signature(),
                 input_example=example,
                 pip_requirements=_pip_requirements(),
-                code_paths=_bundled_code(),
+                code_paths=_bundled_code(Path(tmp) / "code"),
             )
     return logged.model_id
 
@@ -284,9 +302,11 @@ def register_version(
     * anything else is taken as an artifact URI (`runs:/<id>/model`, `models:/<model_id>`,
       `file://...`, `s3://...`) and registered as is.
 
-    `tags` (lineage) are set on the new version, plus `gangflow.mlflow_run_id`.
+    The version gets every `gangflow.*` lineage tag of the run (gang, job UID, image digest,
+    dataset version: whatever the training task and backend recorded), then `tags` (lineage,
+    winning over the run's), plus `gangflow.mlflow_run_id`.
     """
-    tags = {str(k): str(v) for k, v in (tags or {}).items()}
+    tags = {**run_lineage(client, run_id), **{str(k): str(v) for k, v in (tags or {}).items()}}
     tags.setdefault(TAG_MLFLOW_RUN_ID, run_id)
     ensure_registered_model(client, name)
     existing = find_version_for_run(client, name, run_id)
@@ -314,6 +334,13 @@ def register_version(
     return version
 
 
+def run_lineage(client: MlflowClient, run_id: str) -> dict[str, str]:
+    """The run's `gangflow.*` tags (lineage the training task, backend and evaluate recorded)."""
+    with mlflow_errors(client_uri(client), f"read the tags of run {run_id}"):
+        run_tags = client.get_run(run_id).data.tags
+    return {k: str(v)[:5000] for k, v in sorted(run_tags.items()) if k.startswith("gangflow.")}
+
+
 def current_champion(client: MlflowClient, name: str) -> ModelVersion | None:
     """The version holding the `champion` alias, or None (no alias, or no such model)."""
     from mlflow.exceptions import MlflowException
@@ -336,6 +363,39 @@ def holds_champion(client: MlflowClient, version: ModelVersion) -> bool:
     return champion is not None and str(champion.version) == str(version.version)
 
 
+def _weights_dir(local: Path, what: str) -> Path:
+    hits = sorted(local.rglob("model.safetensors"), key=lambda p: len(p.parts))
+    if not hits:
+        raise ModelNotFound(f"{what} has no model.safetensors: did training finish and log its final weights?")
+    return hits[0].parent
+
+
+def download_model(client: MlflowClient, model_uri: str, dst: str | Path) -> Path:
+    """Download a model's artifacts (`runs:/<run>/final`, what the training task returns, or any
+    MLflow artifact URI) under `dst`; return the folder holding `model.safetensors`.
+
+    This is how evaluate and promote get a candidate: through MLflow, never from a path on the
+    worker that trained it. The files are data: load them with `load_final_model` (allow-listed),
+    never by executing anything they contain."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    uri = client_uri(client)
+    Path(dst).mkdir(parents=True, exist_ok=True)
+    with mlflow_errors(uri, f"download {model_uri}"):
+        try:
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=str(model_uri), dst_path=str(dst),
+                                                             tracking_uri=uri))
+        except (MlflowException, OSError) as exc:
+            if isinstance(exc, MlflowException) and exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND",
+                                                                            "INVALID_PARAMETER_VALUE"):
+                raise
+            if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
+                raise
+            raise ModelNotFound(f"no model at {model_uri} (MLflow at {uri}): {exc}") from exc
+    return _weights_dir(local, str(model_uri))
+
+
 def download_version(client: MlflowClient, version: ModelVersion, dst: str | Path) -> Path:
     """Download a version's artifacts under `dst` and return the folder holding
     `model.safetensors` (the pyfunc's `artifacts/final/`, or the root of a plain folder)."""
@@ -346,10 +406,10 @@ def download_version(client: MlflowClient, version: ModelVersion, dst: str | Pat
     with mlflow_errors(uri, f"download {version.name} v{version.version}"):
         source = client.get_model_version_download_uri(version.name, str(version.version))
         local = Path(get_artifact_repository(source).download_artifacts("", str(dst)))
-    hits = sorted(local.rglob("model.safetensors"), key=lambda p: len(p.parts))
-    if not hits:
-        raise ChampionEvaluationFailed(f"{version.name} v{version.version} ({source}) has no model.safetensors")
-    return hits[0].parent
+    try:
+        return _weights_dir(local, f"{version.name} v{version.version} ({source})")
+    except ModelNotFound as exc:
+        raise ChampionEvaluationFailed(str(exc)) from None
 
 
 def _fmt(value: float | None) -> str:
@@ -405,9 +465,69 @@ def record_decision(
 
 
 def promote(client: MlflowClient, version: ModelVersion) -> None:
-    """Point the `champion` alias at `version`."""
+    """Point the `champion` alias at `version` unconditionally (an operator's manual fix; the
+    promote task moves it with `move_champion`, a compare-and-set)."""
     with mlflow_errors(client_uri(client), f"move the {CHAMPION_ALIAS} alias of {version.name}"):
         client.set_registered_model_alias(version.name, CHAMPION_ALIAS, str(version.version))
+
+
+def _sqlite_file(tracking_uri: str) -> Path | None:
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    path = tracking_uri.removeprefix("sqlite:///").split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+@contextlib.contextmanager
+def champion_lock(client: MlflowClient, name: str) -> Iterator[str | None]:
+    """Hold the champion lock of registered model `name` for a compare-and-set.
+
+    On a SQLite store (the embedded default) this is an exclusive `flock` on a file beside the
+    database: every process that can write that database shares its filesystem, the kernel
+    releases the lock when a holder dies (no stale lease to expire), and MLflow offers no
+    conditional alias update to build on. On an MLflow server there is no lock to take (a tag
+    used as a lease is itself a read-then-write, so it would not exclude anything): yields None,
+    and the compare-and-set rests on re-reading the alias right before the move.
+    """
+    db = _sqlite_file(client_uri(client))
+    if db is None:
+        yield None
+        return
+    import fcntl
+    import hashlib
+
+    lock = db.with_name(f"{db.name}.champion-{hashlib.sha256(name.encode()).hexdigest()[:12]}.lock")
+    with open(lock, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield str(lock)
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _champion_state(version: ModelVersion | None, metric: str) -> tuple[str, str] | None:
+    """What the compare-and-set compares: the champion's version and its recorded score."""
+    if version is None:
+        return None
+    return str(version.version), (version.tags or {}).get(f"gangflow.candidate_{metric}", "none")
+
+
+def move_champion(
+    client: MlflowClient, version: ModelVersion, *, expected: ModelVersion | None, metric: str = "accuracy"
+) -> tuple[bool, ModelVersion | None]:
+    """Compare-and-set the `champion` alias: point it at `version` only if it still names
+    `expected` (None: no champion) with the score recorded when the decision was made.
+
+    Under `champion_lock`, the alias is re-read just before the move. Returns (moved, the
+    champion found): when it changed, nothing moves and the caller decides again against the
+    champion found (so a slower, worse candidate never overwrites a better champion).
+    """
+    with champion_lock(client, version.name):
+        current = current_champion(client, version.name)
+        if _champion_state(current, metric) != _champion_state(expected, metric):
+            return False, current
+        promote(client, version)
+        return True, current
 
 
 def recorded_decision(version: ModelVersion) -> dict[str, str]:

@@ -17,7 +17,7 @@ from airflow.sdk import BaseOperator
 from operators import settings
 from operators.backends import GangResult, GangSpec, get_backend
 from operators.backends.local import pool_slots
-from operators.exceptions import GangCapacityError, GangFailure, InfraFailure, UnknownFailure, UserFailure
+from operators.exceptions import GangCapacityError, GangFailure, InfraFailure, UnknownFailure, UserError, UserFailure
 
 _FAILURES: dict[str, type[GangFailure]] = {"infra": InfraFailure, "user": UserFailure, "unknown": UnknownFailure}
 
@@ -50,8 +50,10 @@ class GangTrainingOperator(BaseOperator):
 
     :param world_size: number of ranks. With the local backend, give the task
         `pool="gangflow_training", pool_slots=world_size` so the pool admits the whole gang.
-    :param dataset: the validated-dataset manifest from `DatasetValidationOperator` (its
-        `train_path`, `test_path` and `train_md5` are passed to the trainer, which re-checks the hash).
+    :param dataset: the validated-dataset manifest from `DatasetValidationOperator`. Only its
+        `version` reaches the ranks (`--set data.version=...`, `GangSpec.dataset_version`); the
+        backend says where from (`data.remote`), and each rank fetches the version by content
+        address and checks every md5 itself. No path of this worker's DVC cache is passed.
     :param overrides: trainer parameters, dotted names to values (`{"train.max_steps": 600}`).
     :param backend: `local` or `kubernetes` (see `operators.backends`).
     :param backend_options: keyword arguments of the backend's constructor.
@@ -59,8 +61,10 @@ class GangTrainingOperator(BaseOperator):
     :param experiment: MLflow experiment of the training run.
     :param run_dir: where checkpoints and final weights go (default: one folder per DAG run
         under the state dir).
-    :returns: (XCom) `run_dir`, `final_dir`, `mlflow_run_id`, `world_size`, `backend`,
-        `attempt`, `resumed_from_step`, `gang`.
+    :returns: (XCom) `model_uri` (`runs:/<mlflow_run_id>/final`: rank 0 logs the final weights
+        there; evaluate and promote load them from MLflow, never from a worker path),
+        `mlflow_run_id`, `dataset_version`, `world_size`, `backend`, `attempt`,
+        `resumed_from_step`, `gang`.
     """
 
     template_fields = ("world_size", "dataset", "overrides", "backend", "backend_options", "config_path", "run_dir", "experiment")
@@ -97,11 +101,11 @@ class GangTrainingOperator(BaseOperator):
         ti = context["ti"]
         dag_id, run_id = ti.dag_id, context["run_id"]
         overrides = dict(self.overrides)
+        version = None
         if self.dataset:
             manifest = json.loads(self.dataset) if isinstance(self.dataset, str) else self.dataset
-            overrides.setdefault("data.train_path", manifest["train_path"])
-            overrides.setdefault("data.test_path", manifest["test_path"])
-            overrides.setdefault("data.train_md5", manifest["train_md5"])
+            version = str(manifest["version"])
+            overrides["data.version"] = version  # the ranks fetch it by content address
         env = {"GANGFLOW_DAG_ID": dag_id, "GANGFLOW_DAG_RUN_ID": run_id, "GANGFLOW_TRY_NUMBER": str(ti.try_number)}
         if mlflow_run_id:
             env |= {"MLFLOW_TRACKING_URI": settings.tracking_uri(), "MLFLOW_RUN_ID": mlflow_run_id}
@@ -113,6 +117,7 @@ class GangTrainingOperator(BaseOperator):
             overrides=tuple(format_override(k, v) for k, v in sorted(overrides.items())),
             env=env,
             attempt=ti.try_number,
+            dataset_version=version,
         )
 
     def mlflow_run(self, context) -> str | None:
@@ -124,12 +129,28 @@ class GangTrainingOperator(BaseOperator):
         ti = context["ti"]
         return tracking.ensure_run(client, experiment_id, dag_id=ti.dag_id, dag_run_id=context["run_id"])
 
+    def tag_lineage(self, spec: GangSpec) -> None:
+        """Lineage on the MLflow run (the registry copies `gangflow.*` run tags onto the version)."""
+        run_id = spec.env.get("MLFLOW_RUN_ID")
+        if not run_id:
+            return
+        from operators import tracking
+
+        tags = {"gangflow.gang": spec.name, "gangflow.backend": str(self.backend)}
+        if spec.dataset_version:
+            tags["gangflow.dataset_version"] = spec.dataset_version
+        client = tracking.get_client()
+        with tracking.mlflow_errors(tracking.client_uri(client), f"tag MLflow run {run_id}"):
+            for key, value in tags.items():
+                client.set_tag(run_id, key, value)
+
     # -- running it ----------------------------------------------------------------------------
 
     def execute(self, context):
         spec = self.build_spec(context, mlflow_run_id=self.mlflow_run(context))
         self._backend = get_backend(self.backend, **self.backend_options)
         self._backend.check_capacity(spec)
+        self.tag_lineage(spec)
         Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
         self.log.info("gang %s: %d ranks, run dir %s, try %d", spec.name, spec.world_size, spec.run_dir, spec.attempt)
         if self._backend.deferrable:
@@ -153,11 +174,15 @@ class GangTrainingOperator(BaseOperator):
             self.log.info("gangflow: try %d started from step 0 (no committed checkpoint)", spec.attempt)
         if not result.succeeded:
             raise self._failure(spec, result)
-        final_dir = Path(spec.run_dir) / "final"
+        run_id = spec.env.get("MLFLOW_RUN_ID")
+        if not run_id:
+            raise UserError(f"gang {spec.name} finished without an MLflow run: its final weights are not in MLflow")
+        from trainer.tracking import FINAL_ARTIFACT_PATH  # where rank 0 logs final/
+
         return {
-            "run_dir": spec.run_dir,
-            "final_dir": str(final_dir),
-            "mlflow_run_id": spec.env.get("MLFLOW_RUN_ID"),
+            "model_uri": f"runs:/{run_id}/{FINAL_ARTIFACT_PATH}",
+            "mlflow_run_id": run_id,
+            "dataset_version": spec.dataset_version,
             "world_size": spec.world_size,
             "backend": self.backend,
             "attempt": spec.attempt,
@@ -185,6 +210,7 @@ def _spec_to_dict(spec: GangSpec) -> dict[str, Any]:
     return {
         "name": spec.name, "run_dir": spec.run_dir, "world_size": spec.world_size, "config_path": spec.config_path,
         "overrides": list(spec.overrides), "env": dict(spec.env), "attempt": spec.attempt,
+        "dataset_version": spec.dataset_version,
     }  # fmt: skip
 
 

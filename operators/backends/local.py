@@ -65,10 +65,15 @@ class LocalBackend(GangBackend):
 
     name = "local"
 
-    def __init__(self, *, nproc_limit: int | None = None, grace_period_s: float = 60.0, extra_torchrun_args=()):
+    def __init__(
+        self, *, nproc_limit: int | None = None, grace_period_s: float = 60.0, extra_torchrun_args=(),
+        dataset_remote: str | None = None,
+    ):
         self.nproc_limit = nproc_limit
         self.grace_period_s = grace_period_s
         self.extra_torchrun_args = tuple(extra_torchrun_args)
+        # Where ranks fetch `spec.dataset_version` from; default: the DVC remote of this machine.
+        self.dataset_remote = dataset_remote
         self._proc: subprocess.Popen | None = None
 
     def check_capacity(self, spec: GangSpec) -> None:
@@ -93,8 +98,19 @@ class LocalBackend(GangBackend):
             "--max-restarts", "0",
             "--tee", "3", "--log-dir", str(log_dir),
             *self.extra_torchrun_args,
-            "-m", "trainer", *spec.trainer_args(),
+            "-m", "trainer", *spec.trainer_args(), *self._data_args(spec),
         ]  # fmt: skip
+
+    def _data_args(self, spec: GangSpec) -> list[str]:
+        """`--set data.remote=URL` for a gang that fetches a dataset version: the ranks read the
+        version by content address like pods do, never a path of the worker's DVC cache."""
+        if not spec.dataset_version or any(o.startswith("data.remote=") for o in spec.overrides):
+            return []
+        if self.dataset_remote is None:
+            from operators.dataset import remote_url
+
+            self.dataset_remote = remote_url()
+        return ["--set", f"data.remote={self.dataset_remote}"]
 
     def run(self, spec: GangSpec, log: LogFn) -> GangResult:
         log_dir = Path(spec.run_dir) / "torchrun" / f"try-{spec.attempt}"

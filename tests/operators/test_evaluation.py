@@ -3,6 +3,7 @@ MLflow on a temporary SQLite store."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -129,26 +130,41 @@ def test_test_split_without_parquet_suffix(tmp_path):
 
 # --------------------------------------------------------------------------- operator
 
+DATASET_VERSION = "d82dc74b3a3f4e8b3b51d13271f59bb3"
+
 
 def _context():
     return {"ti": SimpleNamespace(dag_id="gangflow_train", run_id="manual__1", try_number=1), "run_id": "manual__1"}
 
 
-def test_operator_logs_metrics_and_artifacts_to_the_run(home, tmp_path):
-    torch.manual_seed(1)
-    write_final_dir(tmp_path / "run", tiny_mlp())
-    client = tracking.get_client()
-    exp = tracking.ensure_experiment(client, "gangflow")
-    run_id = tracking.ensure_run(client, exp, dag_id="gangflow_train", dag_run_id="manual__1")
+def _manifest(**extra):
+    return {"version": DATASET_VERSION, "test_path": str(TEST_SPLIT), "test_md5": evaluation.file_md5(TEST_SPLIT),
+            **extra}
 
-    op = EvaluateModelOperator(task_id="evaluate", run_dir=str(tmp_path / "run"), test_path=str(TEST_SPLIT),
-                               mlflow_run_id=run_id)
-    assert {"run_dir", "test_path", "mlflow_run_id", "tracking_uri"} <= set(op.template_fields)
+
+def _logged_run(tmp_path, dag_run_id: str, seed: int = 1) -> tuple:
+    """An MLflow run holding final/ under artifact path `final`, as the trainer's rank 0 logs it."""
+    torch.manual_seed(seed)
+    final = write_final_dir(tmp_path / dag_run_id, tiny_mlp())
+    client = tracking.get_client()
+    run_id = tracking.ensure_run(client, tracking.ensure_experiment(client, "gangflow"),
+                                 dag_id="gangflow_train", dag_run_id=dag_run_id)
+    client.log_artifacts(run_id, str(final), "final")
+    return client, run_id, f"runs:/{run_id}/final"
+
+
+def test_operator_logs_metrics_and_artifacts_to_the_run(home, tmp_path):
+    client, run_id, model_uri = _logged_run(tmp_path, "manual__1")
+    op = EvaluateModelOperator(task_id="evaluate", model_uri=model_uri, dataset=_manifest(), mlflow_run_id=run_id)
+    assert {"model_uri", "dataset", "mlflow_run_id", "tracking_uri", "allowed_models"} <= set(op.template_fields)
     result = op.execute(_context())
 
     json.loads(json.dumps(result))  # XCom-serialisable
     assert set(result) >= {"accuracy", "macro_f1", "per_class", "confusion_matrix", "test_md5", "num_examples"}
     assert result["num_examples"] == 450
+    # No worker path travels downstream: the model by URI, the data by version + md5.
+    assert "test_path" not in result and str(tmp_path) not in json.dumps(result)
+    assert (result["model_uri"], result["dataset_version"]) == (model_uri, DATASET_VERSION)
     run = client.get_run(run_id)
     metrics = run.data.metrics
     assert metrics["test_accuracy"] == pytest.approx(result["accuracy"])
@@ -166,14 +182,47 @@ def test_operator_logs_metrics_and_artifacts_to_the_run(home, tmp_path):
 
 
 def test_operator_without_run_id_only_evaluates(home, tmp_path):
-    write_final_dir(tmp_path / "run", tiny_mlp())
-    op = EvaluateModelOperator(task_id="evaluate", run_dir=str(tmp_path / "run"), test_path=str(TEST_SPLIT))
+    _, _, model_uri = _logged_run(tmp_path, "manual__3")
+    op = EvaluateModelOperator(task_id="evaluate", model_uri=model_uri, dataset=_manifest())
     assert op.execute(_context())["num_examples"] == 450
 
 
-def test_operator_missing_weights_is_a_user_error(tmp_path):
-    op = EvaluateModelOperator(task_id="evaluate", run_dir=str(tmp_path / "nothing"), test_path=str(TEST_SPLIT))
-    with pytest.raises(UserError, match="no final weights"):
+def test_operator_missing_weights_is_a_user_error(home, tmp_path):
+    _, run_id, _ = _logged_run(tmp_path, "manual__4")
+    op = EvaluateModelOperator(task_id="evaluate", model_uri=f"runs:/{run_id}/no-such-folder", dataset=_manifest())
+    with pytest.raises(UserError, match=f"no model at runs:/{run_id}/no-such-folder"):
+        op.execute(_context())
+
+
+def test_operator_fetches_the_test_split_by_content_address_and_checks_its_md5(home, tmp_path, monkeypatch):
+    """12.7 + 9.3: a worker without the DVC cache object fetches the split from the DVC remote by
+    the version's content address; bytes that differ from the manifest's test_md5 are refused."""
+    from operators.exceptions import DatasetHashMismatch
+
+    from trainer.datastore import listing_digest, object_path
+
+    # A DVC 3 remote holding one version (the layout `dvc push` writes).
+    remote = tmp_path / "remote"
+    data = {"test.parquet": TEST_SPLIT.read_bytes(), "train.parquet": b"train"}
+    entries = [{"md5": hashlib.md5(b).hexdigest(), "relpath": rel} for rel, b in sorted(data.items())]
+    version = listing_digest(entries)
+    for entry in entries:
+        obj = Path(object_path(str(remote), entry["md5"]))
+        obj.parent.mkdir(parents=True, exist_ok=True)
+        obj.write_bytes(data[entry["relpath"]])
+    listing = Path(object_path(str(remote), version, ".dir"))
+    listing.parent.mkdir(parents=True, exist_ok=True)
+    listing.write_text(json.dumps(sorted(entries, key=lambda e: e["relpath"])))
+
+    _, _, model_uri = _logged_run(tmp_path, "manual__5")
+    dataset = {"version": version, "test_path": str(tmp_path / "not-on-this-worker"), "test_md5": entries[0]["md5"]}
+    monkeypatch.setenv("GANGFLOW_DVC_REMOTE", remote.as_uri())
+    op = EvaluateModelOperator(task_id="evaluate", model_uri=model_uri, dataset=dataset)
+    assert op.execute(_context())["num_examples"] == 450
+    op = EvaluateModelOperator(task_id="evaluate", model_uri=model_uri, dataset=dataset | {"test_md5": "0" * 32})
+    with pytest.raises(DatasetHashMismatch, match=f"test split of dataset version {version}: md5 "
+                                                  f"{entries[0]['md5']}, but the validated manifest says test_md5 "
+                                                  f"{'0' * 32}"):
         op.execute(_context())
 
 
@@ -184,11 +233,8 @@ def test_operator_subclass_adds_a_metric(home, tmp_path):
             m["errors"] = int(round((1 - m["accuracy"]) * m["num_examples"]))
             return m
 
-    write_final_dir(tmp_path / "run", tiny_mlp())
-    client = tracking.get_client()
-    run_id = tracking.ensure_run(client, tracking.ensure_experiment(client, "gangflow"),
-                                 dag_id="gangflow_train", dag_run_id="manual__2")
-    result = WithErrorCount(task_id="evaluate", run_dir=str(tmp_path / "run"), test_path=str(TEST_SPLIT),
+    client, run_id, model_uri = _logged_run(tmp_path, "manual__2")
+    result = WithErrorCount(task_id="evaluate", model_uri=model_uri, dataset=_manifest(),
                             mlflow_run_id=run_id).execute(_context())
     assert client.get_run(run_id).data.metrics["test_errors"] == result["errors"]
 
@@ -202,7 +248,7 @@ def _card(final: Path, model: dict, **extra) -> Path:
     return final
 
 
-def test_a_card_naming_code_off_the_allow_list_is_refused_before_any_import(tmp_path, monkeypatch):
+def test_a_card_naming_code_off_the_allow_list_is_refused_before_any_import(home, tmp_path, monkeypatch):
     """12.1: a model card is data; a module it names is never imported unless allow-listed."""
     from trainer.allowlist import ModelNotAllowed
 
@@ -221,13 +267,13 @@ def test_a_card_naming_code_off_the_allow_list_is_refused_before_any_import(tmp_
 
     assert "gangflow_evil_model" not in sys.modules
     # The operator fails the task with the same reason, as a user error.
-    op = EvaluateModelOperator(task_id="evaluate", run_dir=str(tmp_path / "run"), test_path=str(TEST_SPLIT))
+    op = EvaluateModelOperator(task_id="evaluate", model_uri=str(final), dataset=_manifest())
     with pytest.raises(UserError, match="not an allowed model architecture"):
         op.execute(_context())
     assert not marker.exists()
     # Allowed explicitly by the DAG (the operator argument), the same card loads.
     (pkg / "gangflow_evil_model.py").write_text("from model_cards import tiny_mlp as build\n")
-    allowed = EvaluateModelOperator(task_id="evaluate", run_dir=str(tmp_path / "run"), test_path=str(TEST_SPLIT),
+    allowed = EvaluateModelOperator(task_id="evaluate", model_uri=str(final), dataset=_manifest(),
                                     allowed_models=["gangflow_evil_model:build"])
     assert allowed.execute(_context())["num_examples"] == 450
 

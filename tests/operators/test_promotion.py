@@ -65,8 +65,17 @@ def weights():
     return snaps
 
 
+DATASET_VERSION = "d82dc74b3a3f4e8b3b51d13271f59bb3"
+
+
+def manifest(test_split: Path = TEST_SPLIT) -> dict:
+    """The validate task's manifest as promote reads it (the worker's DVC cache holds the file)."""
+    return {"version": DATASET_VERSION, "test_path": str(test_split), "test_md5": evaluation.file_md5(test_split)}
+
+
 class Candidate:
-    """A training run as the DAG leaves it: a run dir with final/, an MLflow run, its metrics."""
+    """A training run as the DAG leaves it: final/ logged to its MLflow run (`runs:/<id>/final`,
+    as the trainer's rank 0 does), and the evaluate task's metrics."""
 
     def __init__(self, client, tmp: Path, label: str, state_dict: dict, *, factory: str | None = None):
         self.dag_run_id = f"manual__{label}"
@@ -74,12 +83,15 @@ class Candidate:
         write_final_dir(self.run_dir, state_dict, factory)
         exp = tracking.ensure_experiment(client, "gangflow")
         self.mlflow_run_id = tracking.ensure_run(client, exp, dag_id="gangflow_train", dag_run_id=self.dag_run_id)
-        self.metrics = None if factory else evaluation.evaluate_final_dir(self.run_dir / "final", TEST_SPLIT)
+        client.log_artifacts(self.mlflow_run_id, str(self.run_dir / "final"), "final")
+        self.model_uri = f"runs:/{self.mlflow_run_id}/final"
+        loadable = factory is None or factory.startswith("model_cards:")
+        self.metrics = evaluation.evaluate_final_dir(self.run_dir / "final", TEST_SPLIT) if loadable else None
 
     def operator(self, name: str, **kwargs) -> PromoteModelOperator:
-        args = dict(task_id="promote", model_name=name, run_dir=str(self.run_dir), test_path=str(TEST_SPLIT),
+        args = dict(task_id="promote", model_name=name, model_uri=self.model_uri, dataset=manifest(),
                     mlflow_run_id=self.mlflow_run_id, candidate_metrics=self.metrics, floor=0.5,
-                    lineage={"dataset_version": "d82dc74b", "train_try_number": 1})
+                    lineage={"train_try_number": 1})
         return PromoteModelOperator(**(args | kwargs))
 
     def context(self, try_number: int = 1) -> dict:
@@ -102,7 +114,7 @@ def make(client, weights, tmp_path):
 
 def test_template_fields_cover_every_argument():
     assert set(PromoteModelOperator.template_fields) == {
-        "model_name", "run_dir", "test_path", "mlflow_run_id", "candidate_metrics", "floor", "min_improvement",
+        "model_name", "model_uri", "dataset", "mlflow_run_id", "candidate_metrics", "floor", "min_improvement",
         "lineage", "tracking_uri", "allowed_models"}
 
 
@@ -124,7 +136,8 @@ def test_promotion_lifecycle(client, make):
     assert v1.tags["gangflow.candidate_accuracy"] == f"{ok.metrics['accuracy']:.6f}"
     assert v1.tags["gangflow.champion_version"] == "none"
     # Lineage.
-    assert v1.tags["gangflow.dataset_version"] == "d82dc74b"
+    assert v1.tags["gangflow.dataset_version"] == DATASET_VERSION
+    assert v1.tags["gangflow.model_uri"] == ok.model_uri
     assert v1.tags["gangflow.dag_id"] == "gangflow_train"
     assert v1.tags["gangflow.dag_run_id"] == "manual__ok"
     assert v1.tags["gangflow.try_number"] == "1"
@@ -202,7 +215,8 @@ def test_candidate_metrics_of_another_test_file_are_recomputed(client, make):
 
 def test_bad_gate_values(make):
     with pytest.raises(ValueError, match=r"floor=1.5: must be a number in \[0, 1\]"):
-        PromoteModelOperator(task_id="p", model_name="m", run_dir="r", test_path="t", mlflow_run_id="x", floor=1.5)
+        PromoteModelOperator(task_id="p", model_name="m", model_uri="runs:/x/final", dataset={}, mlflow_run_id="x",
+                             floor=1.5)
     cand = make("bad-gate", "ok")
     with pytest.raises(UserError, match="min_improvement='lots'"):
         cand.promote("digits-bad-gate", min_improvement="lots")
@@ -218,7 +232,7 @@ def test_subclass_gates_on_macro_f1(client, make):
             return float(metrics["macro_f1"])
 
     cand = make("f1", "ok")
-    result = F1Gate(task_id="promote", model_name="digits-f1", run_dir=str(cand.run_dir), test_path=str(TEST_SPLIT),
+    result = F1Gate(task_id="promote", model_name="digits-f1", model_uri=cand.model_uri, dataset=manifest(),
                     mlflow_run_id=cand.mlflow_run_id, candidate_metrics=cand.metrics, floor=0.5
                     ).execute(cand.context())
     assert result["metric"] == "macro_f1" and result["candidate_score"] == cand.metrics["macro_f1"]
@@ -267,11 +281,24 @@ def test_a_champion_whose_card_names_arbitrary_code_is_refused_and_nothing_is_pr
     assert not client.get_model_version(name, "2").tags.get("gangflow.decision") == "promoted"
 
 
-def test_missing_final_weights_is_a_user_error(tmp_path):
-    op = PromoteModelOperator(task_id="p", model_name="m", run_dir=str(tmp_path), test_path=str(TEST_SPLIT),
-                              mlflow_run_id="abc")
-    with pytest.raises(UserError, match="no final weights"):
-        op.execute({})
+def test_missing_final_weights_is_a_user_error(client, make):
+    cand = make("never-logged", "ok")
+    with pytest.raises(UserError, match=rf"no model at runs:/{cand.mlflow_run_id}/nothing"):
+        cand.promote("digits-missing", model_uri=f"runs:/{cand.mlflow_run_id}/nothing")
+    assert registry.current_champion(client, "digits-missing") is None
+
+
+def test_a_test_split_that_differs_from_the_manifest_is_refused(client, make, tmp_path):
+    """12.7: promote scores on the validated bytes only (the champion's re-scoring included)."""
+    from operators.exceptions import DatasetHashMismatch
+
+    cand = make("tampered-split", "ok")
+    tampered = tmp_path / "test.parquet"
+    tampered.write_bytes(TEST_SPLIT.read_bytes() + b"\0")
+    with pytest.raises(DatasetHashMismatch, match=r"test split of dataset version d82dc74b\w+: md5 \w{32}, but the "
+                                                 r"validated manifest says test_md5 " + manifest()["test_md5"]):
+        cand.promote("digits-tampered", dataset=manifest() | {"test_path": str(tampered)})
+    assert registry.current_champion(client, "digits-tampered") is None
 
 
 def test_unreachable_registry_is_retryable(make, monkeypatch):
@@ -281,3 +308,64 @@ def test_unreachable_registry_is_retryable(make, monkeypatch):
     with pytest.raises(RegistryUnavailable, match=r"http://127\.0\.0\.1:9") as info:
         cand.promote("digits-offline", tracking_uri="http://127.0.0.1:9")
     assert info.value.retryable
+
+
+def test_two_promotions_racing_from_separate_processes_leave_the_better_champion(client, make, home, monkeypatch):
+    """12.4: the champion alias moves by compare-and-set. Two promote tasks in two processes on
+    the real SQLite store both decide against the same old champion; the worse one's alias
+    write comes last. The better model must end as champion, and the loser says why."""
+    import multiprocessing
+
+    import promotion_race
+
+    name = "digits-race"
+    factory = "model_cards:tiny_mlp"  # the same module, importable by name in a fresh process
+    monkeypatch.setenv("GANGFLOW_ALLOWED_MODELS", factory)
+    make("race-bad", "bad", factory=factory).promote(name, floor=0.0)  # the old champion both racers beat
+    racers = {"better": make("race-good", "good", factory=factory), "worse": make("race-ok", "ok", factory=factory)}
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    delays = {"better": (0.0, 0.5), "worse": (0.3, 3.0)}  # (start after the barrier, alias write)
+    procs = []
+    for label, cand in racers.items():
+        args = {"home": str(home), "allowed": factory, "name": name, "model_uri": cand.model_uri,
+                "dataset": manifest(), "run_id": cand.mlflow_run_id, "metrics": cand.metrics, "label": label,
+                "start_delay_s": delays[label][0], "set_delay_s": delays[label][1]}
+        procs.append(ctx.Process(target=promotion_race.promote, args=(args, barrier, out)))
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    results = {k: json.loads(v) for k, v in results.items()}
+    assert "error" not in results["better"] and "error" not in results["worse"], results
+
+    champion = registry.current_champion(client, name)
+    better = results["better"]
+    assert better["promoted"] is True and str(champion.version) == better["model_version"], results
+    # The loser found the alias moved, decided again against the new champion, and says why.
+    worse = results["worse"]
+    assert worse["promoted"] is False, results
+    assert worse["champion_version"] == better["model_version"]
+    assert f"does not beat champion v{better['model_version']}" in worse["reason"]
+    tags = client.get_model_version(name, worse["model_version"]).tags
+    assert tags["gangflow.decision"] == "rejected" and tags["gangflow.champion_version"] == better["model_version"]
+
+
+def test_move_champion_is_a_compare_and_set(client, make):
+    name = "digits-cas"
+    first = make("cas-1", "ok")
+    first.promote(name)
+    v1 = registry.current_champion(client, name)
+    v2 = registry.register_version(client, name, run_id=make("cas-2", "good").mlflow_run_id,
+                                   source_dir_or_artifact_path=first.run_dir / "final")
+    # Decided against "no champion", but v1 is champion now: nothing moves.
+    assert registry.move_champion(client, v2, expected=None) == (False, v1) or \
+        registry.current_champion(client, name).version == v1.version
+    assert str(registry.current_champion(client, name).version) == "1"
+    # The same version with another recorded score is a change too.
+    client.set_model_version_tag(name, "1", "gangflow.candidate_accuracy", "0.100000")
+    moved, now = registry.move_champion(client, v2, expected=v1)
+    assert not moved and str(now.version) == "1"
+    moved, _ = registry.move_champion(client, v2, expected=registry.current_champion(client, name))
+    assert moved and str(registry.current_champion(client, name).version) == "2"

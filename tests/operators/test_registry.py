@@ -260,3 +260,35 @@ def test_the_trainers_own_final_dir_registers_and_loads(client, new_run, tmp_pat
     root = got.parents[1]  # <model>/artifacts/final -> <model>
     assert (root / "code" / "trainer" / "models.py").read_text() == Path(models.__file__).read_text()
     assert not list(root.rglob("__pycache__"))
+
+
+def test_the_served_pyfunc_refuses_a_card_off_the_allow_list(client, new_run, final_dir, monkeypatch):
+    """12.1: the registered model's own code (operators/model_pyfunc.py) loads through the same
+    allow-list: a card naming a factory the serving deployment does not allow is refused."""
+    import mlflow
+
+    v = registry.register_version(client, "digits-serve-guard", run_id=new_run(), source_dir_or_artifact_path=final_dir)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking.client_uri(client))
+    monkeypatch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", None)
+    uri = f"models:/digits-serve-guard/{v.version}"
+    assert len(mlflow.pyfunc.load_model(uri).predict(pd.read_parquet(TEST_SPLIT).head(3))) == 3
+    monkeypatch.delenv("GANGFLOW_ALLOWED_MODELS")  # this deployment allows only the built-ins
+    with pytest.raises(Exception, match=r"model\.factory='model_cards:tiny_mlp' is not an allowed model architecture"):
+        mlflow.pyfunc.load_model(uri)
+
+
+def test_the_version_carries_the_runs_lineage_tags(client, new_run, final_dir):
+    """9.7: gang, job UID, image digest, dataset version recorded on the run reach the version."""
+    run_id = new_run()
+    lineage = {"gangflow.gang": "train-pipeline-1a2b3c4d5e", "gangflow.job_uid": "5f0c-uid",
+               "gangflow.image_digest": "ghcr.io/x/gangflow@sha256:" + "ab" * 32,
+               "gangflow.dataset_version": "d82dc74b3a3f4e8b3b51d13271f59bb3"}
+    for key, value in lineage.items():
+        client.set_tag(run_id, key, value)
+    client.set_tag(run_id, "mlflow.note.content", "not lineage")
+    v = registry.register_version(client, "digits-lineage", run_id=run_id, source_dir_or_artifact_path=final_dir,
+                                  tags={"gangflow.dataset_version": "d82dc74b3a3f4e8b3b51d13271f59bb3",
+                                        "gangflow.train_try_number": "2"})
+    tags = client.get_model_version("digits-lineage", str(v.version)).tags
+    assert lineage.items() <= tags.items()
+    assert tags["gangflow.train_try_number"] == "2" and "mlflow.note.content" not in tags
