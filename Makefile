@@ -5,7 +5,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.gangflow-installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install browser-deps setup demo cluster-drill test test-fast ui benchmarks constraints clean
+PIPELINE ?= digits
+
+.PHONY: install browser-deps setup data demo cluster-drill test test-fast ui benchmarks constraints clean
 
 install: $(STAMP)
 
@@ -19,9 +21,15 @@ $(STAMP): pyproject.toml constraints.txt
 setup: install
 	$(BIN)/python -m operators.setup
 
-# Runs the whole DAG once on the embedded defaults; the last line is a JSON summary.
+# Rebuild the datasets with `dvc repro` (dvc.yaml): the venv comes first on PATH (exported above),
+# so the stages' `python` is the project's interpreter.
+data: install
+	$(BIN)/dvc repro
+
+# Runs one pipeline's DAG once on the embedded defaults (PIPELINE=digits|diabetes|<yours>, a file
+# under pipelines/); the last line is a JSON summary.
 demo: setup
-	$(BIN)/python -m operators.demo
+	$(BIN)/python -m operators.demo --pipeline $(PIPELINE)
 
 # train_pipeline with backend=kubernetes, the rendered pods run as local processes, S3 (moto) and
 # MLflow servers on 127.0.0.1 (docs/kubernetes.md, "The cluster drill"); honours GANGFLOW_FAULT.
@@ -56,4 +64,4 @@ constraints:
 	mv constraints.txt.new constraints.txt
 
 clean:
-	rm -rf .gangflow data/digits data/synthetic
+	rm -rf .gangflow data/digits data/diabetes data/synthetic

@@ -26,7 +26,10 @@ partition (each class 1/10) by Kullback-Leibler divergence. MAX_CLASS_KL = 0.01 
 split (KL ~ 0.0001: every class holds 9.6-10.3% of the rows) and refuses, for example, one class at
 half its share (KL ~ 0.015) or a class missing altogether (KL ~ 0.105).
 
-`python data/expectations.py [train|test]` prints the suite as JSON.
+`diabetes_suite(split)` is the diabetes pipeline's suite (regression: exact columns, row
+bands, float32 everywhere, no nulls, a physiological range per column).
+
+`python data/expectations.py [train|test] [digits|diabetes]` prints the suite as JSON.
 """
 
 from __future__ import annotations
@@ -118,6 +121,53 @@ def digits_suite(split: str, *, row_count: tuple[int, int] | None = None) -> gx.
     )
 
 
+
+
+# --------------------------------------------------------------------------------------------
+# The diabetes pipeline (regression): scikit-learn's diabetes data, unscaled.
+
+DIABETES_FEATURES: list[str] = ["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"]
+DIABETES_COLUMNS: list[str] = [*DIABETES_FEATURES, LABEL]
+DIABETES_DTYPE = "float32"  # every column, the target included (a regression target is a float)
+# 442 patients split 75/25: 332 train, 110 test; bands as for digits.
+DIABETES_ROW_COUNT: dict[str, tuple[int, int]] = {"train": (300, 360), "test": (95, 125)}
+# Physiological ranges, wider than the data's (age 19..79, bmi 18..42.2, bp 62..133, s1..s6,
+# progression 25..346), narrow enough to catch a scaled or shifted file (the scaled variant of
+# the data is centred on 0 and would fail every band that excludes 0).
+DIABETES_RANGES: dict[str, tuple[float, float]] = {
+    "age": (18, 90), "sex": (1, 2), "bmi": (15, 50), "bp": (50, 150), "s1": (90, 320), "s2": (40, 260),
+    "s3": (20, 100), "s4": (2, 10), "s5": (3, 7), "s6": (55, 130), LABEL: (20, 350),
+}  # fmt: skip
+
+
+def diabetes_suite(split: str) -> gx.ExpectationSuite:
+    """The expectation suite for one split ("train" or "test") of the diabetes dataset."""
+    if split not in DIABETES_ROW_COUNT:
+        raise ValueError(f"split={split!r}: the diabetes suite knows the splits {sorted(DIABETES_ROW_COUNT)}")
+    min_rows, max_rows = DIABETES_ROW_COUNT[split]
+    expectations: list[gxe.Expectation] = [
+        gxe.ExpectTableColumnsToMatchSet(
+            column_set=DIABETES_COLUMNS, exact_match=True,
+            description=f"Exactly the columns {', '.join(DIABETES_FEATURES)} and label.",
+        ),
+        gxe.ExpectTableRowCountToBeBetween(
+            min_value=min_rows, max_value=max_rows, description=f"The {split} split holds {min_rows}..{max_rows} rows.",
+        ),
+        ExpectColumnsTypesToBe(
+            columns=DIABETES_COLUMNS, type_=DIABETES_DTYPE, description=f"Every column is {DIABETES_DTYPE}.",
+        ),
+        ExpectColumnsValuesToNotBeNull(columns=DIABETES_COLUMNS, description="No column holds a null."),
+    ]  # fmt: skip
+    for column, (low, high) in DIABETES_RANGES.items():
+        expectations.append(ExpectColumnsValuesToBeBetween(
+            columns=[column], min_value=low, max_value=high, description=f"{column} lies in [{low:g}, {high:g}].",
+        ))  # fmt: skip
+    return gx.ExpectationSuite(
+        name=f"diabetes.{split}", expectations=expectations, meta={"gangflow": {"split": split}}
+    )
+
+
 if __name__ == "__main__":
     split = sys.argv[1] if len(sys.argv) > 1 else "train"
-    print(json.dumps(digits_suite(split).to_json_dict(), indent=2, default=str))
+    suite = diabetes_suite if (sys.argv[2] if len(sys.argv) > 2 else "digits") == "diabetes" else digits_suite
+    print(json.dumps(suite(split).to_json_dict(), indent=2, default=str))

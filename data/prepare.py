@@ -1,11 +1,17 @@
-"""Build the default dataset (a DVC stage) and synthetic datasets of any size (for benchmarks).
+"""Build the example datasets (DVC stages) and synthetic datasets of any size (for benchmarks).
 
-The default dataset is scikit-learn's 8x8 handwritten digits, which ships inside the
-scikit-learn wheel, so nothing is downloaded. Output is deterministic for a given seed and
-pinned library versions: the same bytes, hence the same DVC hash, on every machine.
+Both datasets ship inside the scikit-learn wheel, so nothing is downloaded: the 8x8
+handwritten digits (classification, the default) and the diabetes progression data
+(regression: 10 clinical features in their own units, a float target). Output is
+deterministic for a given seed and pinned library versions: the same bytes, hence the same DVC
+hash, on every machine.
 
-    python data/prepare.py --out data/digits                      # the `prepare` stage in dvc.yaml
+    python data/prepare.py --out data/digits                        # stage `prepare` in dvc.yaml
+    python data/prepare.py --dataset diabetes --out data/diabetes   # stage `prepare_diabetes`
     python data/prepare.py --synthetic 100000 --out data/synthetic  # seeded synthetic data
+
+Run it with the project's interpreter (`make data`, or `.venv/bin/python`); another Python
+lacks pyarrow and is refused with that advice.
 """
 
 from __future__ import annotations
@@ -14,18 +20,26 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-import yaml
+try:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+except ImportError as exc:  # e.g. `dvc repro` found the system python first on PATH
+    sys.exit(f"data/prepare.py: {exc} in {sys.executable}; run it with the project's interpreter: "
+             "`make data`, or `PATH=$PWD/.venv/bin:$PATH dvc repro`")
 
 FEATURES = [f"pixel_{i:02d}" for i in range(64)]
 LABEL = "label"
 
 
-def _table(x: np.ndarray, y: np.ndarray) -> pa.Table:
-    columns = {name: pa.array(x[:, i].astype(np.float32)) for i, name in enumerate(FEATURES)}
-    columns[LABEL] = pa.array(y.astype(np.int64))
+DIABETES_FEATURES = ["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"]
+
+
+def _table(x: np.ndarray, y: np.ndarray, features: list[str] = FEATURES) -> pa.Table:
+    columns = {name: pa.array(x[:, i].astype(np.float32)) for i, name in enumerate(features)}
+    # Class ids stay int64; a regression target is float32 (the trainer reads it as such).
+    columns[LABEL] = pa.array(y.astype(np.float32 if np.issubdtype(y.dtype, np.floating) else np.int64))
     return pa.table(columns)
 
 
@@ -59,6 +73,26 @@ def digits() -> tuple[np.ndarray, np.ndarray]:
     return bunch.data.astype(np.float32), bunch.target.astype(np.int64)
 
 
+def diabetes() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's diabetes data, unscaled (age in years, bmi, blood pressure, six serum
+    measurements) and the disease progression one year later (25..346) as the target."""
+    from sklearn.datasets import load_diabetes
+
+    bunch = load_diabetes(scaled=False)
+    assert list(bunch.feature_names) == DIABETES_FEATURES, bunch.feature_names
+    return bunch.data.astype(np.float32), bunch.target.astype(np.float32)
+
+
+def random_split(x: np.ndarray, y: np.ndarray, *, seed: int, test_fraction: float):
+    """Seeded split for a continuous target (no classes to stratify on)."""
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"prepare.test_fraction={test_fraction!r}: must be between 0 and 1 (exclusive)")
+    order = np.random.default_rng(seed).permutation(len(y))
+    n_test = int(round(len(y) * test_fraction))
+    test, train = np.sort(order[:n_test]), np.sort(order[n_test:])
+    return (x[train], y[train]), (x[test], y[test])
+
+
 def synthetic(rows: int, *, seed: int, classes: int = 10) -> tuple[np.ndarray, np.ndarray]:
     """Gaussian class blobs with the digits schema (64 features in [0, 16]), any size."""
     if rows < classes:
@@ -71,12 +105,25 @@ def synthetic(rows: int, *, seed: int, classes: int = 10) -> tuple[np.ndarray, n
     return np.clip(x, 0.0, 16.0).astype(np.float32), y.astype(np.int64)
 
 
-def prepare(out: Path, *, seed: int, test_fraction: float, rows: int | None = None) -> dict:
-    x, y = digits() if rows is None else synthetic(rows, seed=seed)
-    (x_train, y_train), (x_test, y_test) = split(x, y, seed=seed, test_fraction=test_fraction)
+DATASETS = ("digits", "diabetes")
+
+
+def prepare(out: Path, *, seed: int, test_fraction: float, rows: int | None = None, dataset: str = "digits") -> dict:
+    if dataset not in DATASETS:
+        raise ValueError(f"--dataset={dataset!r}: accepted values are {', '.join(DATASETS)}")
+    features = FEATURES
+    if dataset == "diabetes":
+        x, y = diabetes()
+        features = DIABETES_FEATURES
+        (x_train, y_train), (x_test, y_test) = random_split(x, y, seed=seed, test_fraction=test_fraction)
+    else:
+        x, y = digits() if rows is None else synthetic(rows, seed=seed)
+        (x_train, y_train), (x_test, y_test) = split(x, y, seed=seed, test_fraction=test_fraction)
+    # Both files are written aside and renamed in (a failure leaves the previous version whole;
+    # the stages' outputs are `persist: true`, so DVC does not delete them before running).
     out.mkdir(parents=True, exist_ok=True)
-    _write(_table(x_train, y_train), out / "train.parquet")
-    _write(_table(x_test, y_test), out / "test.parquet")
+    _write(_table(x_train, y_train, features), out / "train.parquet")
+    _write(_table(x_test, y_test, features), out / "test.parquet")
     return {"train_rows": len(y_train), "test_rows": len(y_test), "out": str(out)}
 
 
@@ -84,12 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="output folder for train.parquet and test.parquet")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="parameters file (section `prepare`)")
+    parser.add_argument("--dataset", choices=DATASETS, default="digits", help="which example dataset (default digits)")
     parser.add_argument("--synthetic", type=int, metavar="ROWS", help="generate ROWS seeded synthetic rows instead of digits")
     parser.add_argument("--seed", type=int, help="override prepare.seed")
     args = parser.parse_args(argv)
     params = yaml.safe_load(args.params.read_text())["prepare"] if args.params.exists() else {}
     seed = args.seed if args.seed is not None else int(params.get("seed", 0))
-    result = prepare(args.out, seed=seed, test_fraction=float(params.get("test_fraction", 0.25)), rows=args.synthetic)
+    result = prepare(args.out, seed=seed, test_fraction=float(params.get("test_fraction", 0.25)), rows=args.synthetic,
+                     dataset=args.dataset)
     print(result)
     return 0
 

@@ -123,7 +123,7 @@ class PipelineConfig:
 PipelineDefaults = PipelineConfig
 
 _KEYS = {
-    "name", "dag_id", "publish_dag_id", "description", "schedule", "dataset", "trainer_config", "task", "metric",
+    "name", "dag_id", "publish_dag_id", "description", "schedule", "dataset", "trainer_config", "metric",
     "gate", "model_name", "backends", "default_backend", "world_size", "local_world_sizes", "retries",
     "retry_base_delay_seconds", "allowed_models",
 }  # fmt: skip
@@ -203,9 +203,6 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
               for k in ("minimum", "maximum")}
     metric = Metric(_string(f"{source}: metric.name", metric_raw.get("name", "accuracy"), re.compile(r"^[a-z][a-z0-9_]*$"),
                             "a metric key such as accuracy, macro_f1, rmse, mae"), direction, **bounds)
-    task = raw.get("task", "classification")
-    if task not in TASKS:
-        raise PipelineConfigError(f"{source}: task={task!r}: accepted values are {', '.join(TASKS)}")
     gate = raw.get("gate") or {}
     if not isinstance(gate, Mapping):
         raise PipelineConfigError(f"{source}: gate must be a mapping with keys {', '.join(sorted(_GATE_KEYS))}")
@@ -234,6 +231,9 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
             f"{trainer_config}: a `pipeline` section is not read any more; pipeline settings live in {source}"
         )
     train = trainer.get("train") or {}
+    task = train.get("task", "classification")  # one place: the trainer's config (and so the model card)
+    if task not in TASKS:
+        raise PipelineConfigError(f"{trainer_config}: train.task={task!r}: accepted values are {', '.join(TASKS)}")
     schedule = os.environ.get("GANGFLOW_SCHEDULE", raw.get("schedule"))
     sizes = raw.get("local_world_sizes", [1, 2, 4, 8])
     if not isinstance(sizes, list) or not sizes:

@@ -1,8 +1,8 @@
 """`make setup`: prepare the state dir for the embedded defaults (idempotent).
 
 Creates the state dir, migrates Airflow's SQLite DB, creates the `gangflow_training` pool sized
-to this machine, builds and publishes the pinned dataset version to the local DVC remote, and
-creates the MLflow experiment. Run again at any time; it changes only what is missing.
+to this machine, builds and publishes every pipeline's pinned dataset version (pipelines/*.yaml)
+to the local DVC remote, and creates the MLflow experiment. Run again at any time; it changes only what is missing.
 """
 
 from __future__ import annotations
@@ -32,8 +32,11 @@ def main() -> int:
     airflow("pools", "set", POOL, str(slots), "gang admission: a training task takes world-size slots", env=env)
 
     from operators import dataset, tracking
+    from operators.pipeline import load_pipelines
 
-    version = dataset.publish()
+    version = ", ".join(
+        f"{p.name} {dataset.publish(stage=p.dataset_stage, out=p.dataset_out)}" for p in load_pipelines().values()
+    )
     tracking.ensure_experiment(tracking.get_client(), "gangflow")
     print(
         f"gangflow setup: state {settings.state_dir()}, pool {POOL}={slots} slots, "

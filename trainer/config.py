@@ -151,6 +151,7 @@ class TrainConfig(_Section):
     optimizer: str = "sgd"
     lr_schedule: str = "cosine"
     device: str = "auto"
+    task: str = "classification"  # classification (cross-entropy) | regression (mean squared error)
 
     def validate(self) -> None:
         self._require("max_steps", self.max_steps >= 1, "must be an integer >= 1")
@@ -164,6 +165,7 @@ class TrainConfig(_Section):
         self._require("optimizer", self.optimizer in ("sgd", "adamw"), "must be one of: sgd, adamw")
         self._require("lr_schedule", self.lr_schedule in ("cosine", "constant"), "must be one of: cosine, constant")
         self._require("device", self.device in ("auto", "cpu", "cuda"), "must be one of: auto, cpu, cuda")
+        self._require("task", self.task in ("classification", "regression"), "must be one of: classification, regression")
 
 
 @dataclass(frozen=True)
@@ -186,10 +188,12 @@ class TrackingConfig(_Section):
     mlflow_uri: str = ""
     experiment: str = "gangflow"
     flush_every_s: float = 5.0  # MLflow metrics are batched and sent by a background thread
+    progress_every_s: float = 10.0  # rank 0's progress line (task log, MLflow); 0 = off
 
     def validate(self) -> None:
         self._require("experiment", bool(self.experiment.strip()), "must be a non-empty experiment name")
         self._require("flush_every_s", self.flush_every_s > 0, "must be a number of seconds > 0")
+        self._require("progress_every_s", self.progress_every_s >= 0, "must be a number of seconds >= 0 (0 = no progress lines)")
 
 
 SECTIONS: dict[str, type] = {

@@ -18,6 +18,7 @@ import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -31,7 +32,8 @@ LABEL = "label"
 
 
 def load_arrays(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """(features float32 [N, F], labels int64 [N]) from a Parquet file at any path."""
+    """(features float32 [N, F], labels [N]) from a Parquet file at any path: int64 class labels,
+    or float32 targets when the label column holds floating-point values (regression)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data file {str(path)!r} does not exist")
@@ -45,8 +47,22 @@ def load_arrays(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     if not features or table.num_rows == 0:
         raise DataError(f"data file {str(path)!r} has no feature columns or no rows")
     x = np.stack([table.column(c).to_numpy(zero_copy_only=False) for c in features], axis=1).astype(np.float32)
-    y = table.column(LABEL).to_numpy(zero_copy_only=False).astype(np.int64)
+    y = table.column(LABEL).to_numpy(zero_copy_only=False)
+    y = y.astype(np.float32 if np.issubdtype(y.dtype, np.floating) else np.int64)
     return np.ascontiguousarray(x), y
+
+
+#: Model factory parameters the trainer fills from the training split when the model section
+#: leaves them unset (recorded in the model card, so evaluation and serving preprocess the same).
+PREPROCESSING_PARAMS = ("feature_mean", "feature_std", "target_mean", "target_std")
+
+
+def preprocessing_stats(dataset: Dataset) -> dict[str, Any]:
+    """Mean and standard deviation of every feature and of the target over a dataset."""
+    x = np.stack([np.asarray(dataset[i][0], dtype=np.float64) for i in range(len(dataset))])
+    y = np.asarray([float(dataset[i][1]) for i in range(len(dataset))], dtype=np.float64)
+    return {"feature_mean": x.mean(axis=0).tolist(), "feature_std": x.std(axis=0).tolist(),
+            "target_mean": float(y.mean()), "target_std": float(y.std())}
 
 
 class ArrayDataset(Dataset):

@@ -22,14 +22,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer import EXIT_OK, EXIT_PREEMPTED, errors
 from trainer.checkpoint import Checkpointer, CorruptCheckpoint, Snapshot, cpu_copy, flatten_optimizer, rng_state, set_rng_state
 from trainer.config import Config, resolve_factory
-from trainer.data import DataFiles, make_loader, resolve_data
+from trainer.data import PREPROCESSING_PARAMS, DataFiles, make_loader, preprocessing_stats, resolve_data
 from trainer.distributed import Dist, Launch, StopAgreement, setup, teardown
 from trainer.errors import CheckpointError, ConfigError, DataError, user_code
 from trainer.export import write_final
 from trainer.faults import Fault, FaultInjector
+from trainer.metrics import score
 from trainer.preemption import Preemption
 from trainer.storage import Storage
-from trainer.tracking import Tracker
+from trainer.tracking import Progress, Tracker
 
 # What a checkpoint must share with the run resuming it (issue: a finished checkpoint under a new
 # dataset or config must not publish old weights). Not here: world size (resume across world sizes
@@ -145,7 +146,7 @@ class Trainer:
                                params=cfg.to_dict(), tags={"gangflow.world_size": str(d.world_size),
                                                            "gangflow.run_dir": run_dir.url})
         self.ckpt = Checkpointer(run_dir.child("checkpoints"), cfg.checkpoint, rank=d.rank, log=self.log,
-                                 on_commit=self._on_commit)
+                                 on_commit=self._on_commit, at_save=self.faults.at_save)
         self.config_dict = cfg.to_dict()
         self.step = self.epoch = self.batch_in_epoch = 0
         self.resumed_from: int | None = None
@@ -158,9 +159,19 @@ class Trainer:
     def _model_kwargs(self) -> dict[str, Any]:
         kwargs = dict(self.cfg.model.kwargs)
         factory = resolve_factory(self.cfg.model.factory, "model.factory")
-        if "input_dim" not in kwargs and "input_dim" in inspect.signature(factory).parameters:
+        params = inspect.signature(factory).parameters
+        if "input_dim" not in kwargs and "input_dim" in params:
             kwargs["input_dim"] = int(torch.as_tensor(self.train_set[0][0]).numel())
+        wanted = [k for k in PREPROCESSING_PARAMS if k in params and k not in kwargs]
+        if wanted:  # the training split's statistics, recorded in the card with the other kwargs
+            stats = preprocessing_stats(self.train_set)
+            kwargs.update({k: stats[k] for k in wanted})
         return kwargs
+
+    def loss(self, out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        if self.cfg.train.task == "regression":
+            return F.mse_loss(out.reshape(-1), y.to(out.dtype), reduction=reduction)
+        return F.cross_entropy(out, y, reduction=reduction)
 
     # --- the loop -------------------------------------------------------------------------------
 
@@ -174,10 +185,15 @@ class Trainer:
         self.sampler.set_start(self.batch_in_epoch * self.local_batch)
         self._it = iter(self.loader)
         window, train_t0 = _Window(), time.perf_counter()
+        progress = Progress(self.tracker, log=self.log, every_s=self.cfg.tracking.progress_every_s, total=t.max_steps,
+                            global_batch=self.global_batch, start_step=self.step, committed_step=self.resumed_from)
+        self._progress = progress
+        self.faults.start_clock()  # kill@time: unsynchronised, counted from here
         while self.step < t.max_steps and not stop.should_stop():
             errors.context.step = self.step + 1  # the step in progress, for error records
             loss = self.train_step(model, *self.next_batch(), step=self.step + 1)
             self.step += 1
+            self.faults.step = self.step
             window.add(loss)
             if self.step % t.log_every_steps == 0 or self.step == t.max_steps:
                 self.log_metrics(window)
@@ -187,6 +203,8 @@ class Trainer:
                 self.ckpt.wait()  # drills are reproducible: pending writes are committed first
                 d.barrier()
                 self.faults.fire(self.step)
+            progress.tick(self.step)
+        self.faults.stop_clock()
         train_s = time.perf_counter() - train_t0
         stop.drain()
         if stop.stopped and self.step < t.max_steps:
@@ -210,7 +228,7 @@ class Trainer:
 
     def train_step(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, step: int) -> torch.Tensor:
         with user_code():
-            loss = F.cross_entropy(model(x), y)
+            loss = self.loss(model(x), y)
             self.faults.maybe_raise(step)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -221,7 +239,9 @@ class Trainer:
     def log_metrics(self, window: _Window) -> None:
         """Every rank calls this at the same steps (the loss is averaged over ranks)."""
         loss, steps, elapsed = window.take()
-        self.tracker.step(self.step, loss=self.d.mean(loss), lr=self.scheduler.get_last_lr()[0],
+        loss = self.d.mean(loss)
+        self._progress.loss = loss
+        self.tracker.step(self.step, loss=loss, lr=self.scheduler.get_last_lr()[0],
                           samples_per_sec=steps * self.global_batch / elapsed, epoch=self.epoch)
 
     # --- checkpoints ----------------------------------------------------------------------------
@@ -248,6 +268,7 @@ class Trainer:
         return time.perf_counter() - t0
 
     def _on_commit(self, info: dict[str, Any]) -> None:
+        self._progress.committed(info)
         self.tracker.event("checkpoint", info["step"], mlflow_prefix="checkpoint_", duration_s=info["duration_s"],
                            blocked_s=info["blocked_s"], bytes=info["bytes"], path=info["path"])
 
@@ -310,6 +331,7 @@ class Trainer:
         saved = f"checkpoint step-{self.step} committed" if self.step > 0 else "no step done, nothing to checkpoint"
         self.log(f"gangflow: preempted (SIGTERM): stopped at step {self.step}; {saved} {since}; exiting with {EXIT_PREEMPTED}")
         self.tracker.event("preempted", self.step)
+        self._progress.attempt_record(self.step)
         self.tracker.close(status=None)
         return EXIT_PREEMPTED
 
@@ -318,16 +340,19 @@ class Trainer:
             test_set = resolve_factory(self.cfg.data.factory, "data.factory")(self.data.test_path)
         loader = torch.utils.data.DataLoader(test_set, batch_size=1024)
         self.model.eval()
-        correct, total, loss = 0, 0, 0.0
+        outputs, targets, loss, total = [], [], 0.0, 0
         with torch.no_grad():
             for x, y in loader:
                 x, y = x.to(self.d.device), y.to(self.d.device)
                 out = self.model(x)
-                loss += float(F.cross_entropy(out, y, reduction="sum"))
-                correct += int((out.argmax(dim=1) == y).sum())
+                loss += float(self.loss(out, y, reduction="sum"))
+                outputs.append(out.cpu().numpy())
+                targets.append(y.cpu().numpy())
                 total += len(y)
         self.model.train()
-        return {"test_accuracy": correct / max(total, 1), "test_loss": loss / max(total, 1)}
+        # trainer.metrics: the same computation as the pipeline's evaluate task (scores agree).
+        metrics = score(self.cfg.train.task, np.concatenate(outputs), np.concatenate(targets))
+        return {**{f"test_{k}": v for k, v in metrics.items()}, "test_loss": loss / max(total, 1)}
 
     def finish(self, train_s: float) -> int:
         d = self.d
@@ -349,8 +374,10 @@ class Trainer:
             self.tracker.event("final", self.step, mlflow_prefix="", **metrics, world_size=d.world_size,
                                global_batch=self.global_batch,
                                train_s=round(train_s, 4), checkpoint_blocked_s=round(self.ckpt_blocked_s, 6))
-            self.log(f"gangflow: done: {self.step} steps on {d.world_size} rank(s); test accuracy "
-                     f"{metrics['test_accuracy']:.4f}; final weights at {final}/model.safetensors")
+            headline = "; ".join(f"{k.replace('_', ' ', 1)} {v:.4f}" for k, v in metrics.items() if k != "test_loss")
+            self.log(f"gangflow: done: {self.step} steps on {d.world_size} rank(s); {headline}; "
+                     f"final weights at {final}/model.safetensors")
+        self._progress.attempt_record(self.step)
         d.barrier()
         self.tracker.close(status="FINISHED")
         return EXIT_OK

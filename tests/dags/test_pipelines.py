@@ -30,7 +30,6 @@ def test_the_digits_pipeline_keeps_its_dag_id_and_gate():
     [
         ({"modle_name": "x"}, "unknown key(s) modle_name; accepted keys:"),
         ({"metric": {"name": "rmse", "direction": "down"}}, "metric.direction='down': accepted values are higher, lower"),
-        ({"task": "ranking"}, "task='ranking': accepted values are classification, regression"),
         ({"dataset": {"stage": "prepare", "out": "data/digits"}}, "dataset.suite is required"),
         ({"backends": {"local": "x:Y"}}, "'local' is built in"),
         ({"backends": {"slurm": "not a path"}}, "backends.slurm='not a path': must be 'module:Class'"),
@@ -68,7 +67,7 @@ def test_a_new_pipeline_file_is_a_new_dag_with_its_own_backend_and_gate(tmp_path
     third = {
         "name": "third", "description": "a third one",
         "dataset": {"stage": "prepare", "out": "data/third", "suite": "data.expectations:digits_suite"},
-        "metric": {"name": "mae", "direction": "lower", "minimum": 0}, "task": "regression",
+        "metric": {"name": "mae", "direction": "lower", "minimum": 0},
         "gate": {"floor": 50.0, "min_improvement": 0.5}, "schedule": "none",
         "backends": {"slurm": "mypkg.slurm:SlurmBackend"},
     }  # fmt: skip
@@ -81,7 +80,7 @@ def test_a_new_pipeline_file_is_a_new_dag_with_its_own_backend_and_gate(tmp_path
         "dag = bag.dags['train_third']\n"
         "p = {k: dag.params.get_param(k).schema for k in ('backend', 'promotion_floor', 'min_improvement')}\n"
         "print(json.dumps({'dags': sorted(bag.dags), 'tasks': sorted(t.task_id for t in dag.tasks), 'params': p,\n"
-        "  'floor': dag.params['promotion_floor'], 'suite': dag.get_task('validate_dataset').suite,\n"
+        "  'floor': dag.params['promotion_floor'], 'task': __import__('operators.pipeline').pipeline.pipeline('third').task, 'suite': dag.get_task('validate_dataset').suite,\n"
         "  'out': dag.get_task('validate_dataset').dvc_out, 'model': dag.get_task('promote').model_name}))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=180,
@@ -89,6 +88,7 @@ def test_a_new_pipeline_file_is_a_new_dag_with_its_own_backend_and_gate(tmp_path
     assert done.returncode == 0, done.stderr[-4000:]
     shape = json.loads(done.stdout.strip().splitlines()[-1])
     assert shape["dags"] == ["publish_dataset", "publish_third", "train_pipeline", "train_third"]
+    assert shape["task"] == "classification"  # from the trainer config it names (params.yaml)
     assert "train_slurm" in shape["tasks"] and "train_kubernetes" in shape["tasks"]
     assert shape["params"]["backend"]["enum"] == ["local", "kubernetes", "slurm"]
     assert shape["params"]["promotion_floor"]["minimum"] == 0 and "maximum" not in shape["params"]["promotion_floor"]
