@@ -303,19 +303,17 @@ class Drill:
     def run(self) -> dict[str, Any]:
         from operators import demo
         from operators.backends.local import _RESUMED  # the trainer's resume line, read as the local backend reads it
-        from operators.kubernetes.runtime import RuntimeDefaults
-        from operators.training import gang_name
 
         if backport_dag_test_defer_kwargs():
             echo("drill: dag.test() keeps defer kwargs on resume (apache/airflow#69942 backported for this run)")
         dag_run = demo.run_dag(self.conf)
         summary = demo.summarize(dag_run)
-        gang = gang_name(demo.DAG_ID, dag_run.run_id)
         runs = list(self.cluster.history)
         resumed = [int(m.group(1)) for run in runs for m in _RESUMED.finditer("".join(run.log_lines))]
         summary |= {
             "backend": "kubernetes",
-            "checkpoint_uri": RuntimeDefaults.from_mapping(self.runtime).checkpoint.run_dir(gang),
+            # where the pods really wrote: the --run-dir of the containers the backend rendered
+            "checkpoint_uri": next((run.rendered_argv[i + 1] for run in runs for i, a in enumerate(run.rendered_argv[:-1]) if a == "--run-dir"), None),
             "resumed_from_step": resumed[-1] if resumed else None,
         }
         findings = isolation_findings(runs, self.state)
