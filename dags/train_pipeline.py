@@ -199,6 +199,9 @@ def build_pipeline_dag(p: PipelineConfig):
             candidate_metrics=evaluate.output,
             floor="{{ params.promotion_floor }}",
             min_improvement="{{ params.min_improvement }}",
+            metric=p.metric.name,
+            direction=p.metric.direction,
+            metric_bounds=(p.metric.minimum, p.metric.maximum),
             allowed_models=allowed,
             lineage={
                 "dataset_version": "{{ " + MANIFEST + "['version'] }}",

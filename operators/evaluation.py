@@ -115,12 +115,42 @@ def classification_metrics(y_true: Any, y_pred: Any, num_classes: int) -> dict[s
     }
 
 
-def evaluate(model: torch.nn.Module, x: Any, y: Any, num_classes: int | None = None) -> dict[str, Any]:
-    """Evaluate a classifier on (x, y); see `classification_metrics` for the returned dict.
+def model_outputs(model: torch.nn.Module, x: Any, *, batch_size: int = 1024) -> np.ndarray:
+    """The model's raw outputs for `x` (float64 numpy), in batches of `batch_size` as the trainer's
+    own evaluation runs them."""
+    import numpy as np
+    import torch
 
-    `x` is float [N, features], `y` int [N] (numpy arrays or tensors). `num_classes` defaults to
-    the model's number of outputs (or the largest label + 1, if larger).
+    xs = torch.as_tensor(_as_numpy(x), dtype=torch.float32)
+    model.eval()
+    with torch.no_grad():
+        outs = [model(xs[i : i + batch_size]).cpu().numpy() for i in range(0, len(xs), batch_size)]
+    return np.concatenate(outs).astype(np.float64) if outs else np.zeros(0)
+
+
+def regression_metrics(model: torch.nn.Module, x: Any, y: Any) -> dict[str, Any]:
+    """RMSE, MAE and R^2 of a regressor on (x, y): `trainer.metrics.score`, the function the
+    trainer reports its own test metrics with, so both scores agree."""
+    from trainer.metrics import score
+
+    y_np = _as_numpy(y)
+    return {**score("regression", model_outputs(model, x), y_np), "num_examples": int(len(y_np)), "task": "regression"}
+
+
+def evaluate(
+    model: torch.nn.Module, x: Any, y: Any, num_classes: int | None = None, *, task: str = "classification"
+) -> dict[str, Any]:
+    """Evaluate a model on (x, y): a classifier (see `classification_metrics` for the returned
+    dict) or, with `task="regression"`, a regressor (`regression_metrics`).
+
+    `x` is float [N, features], `y` int [N] class ids or float [N] targets (numpy arrays or
+    tensors). `num_classes` defaults to the model's number of outputs (or the largest label + 1,
+    if larger).
     """
+    if task == "regression":
+        return regression_metrics(model, x, y)
+    if task != "classification":
+        raise ValueError(f"task={task!r}: accepted values are classification, regression")
     y_np = _as_numpy(y)
     preds, width = predict_classes(model, x)
     if num_classes is None:
@@ -143,7 +173,9 @@ def load_test_arrays(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     from operators.model_pyfunc import LABEL_COLUMN, features
 
     frame = pd.read_parquet(path)
-    return features(frame), frame[LABEL_COLUMN].to_numpy(dtype=np.int64)
+    y = frame[LABEL_COLUMN].to_numpy()
+    y = y.astype(np.float32 if np.issubdtype(y.dtype, np.floating) else np.int64)
+    return features(frame, [c for c in frame.columns if c != LABEL_COLUMN]), y
 
 
 def load_final_model(final_dir: str | Path, *, allowed_models: Sequence[str] | str | None = None) -> torch.nn.Module:
@@ -173,9 +205,11 @@ def evaluate_final_dir(
     The result also names the test file and its md5, so a later comparison can check that two
     scores come from the same split.
     """
+    from operators.model_pyfunc import card_task
+
     model = load_final_model(final_dir, allowed_models=allowed_models)
     x, y = load_test_arrays(test_path)
-    metrics = evaluate(model, x, y, num_classes)
+    metrics = evaluate(model, x, y, num_classes, task=card_task(final_dir))
     metrics["test_path"] = str(test_path)
     metrics["test_md5"] = file_md5(test_path)
     return metrics
@@ -267,8 +301,9 @@ def confusion_matrix_png(cm: Sequence[Sequence[int]], path: str | Path, *, title
 
 def flat_metrics(metrics: dict[str, Any], prefix: str = "test_") -> dict[str, float]:
     """The scalar MLflow metrics of an evaluation: `test_accuracy`, `test_macro_f1`,
-    `test_precision_class_K`, `test_recall_class_K`, `test_f1_class_K`."""
-    out = {f"{prefix}accuracy": metrics["accuracy"], f"{prefix}macro_f1": metrics["macro_f1"]}
+    `test_precision_class_K`, `test_recall_class_K`, `test_f1_class_K` (a classifier);
+    `test_rmse`, `test_mae`, `test_r2` (a regressor)."""
+    out = {f"{prefix}{k}": metrics[k] for k in ("accuracy", "macro_f1", "rmse", "mae", "r2") if k in metrics}
     for k, row in metrics.get("per_class", {}).items():
         for name in ("precision", "recall", "f1"):
             out[f"{prefix}{name}_class_{k}"] = row[name]
@@ -355,9 +390,10 @@ class EvaluateModelOperator(BaseOperator):
         return load_test_arrays(test_path)
 
     def metrics(self, model: Any, x: Any, y: Any) -> dict[str, Any]:
-        """The metrics dict (JSON-serialisable); default: `evaluate(model, x, y, num_classes)`."""
+        """The metrics dict (JSON-serialisable); default: `evaluate(model, x, y, num_classes,
+        task=...)`, the task (`classification` | `regression`) read from the model card."""
         num_classes = int(self.num_classes) if self.num_classes not in (None, "", "None") else None
-        return evaluate(model, x, y, num_classes)
+        return evaluate(model, x, y, num_classes, task=getattr(self, "task", "classification"))
 
     def log_to_mlflow(self, metrics: dict[str, Any]) -> None:
         """Log metrics, the JSON report and the confusion-matrix PNG to `mlflow_run_id`."""
@@ -380,16 +416,18 @@ class EvaluateModelOperator(BaseOperator):
             client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in sorted(scalars.items())], tags=tags)
             report = Path(tmp) / "metrics.json"
             report.write_text(json.dumps(metrics, indent=2, sort_keys=True))
-            png = confusion_matrix_png(metrics["confusion_matrix"], Path(tmp) / "confusion_matrix.png",
-                                       title=f"{self.task_id}: accuracy {metrics['accuracy']:.4f}")
             client.log_artifact(run_id, str(report), artifact_path=str(Path(METRICS_ARTIFACT).parent))
-            client.log_artifact(run_id, str(png), artifact_path=str(Path(CONFUSION_ARTIFACT).parent))
+            if "confusion_matrix" in metrics:  # a classifier's
+                png = confusion_matrix_png(metrics["confusion_matrix"], Path(tmp) / "confusion_matrix.png",
+                                           title=f"{self.task_id}: accuracy {metrics['accuracy']:.4f}")
+                client.log_artifact(run_id, str(png), artifact_path=str(Path(CONFUSION_ARTIFACT).parent))
         log.info("logged %d metrics and %s, %s to MLflow run %s at %s",
                  len(scalars), METRICS_ARTIFACT, CONFUSION_ARTIFACT, run_id, uri)
 
     # -- execute ---------------------------------------------------------------------------
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from operators.model_pyfunc import card_task
         from operators.registry import download_model
         from operators.tracking import get_client
 
@@ -398,6 +436,7 @@ class EvaluateModelOperator(BaseOperator):
         with tempfile.TemporaryDirectory(prefix="gangflow-evaluate-") as tmp:
             final_dir = download_model(get_client(self.tracking_uri or None), model_uri, Path(tmp) / "model")
             test_path = fetch_test_split(manifest, Path(tmp) / "data")
+            self.task = card_task(final_dir)  # as trained: the card's train.task
             try:
                 model = self.load_model(final_dir)
             except GangflowError:
@@ -416,10 +455,11 @@ class EvaluateModelOperator(BaseOperator):
         metrics["test_md5"] = str(manifest["test_md5"])  # verified by fetch_test_split
         metrics["dataset_version"] = str(manifest["version"])
         metrics["model_uri"] = model_uri
+        headline = ", ".join(f"{k} {metrics[k]:.4f}" for k in ("accuracy", "macro_f1", "rmse", "mae", "r2")
+                             if isinstance(metrics.get(k), (int, float)))
         log.info(
-            "evaluated %s on dataset version %s test split (%d examples, md5 %s): accuracy %.4f, macro-F1 %.4f",
-            model_uri, manifest["version"], metrics.get("num_examples", len(y)), metrics["test_md5"],
-            metrics["accuracy"], metrics["macro_f1"],
+            "evaluated %s (%s) on dataset version %s test split (%d examples, md5 %s): %s",
+            model_uri, self.task, manifest["version"], metrics.get("num_examples", len(y)), metrics["test_md5"], headline,
         )
         if self.mlflow_run_id:
             self.log_to_mlflow(metrics)

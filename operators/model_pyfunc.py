@@ -8,9 +8,13 @@ MLflow stores this file next to the model's artifacts (`artifacts/final/model.sa
     model.predict(pd.read_parquet("data/digits/test.parquet").head())
     #    prediction  prob_0 ... prob_9
 
-The input is a DataFrame with the 64 feature columns `pixel_00`..`pixel_63` (other columns,
-such as `label`, are ignored); the output has the predicted class in `prediction` and the
-softmax probabilities in `prob_<k>`.
+The input is a DataFrame with the model's feature columns: those of the validated dataset it was
+trained on, recorded as the signature and in the model's `model_config["features"]` (the
+digits' `pixel_00`..`pixel_63`; other columns, such as `label`, are ignored). A classifier
+returns the predicted class in `prediction` and the softmax probabilities in `prob_<k>`; a
+regressor (`train.task: regression` in its card) the predicted value in `prediction`. Any
+preprocessing is part of the model (its factory's kwargs in the card), so serving applies
+exactly what training and evaluation applied.
 
 Loading needs torch and safetensors. Weights are read with safetensors and the module is rebuilt
 by calling the factory the model card names, so nothing is unpickled; that factory must be on
@@ -27,6 +31,7 @@ call `mlflow.models.set_model`. It never imports Airflow.
 from pathlib import Path
 from typing import Any
 
+# The digits pipeline's columns: the default for models registered without a dataset schema.
 FEATURE_COLUMNS = [f"pixel_{i:02d}" for i in range(64)]
 LABEL_COLUMN = "label"
 WEIGHTS_FILE = "model.safetensors"
@@ -50,18 +55,39 @@ def load_final_model(final_dir: "str | Path", *, allowed_models=None):
     return trainer_loader(final_dir, allowed_models=allowed_models).eval()
 
 
-def features(frame) -> Any:
-    """The float32 [N, 64] feature matrix of a DataFrame (feature columns in order)."""
+def card_task(final_dir: "str | Path") -> str:
+    """The task the model was trained for (`config.train.task` of its card; classification)."""
+    import json
+
+    try:
+        card = json.loads((Path(final_dir) / CARD_FILE).read_text())
+        task = ((card.get("config") or {}).get("train") or {}).get("task") or "classification"
+    except (OSError, ValueError, AttributeError):
+        return "classification"
+    return task if task in ("classification", "regression") else "classification"
+
+
+def _listed(columns, limit: int = 6) -> str:
+    columns = [str(c) for c in columns]
+    more = f", ... ({len(columns)} in all)" if len(columns) > limit else ""
+    return "[" + ", ".join(columns[:limit]) + more + "]"
+
+
+def features(frame, columns=None) -> Any:
+    """The float32 [N, F] feature matrix of a DataFrame: `columns` (default the digits'
+    FEATURE_COLUMNS) in order; other columns are ignored."""
     import numpy as np
 
-    missing = [c for c in FEATURE_COLUMNS if c not in frame.columns]
+    columns = list(columns or FEATURE_COLUMNS)
+    missing = [c for c in columns if c not in frame.columns]
     if missing:
-        # Accept exactly 64 unnamed/other numeric columns, in order.
+        # Accept exactly as many unnamed/other numeric columns, in order.
         cols = [c for c in frame.columns if c != LABEL_COLUMN]
-        if len(cols) != len(FEATURE_COLUMNS):
-            raise ValueError(f"input lacks feature columns {missing[:3]}... and has {len(cols)} columns, not 64")
+        if len(cols) != len(columns) or all(isinstance(c, str) for c in cols):
+            raise ValueError(f"expected columns {_listed(columns)}, got {_listed(frame.columns)}: "
+                             f"missing {_listed(missing)}")
         return np.ascontiguousarray(frame[cols].to_numpy(dtype=np.float32, copy=True))
-    return np.ascontiguousarray(frame[FEATURE_COLUMNS].to_numpy(dtype=np.float32, copy=True))
+    return np.ascontiguousarray(frame[columns].to_numpy(dtype=np.float32, copy=True))
 
 
 def build_python_model():
@@ -69,11 +95,15 @@ def build_python_model():
     import mlflow.pyfunc
     import pandas as pd
 
-    class GangflowClassifier(mlflow.pyfunc.PythonModel):
-        """Digits classifier: safetensors weights + model card, rebuilt by its factory."""
+    class GangflowModel(mlflow.pyfunc.PythonModel):
+        """A gangflow model: safetensors weights + model card, rebuilt by its factory."""
 
         def load_context(self, context):
-            self.model = load_final_model(context.artifacts["final"])
+            final = context.artifacts["final"]
+            self.model = load_final_model(final)
+            config = getattr(context, "model_config", None) or {}
+            self.columns = list(config.get("features") or FEATURE_COLUMNS)
+            self.task = config.get("task") or card_task(final)
 
         # Real (not string) annotations: MLflow reads them to validate the input.
         def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
@@ -81,15 +111,18 @@ def build_python_model():
             import torch
 
             frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
-            x = torch.from_numpy(features(frame))
+            x = torch.from_numpy(features(frame, self.columns))
             with torch.no_grad():
-                probs = torch.softmax(self.model(x), dim=-1).numpy()
+                outputs = self.model(x)
+            if self.task == "regression":
+                return pd.DataFrame({"prediction": outputs.reshape(-1).numpy().astype(np.float64)}, index=frame.index)
+            probs = torch.softmax(outputs, dim=-1).numpy()
             out = pd.DataFrame({"prediction": probs.argmax(axis=1).astype(np.int64)}, index=frame.index)
             for k in range(probs.shape[1]):
                 out[f"prob_{k}"] = probs[:, k].astype(np.float64)
             return out
 
-    return GangflowClassifier()
+    return GangflowModel()
 
 
 if __name__ != "operators.model_pyfunc":  # executed by MLflow as the model's code

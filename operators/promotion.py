@@ -25,12 +25,15 @@ from operators.registry import (
     ChampionEvaluationFailed,
     Decision,
     PromotionGate,
+    check_schema,
     current_champion,
     decide,
     download_model,
     download_version,
     git_commit,
+    input_schema,
     lineage_tags,
+    model_schema,
     move_champion,
     record_decision,
     recorded_decision,
@@ -68,8 +71,11 @@ class PromoteModelOperator(BaseOperator):
     1. download the candidate from MLflow (`model_uri`, `runs:/<run>/final`) and get the test
        split of the manifest's dataset version by content address (md5-checked against the
        manifest's `test_md5`);
-    2. register it as a version of `model_name` (a pyfunc logged from code, no pickle; see
-       `operators.registry.register_version`): a retry reuses the version already registered
+    2. check that the candidate's input columns (the validated dataset's schema, less the
+       label) are the champion's (`SchemaMismatch` otherwise: nothing is registered), then
+       register it as a version of `model_name` (a pyfunc logged from code, no pickle; see
+       `operators.registry.register_version`) with that schema as its signature and a few rows
+       of the test split as its input example: a retry reuses the version already registered
        from `mlflow_run_id`; the version gets the run's `gangflow.*` lineage tags;
     3. if that version already holds the `champion` alias (a retry after the alias moved),
        report it as promoted without deciding again;
@@ -77,8 +83,9 @@ class PromoteModelOperator(BaseOperator):
        test file, else a fresh evaluation) and the current champion, downloaded and evaluated
        now ON THE SAME TEST SPLIT; a champion whose card names a factory off the allow-list is
        never loaded: the task fails (`ChampionEvaluationFailed`) and nothing is promoted;
-    5. `decide` with `PromotionGate(floor, min_improvement)`: promote iff the candidate reaches
-       the floor and beats the champion by MORE than `min_improvement`;
+    5. `decide` with `PromotionGate(floor, min_improvement, metric, direction)`: promote iff the
+       candidate reaches the floor (a ceiling when lower is better) and beats the champion by
+       MORE than `min_improvement`;
     6. record the decision on the version and the registered model (`gangflow.*` tags, see
        docs/registry.md) and, only when promoted, move the `champion` alias by compare-and-set
        (`operators.registry.move_champion`): if another promotion moved it meanwhile, decide
@@ -87,16 +94,21 @@ class PromoteModelOperator(BaseOperator):
 
     Returns (XCom): `promoted`, `reason`, `model_name`, `model_version` (str, as in MLflow's REST
     API and UI), `candidate_accuracy`, `champion_version` (the champion compared against, str;
-    None without one), `champion_accuracy`, plus `metric`, `candidate_score`, `champion_score`
-    (the gated metric; equal to the accuracies by default).
+    None without one), `champion_accuracy` (None for a regressor), plus `metric`, `direction`,
+    `candidate_score`, `champion_score` (the gated metric; equal to the accuracies by default).
 
     :param model_name: registered model name (templated).
     :param model_uri: MLflow URI of the candidate's final weights (templated), `runs:/<id>/final`.
     :param dataset: the validate task's manifest (templated): `version`, `test_md5`, ...
     :param mlflow_run_id: the DAG run's MLflow run (templated); the version links to it.
     :param candidate_metrics: the evaluate task's metrics dict (an XComArg; templated).
-    :param floor: minimum score, in [0, 1] (templated).
-    :param min_improvement: margin over the champion, in [0, 1) (templated).
+    :param floor: the score a candidate needs (templated): at least this when higher is better,
+        at most this when lower is better; within `metric_bounds`.
+    :param min_improvement: margin over the champion, >= 0 and below the bounds' width (templated).
+    :param metric: the metrics key the gate compares (default the class's `metric_name`, accuracy).
+    :param direction: "higher" or "lower" is better (default the class's `direction`, higher).
+    :param metric_bounds: (lowest, highest) value of the metric, None for unbounded (default
+        (0, 1), a share).
     :param lineage: extra version tags, e.g. {"dataset_version": ..., "dataset_md5": ...}; stored as
         `gangflow.<key>`; `dag_id`, `dag_run_id`, `try_number`, `git_commit`, `mlflow_run_id`
         are filled from the context when absent (templated).
@@ -104,8 +116,8 @@ class PromoteModelOperator(BaseOperator):
     :param allowed_models: `module:function` model factories allowed beside the `gangflow.models`
         entry points (templated), for the candidate and the champion alike.
 
-    Subclassing: set `metric_name` and override `score(metrics)` to gate on another metric,
-    e.g. ``metric_name = "macro_f1"; def score(self, m): return m["macro_f1"]``; override
+    Subclassing: set `metric_name` (and `direction`) or pass `metric=`, and override
+    `score(metrics)` to compute it, e.g. ``metric_name = "macro_f1"``; override
     `evaluate_model_dir(final_dir, test_path)` to evaluate differently (it scores both candidate
     and champion, so they stay comparable); override `gate()` for another gate policy.
     """
@@ -117,6 +129,8 @@ class PromoteModelOperator(BaseOperator):
     template_fields_renderers = {"dataset": "json", "lineage": "json"}
     ui_color = "#fdf2d0"
     metric_name: ClassVar[str] = "accuracy"
+    direction: ClassVar[str] = "higher"
+    metric_bounds: ClassVar[tuple[float | None, float | None]] = (0.0, 1.0)
     #: How often the alias may move under this promotion before it gives up (and is retried).
     max_rounds: ClassVar[int] = 5
 
@@ -133,9 +147,18 @@ class PromoteModelOperator(BaseOperator):
         lineage: Mapping[str, Any] | None = None,
         tracking_uri: str | None = None,
         allowed_models: Sequence[str] | None = None,
+        metric: str | None = None,
+        direction: str | None = None,
+        metric_bounds: Sequence[float | None] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if metric:
+            self.metric_name = metric
+        if direction:
+            self.direction = direction
+        if metric_bounds is not None:
+            self.metric_bounds = tuple(metric_bounds)
         self.model_name = model_name
         self.model_uri = model_uri
         self.dataset = dataset
@@ -150,7 +173,8 @@ class PromoteModelOperator(BaseOperator):
             isinstance(v, (int, float)) for v in (floor, min_improvement)
         ):
             try:  # fail at DAG parse time on literal bad values
-                PromotionGate(floor=floor, min_improvement=min_improvement, metric=self.metric_name)
+                PromotionGate(floor=floor, min_improvement=min_improvement, metric=self.metric_name,
+                              direction=self.direction, bounds=self.metric_bounds)
             except ValueError as exc:
                 raise ValueError(f"{self.task_id}: {exc}") from None
 
@@ -162,12 +186,18 @@ class PromoteModelOperator(BaseOperator):
                 floor=_number("floor", self.floor),
                 min_improvement=_number("min_improvement", self.min_improvement),
                 metric=self.metric_name,
+                direction=self.direction,
+                bounds=self.metric_bounds,
             )
         except ValueError as exc:
             raise UserError(str(exc)) from None
 
     def score(self, metrics: Mapping[str, Any]) -> float:
-        """The number the gate compares; default `metrics["accuracy"]`."""
+        """The number the gate compares; default `metrics[metric_name]` (accuracy)."""
+        if self.metric_name not in metrics:
+            raise UserError(f"metric={self.metric_name!r} is not among the evaluation's metrics "
+                            f"({', '.join(sorted(k for k, v in metrics.items() if isinstance(v, (int, float))))}): "
+                            "set the pipeline's metric.name to one of them")
         return float(metrics[self.metric_name])
 
     def evaluate_model_dir(self, final_dir: Path, test_path: Path) -> dict[str, Any]:
@@ -202,14 +232,32 @@ class PromoteModelOperator(BaseOperator):
             except ModelNotAllowed as exc:  # a card naming code we do not run: never load it
                 raise ChampionEvaluationFailed(
                     f"refusing to load champion {champion.name} v{champion.version}: {exc}. Nothing was promoted; "
-                    f"fix the champion (or remove the '{CHAMPION_ALIAS}' alias) before promoting."
+                    "allow its factory (allowed_models, GANGFLOW_ALLOWED_MODELS) if you trust it, or point the "
+                    f"'{CHAMPION_ALIAS}' alias at a version you do trust (docs/registry.md)."
                 ) from exc
             except Exception as exc:
                 raise ChampionEvaluationFailed(
                     f"cannot evaluate champion {champion.name} v{champion.version} on the test split: "
-                    f"{type(exc).__name__}: {exc}. Fix the champion (or remove the '{CHAMPION_ALIAS}' alias) "
-                    "before promoting."
+                    f"{type(exc).__name__}: {exc}. Nothing was promoted. If the dataset's schema changed, the "
+                    "candidate is a model of other data: give its pipeline another model_name rather than "
+                    f"removing the '{CHAMPION_ALIAS}' alias (docs/registry.md)."
                 ) from exc
+
+    def input_schema(self, manifest: Mapping[str, Any], test_path: Path) -> dict[str, str]:
+        """The model's input columns and dtypes: the validated dataset's schema (the manifest's
+        `schema`, else the test file's) without the label."""
+        schema = manifest.get("schema")
+        if not isinstance(schema, Mapping) or not schema:
+            import pyarrow.parquet as pq
+
+            schema = {f.name: str(f.type) for f in pq.read_schema(test_path)}
+        return input_schema(schema)
+
+    def input_example(self, test_path: Path, schema: Mapping[str, str], rows: int = 5) -> Any:
+        """A few rows of the test split's feature columns: the registered model's input example."""
+        import pyarrow.parquet as pq
+
+        return pq.read_table(test_path, columns=list(schema)).slice(0, rows).to_pandas()
 
     def lineage_for(self, context: Context, candidate_metrics: Mapping[str, Any], final_dir: Path,
                     manifest: Mapping[str, Any]) -> dict[str, str]:
@@ -250,11 +298,16 @@ class PromoteModelOperator(BaseOperator):
         name = str(self.model_name)
         candidate_metrics = self.candidate_metrics_for(final_dir, test_path, str(manifest["test_md5"]))
         candidate_score = self.score(candidate_metrics)
+        schema = self.input_schema(manifest, test_path)
+        champion = current_champion(client, name)
+        if champion is not None and str(champion.run_id) != str(self.mlflow_run_id):  # before registering
+            check_schema(schema, model_schema(client, champion), name=name, champion_version=champion.version,
+                         dataset_version=manifest.get("version"))
         version = register_version(
             client, name, run_id=str(self.mlflow_run_id), source_dir_or_artifact_path=final_dir,
             tags=self.lineage_for(context, candidate_metrics, final_dir, manifest),
+            schema=schema, input_example=self.input_example(test_path, schema),
         )
-        champion = current_champion(client, name)
         for _ in range(self.max_rounds):
             if champion is not None and str(champion.version) == str(version.version):
                 recorded = recorded_decision(client.get_model_version(name, str(version.version)))
@@ -323,6 +376,7 @@ class PromoteModelOperator(BaseOperator):
             "champion_version": champion_version,
             "champion_accuracy": acc(champion_metrics, champion_score),
             "metric": self.metric_name,
+            "direction": self.direction,
             "candidate_score": float(candidate_score),
             "champion_score": None if champion_score is None else float(champion_score),
         }

@@ -2,13 +2,14 @@
 audit trail. Small functions over an `MlflowClient`, so each is testable on its own;
 `operators.promotion.PromoteModelOperator` strings them together.
 
-The gate (see docs/registry.md):
+The gate (see docs/registry.md), for a metric where higher is better (accuracy); where lower
+is better (RMSE) every comparison turns around (the floor is a ceiling):
 
-* the candidate must reach the floor: ``candidate >= floor``;
+* the candidate must reach the floor: ``candidate >= floor`` (lower: ``candidate <= floor``);
 * when there is a champion, the candidate must beat it by MORE than the minimum improvement:
-  ``candidate - champion > min_improvement`` (strict; with ``min_improvement = 0`` a tie is not a
-  win). Re-running identical training therefore promotes nothing, and the alias never moves
-  between two equally good models.
+  ``candidate - champion > min_improvement`` (lower: ``champion - candidate > ...``; strict:
+  with ``min_improvement = 0`` a tie is not a win). Re-running identical training therefore
+  promotes nothing, and the alias never moves between two equally good models.
 
 Nothing here imports mlflow at import time.
 """
@@ -54,6 +55,8 @@ TAG_DECIDED_AT = "gangflow.decided_at"
 TAG_LAST_DECISION = "gangflow.last_decision"  # on the registered model
 TAG_LAST_DECIDED_AT = "gangflow.last_decided_at"  # on the registered model
 TAG_MLFLOW_RUN_ID = "gangflow.mlflow_run_id"
+TAG_INPUT_SCHEMA = "gangflow.input_schema"  # JSON {column: dtype} of the model's input
+DIRECTIONS = ("higher", "lower")
 
 
 class ModelNotFound(UserError):
@@ -70,6 +73,11 @@ class ChampionEvaluationFailed(UserError):
     a person must decide (retrying would not help)."""
 
 
+class SchemaMismatch(UserError):
+    """The candidate's input columns differ from the champion's: a model of other data cannot
+    replace it (checked before anything is registered)."""
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -78,29 +86,59 @@ def _is_number(value: Any) -> bool:
 class PromotionGate:
     """When a candidate replaces the champion.
 
-    :param floor: minimum score any candidate needs, in [0, 1]; inclusive (``candidate >= floor``).
-    :param min_improvement: margin over the champion, in [0, 1); strict
-        (``candidate - champion > min_improvement``), so 0 means "strictly better".
+    :param floor: the score any candidate needs; inclusive (``candidate >= floor``, or
+        ``candidate <= floor`` when lower is better: then it is a ceiling). Within `bounds`.
+    :param min_improvement: margin over the champion, >= 0 and below the width of `bounds`;
+        strict (``candidate - champion > min_improvement``, or ``champion - candidate > ...``),
+        so 0 means "strictly better".
     :param metric: the score's name, used in reasons and tags (``gangflow.candidate_<metric>``).
+    :param direction: "higher" (accuracy, F1) or "lower" (RMSE, MAE) is better.
+    :param bounds: (lowest, highest) value the metric can take; None: unbounded on that side.
+        Default [0, 1], a share such as accuracy.
     """
 
     floor: float = 0.9
     min_improvement: float = 0.0
     metric: str = "accuracy"
+    direction: str = "higher"
+    bounds: tuple[float | None, float | None] = (0.0, 1.0)
 
     def __post_init__(self) -> None:
-        if not _is_number(self.floor) or not 0.0 <= self.floor <= 1.0:
-            raise ValueError(f"floor={self.floor!r}: must be a number in [0, 1]")
-        if not _is_number(self.min_improvement) or not 0.0 <= self.min_improvement < 1.0:
-            raise ValueError(f"min_improvement={self.min_improvement!r}: must be a number in [0, 1)")
+        low, high = self.bounds
+        span = f"[{_bound(low)}, {_bound(high)}]"
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"direction={self.direction!r}: accepted values are {', '.join(DIRECTIONS)}")
+        if not _is_number(self.floor) or (low is not None and self.floor < low) or (high is not None and self.floor > high):
+            raise ValueError(f"floor={self.floor!r}: must be a number in {span}")
+        width = None if low is None or high is None else high - low
+        if not _is_number(self.min_improvement) or self.min_improvement < 0 or (width is not None and self.min_improvement >= width):
+            raise ValueError(f"min_improvement={self.min_improvement!r}: must be a number in [0, {_bound(width)})")
         if not isinstance(self.metric, str) or not self.metric.replace("_", "").isalnum():
             raise ValueError(f"metric={self.metric!r}: must be a non-empty name of letters, digits and '_'")
         object.__setattr__(self, "floor", float(self.floor))
         object.__setattr__(self, "min_improvement", float(self.min_improvement))
 
+    @property
+    def higher_is_better(self) -> bool:
+        return self.direction == "higher"
+
+    def gain(self, candidate: float, champion: float) -> float:
+        """How much better the candidate is (positive: better), in the metric's units."""
+        return candidate - champion if self.higher_is_better else champion - candidate
+
+    def reaches_floor(self, candidate: float) -> bool:
+        return candidate >= self.floor if self.higher_is_better else candidate <= self.floor
+
     def describe(self) -> str:
-        return (f"{self.metric} >= floor {self.floor:.4f} and "
-                f"{self.metric} - champion > min_improvement {self.min_improvement:.4f}")
+        if self.higher_is_better:
+            return (f"{self.metric} >= floor {self.floor:.4f} and "
+                    f"{self.metric} - champion > min_improvement {self.min_improvement:.4f}")
+        return (f"{self.metric} <= ceiling {self.floor:.4f} and "
+                f"champion - {self.metric} > min_improvement {self.min_improvement:.4f} (lower is better)")
+
+
+def _bound(value: float | None) -> str:
+    return "inf" if value is None else f"{value:g}"
 
 
 @dataclass(frozen=True)
@@ -121,21 +159,24 @@ def decide(
     """Apply `gate` to a candidate score and the champion's score (None: no champion yet)."""
     m = gate.metric
     champ = f"champion v{champion_version}" if champion_version is not None else "the champion"
+    floor = "floor" if gate.higher_is_better else "ceiling"
     if not _is_number(candidate):
         return Decision(False, f"not promoted: candidate {m} {candidate!r} is not a number")
-    if candidate < gate.floor:
-        return Decision(False, f"not promoted: candidate {m} {candidate:.4f} is below the floor {gate.floor:.4f}")
+    if not gate.reaches_floor(candidate):
+        where = "below the floor" if gate.higher_is_better else "above the ceiling"
+        return Decision(False, f"not promoted: candidate {m} {candidate:.4f} is {where} {gate.floor:.4f}")
     if champion is None:
-        return Decision(True, f"promoted: candidate {m} {candidate:.4f} reaches the floor {gate.floor:.4f} "
+        return Decision(True, f"promoted: candidate {m} {candidate:.4f} reaches the {floor} {gate.floor:.4f} "
                               "and there is no champion yet")
     if not _is_number(champion):
         return Decision(False, f"not promoted: {champ} {m} {champion!r} is not a number; fix or remove the alias")
-    gain = candidate - champion
+    gain = gate.gain(candidate, champion)
+    better = "" if gate.higher_is_better else " (lower is better)"
     if gain - gate.min_improvement > EPSILON:
         return Decision(True, f"promoted: candidate {m} {candidate:.4f} beats {champ} ({champion:.4f}) by "
-                              f"{gain:.4f}, more than the minimum improvement {gate.min_improvement:.4f}")
+                              f"{gain:.4f}, more than the minimum improvement {gate.min_improvement:.4f}{better}")
     return Decision(False, f"not promoted: candidate {m} {candidate:.4f} does not beat {champ} ({champion:.4f}) "
-                           f"by more than the minimum improvement {gate.min_improvement:.4f}")
+                           f"by more than the minimum improvement {gate.min_improvement:.4f}{better}")
 
 
 # --------------------------------------------------------------------------- registry calls
@@ -168,13 +209,81 @@ def find_version_for_run(client: MlflowClient, name: str, run_id: str) -> ModelV
     return min(versions, key=lambda v: int(v.version)) if versions else None
 
 
-def _pyfunc_signature():
+def input_schema(dataset_schema: Mapping[str, str], label: str | None = None) -> dict[str, str]:
+    """The model's input columns and dtypes: the validated dataset's schema (the manifest's
+    `schema`, {column: dtype}) without the label column."""
+    from operators.model_pyfunc import LABEL_COLUMN
+
+    label = label or LABEL_COLUMN
+    return {str(c): str(t) for c, t in dataset_schema.items() if c != label}
+
+
+def _colspec_type(dtype: str) -> str:
+    dtype = dtype.lower()
+    if dtype.startswith(("float", "double")):
+        return "double"  # float32 inputs are accepted (widened); MLflow refuses narrowing
+    if dtype.startswith(("int", "uint")):
+        return "long"
+    if dtype.startswith("bool"):
+        return "boolean"
+    return "string"
+
+
+def _pyfunc_signature(schema: Mapping[str, str]):
     from mlflow.models.signature import ModelSignature
     from mlflow.types.schema import ColSpec, Schema
 
-    from operators.model_pyfunc import FEATURE_COLUMNS
+    return ModelSignature(inputs=Schema([ColSpec(_colspec_type(t), c) for c, t in schema.items()]))
 
-    return ModelSignature(inputs=Schema([ColSpec("double", c) for c in FEATURE_COLUMNS]))
+
+def model_schema(client: MlflowClient, version: ModelVersion) -> dict[str, str] | None:
+    """A registered version's input columns: its `gangflow.input_schema` tag, else the column
+    names of its MLflow signature (versions registered before the tag); None when neither."""
+    tagged = (version.tags or {}).get(TAG_INPUT_SCHEMA)
+    if tagged:
+        try:
+            return {str(k): str(v) for k, v in json.loads(tagged).items()}
+        except (ValueError, AttributeError):
+            log.warning("%s v%s: unreadable %s tag %r", version.name, version.version, TAG_INPUT_SCHEMA, tagged[:200])
+    try:
+        from mlflow.models import get_model_info
+
+        with _use_tracking_uri(client_uri(client)):
+            signature = get_model_info(f"models:/{version.name}/{version.version}").signature
+    except Exception as exc:  # noqa: BLE001 - no MLmodel (a plain folder version): nothing to compare
+        log.info("%s v%s has no readable signature (%s)", version.name, version.version, exc)
+        return None
+    if signature is None or signature.inputs is None:
+        return None
+    return {str(spec.name): str(spec.type) for spec in signature.inputs.inputs if spec.name}
+
+
+def check_schema(candidate: Mapping[str, str], champion: Mapping[str, str] | None, *, name: str,
+                 champion_version: str | int, dataset_version: str | None = None) -> None:
+    """Refuse (SchemaMismatch) a candidate whose input columns differ from the champion's.
+
+    Column names and order are compared (dtypes only by kind: the signature widens floats)."""
+    if champion is None:
+        return
+    ours, theirs = list(candidate), list(champion)
+    if ours == theirs:
+        return
+    data = f" (dataset version {dataset_version})" if dataset_version else ""
+    missing, extra = [c for c in theirs if c not in ours], [c for c in ours if c not in theirs]
+    detail = (f"; missing {_few(missing)}" if missing else "") + (f"; unexpected {_few(extra)}" if extra else "")
+    if not missing and not extra:
+        detail = "; same columns in another order"
+    raise SchemaMismatch(
+        f"expected columns {_few(theirs)} (champion {name} v{champion_version}), got {_few(ours)} from the "
+        f"candidate's data{data}{detail}. Nothing was registered: a model of other data cannot replace this "
+        f"champion; register it under another model_name (its own pipeline file) instead."
+    )
+
+
+def _few(columns: list[str], limit: int = 6) -> str:
+    if len(columns) <= limit:
+        return "[" + ", ".join(columns) + "]"
+    return "[" + ", ".join(columns[:limit]) + f", ... ({len(columns)} in all)]"
 
 
 def _pip_requirements() -> list[str]:
@@ -216,11 +325,17 @@ def log_pyfunc_model(
     *,
     name: str = LOGGED_MODEL_NAME,
     tags: Mapping[str, str] | None = None,
+    schema: Mapping[str, str] | None = None,
+    input_example: Any = None,
 ) -> str:
     """Log `final_dir` (model.safetensors + model_card.json) as an MLflow pyfunc *from code*
     (operators/model_pyfunc.py, no pickle), linked to run `run_id`; returns the model id
     (register `models:/<model_id>`). The `trainer` package is bundled (`code/trainer/`): the
-    pyfunc loads through its allow-listed loader, also where gangflow is not installed."""
+    pyfunc loads through its allow-listed loader, also where gangflow is not installed.
+
+    `schema` ({column: dtype}, from the validated dataset) is the signature and the pyfunc's
+    input columns (its `model_config`); `input_example` a few rows of the test split. Without
+    them: the digits columns `pixel_00..63` and a row of zeros (callers before pipelines)."""
     import mlflow
     import pandas as pd
     from mlflow.models import Model
@@ -241,7 +356,12 @@ def log_pyfunc_model(
             experiment_id, name=name, source_run_id=run_id,
             tags={str(k): str(v) for k, v in (tags or {}).items()}, model_type="gangflow-safetensors",
         )
-        example = pd.DataFrame([[0.0] * len(model_pyfunc.FEATURE_COLUMNS)], columns=model_pyfunc.FEATURE_COLUMNS)
+        if schema is None:
+            schema = {c: "float32" for c in model_pyfunc.FEATURE_COLUMNS}
+        example = input_example
+        if example is None:
+            example = pd.DataFrame([[0.0] * len(schema)], columns=list(schema))
+        task = model_pyfunc.card_task(staged)
         with _use_tracking_uri(uri):
             Model.log(
                 artifact_path=None,
@@ -251,8 +371,9 @@ def log_pyfunc_model(
                 model_id=logged.model_id,
                 python_model=str(Path(model_pyfunc.__file__).resolve()),
                 artifacts={"final": str(staged)},
-                signature=_pyfunc_signature(),
+                signature=_pyfunc_signature(schema),
                 input_example=example,
+                model_config={"features": list(schema), "task": task},
                 pip_requirements=_pip_requirements(),
                 code_paths=_bundled_code(Path(tmp) / "code"),
             )
@@ -291,6 +412,8 @@ def register_version(
     run_id: str,
     source_dir_or_artifact_path: str | Path,
     tags: Mapping[str, Any] | None = None,
+    schema: Mapping[str, str] | None = None,
+    input_example: Any = None,
 ) -> ModelVersion:
     """Register the model of MLflow run `run_id` as a new version of `name`, IDEMPOTENTLY.
 
@@ -304,10 +427,13 @@ def register_version(
 
     The version gets every `gangflow.*` lineage tag of the run (gang, job UID, image digest,
     dataset version: whatever the training task and backend recorded), then `tags` (lineage,
-    winning over the run's), plus `gangflow.mlflow_run_id`.
+    winning over the run's), plus `gangflow.mlflow_run_id` and, with `schema` (the model's
+    input columns, see `log_pyfunc_model`), `gangflow.input_schema`.
     """
     tags = {**run_lineage(client, run_id), **{str(k): str(v) for k, v in (tags or {}).items()}}
     tags.setdefault(TAG_MLFLOW_RUN_ID, run_id)
+    if schema is not None:
+        tags[TAG_INPUT_SCHEMA] = json.dumps(dict(schema))[:5000]
     ensure_registered_model(client, name)
     existing = find_version_for_run(client, name, run_id)
     if existing is not None:
@@ -317,7 +443,8 @@ def register_version(
     source = str(source_dir_or_artifact_path)
     model_id = None
     if "://" not in source and Path(source).is_dir():
-        model_id = log_pyfunc_model(client, run_id, source, tags={TAG_MLFLOW_RUN_ID: run_id})
+        model_id = log_pyfunc_model(client, run_id, source, tags={TAG_MLFLOW_RUN_ID: run_id}, schema=schema,
+                                    input_example=input_example)
         source = f"models:/{model_id}"
     elif source.startswith("models:/m-"):
         model_id = source.removeprefix("models:/")

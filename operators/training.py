@@ -216,10 +216,12 @@ def _spec_to_dict(spec: GangSpec) -> dict[str, Any]:
 
 def gang_task_id(*, backend: str, world_size: int, local_world_sizes) -> str:
     """The training task that runs a gang of this size (the DAG has one per local size)."""
-    if backend == "kubernetes":
-        return "train_kubernetes"
-    if backend != "local":
-        raise GangCapacityError(f"backend={backend!r}: accepted values are 'local', 'kubernetes'")
+    from operators.backends import available_backends
+
+    if backend != "local":  # one task per other backend, sized by the world_size Param
+        if backend not in available_backends():
+            raise GangCapacityError(f"backend={backend!r}: accepted values are {', '.join(available_backends())}")
+        return f"train_{backend}"
     slots = pool_slots()
     admissible = [n for n in local_world_sizes if n <= slots]
     if world_size not in admissible:
