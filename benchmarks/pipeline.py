@@ -305,17 +305,23 @@ def where_the_gap_goes(ph: dict) -> dict:
     def d(key: str, side: dict = b) -> float | None:
         return round(t[key] - side.get(key, 0.0), 3) if key in t else None
 
+    m = ph.get("bare_torchrun_mlflow", {})
+
+    def ml(key: str) -> float | None:  # the trainer's own MLflow cost in a phase: bare+MLflow - bare
+        return round(m[key] - b[key], 3) if key in m and key in b else None
+
     gap = {
         "total": d("wall_s"),
         "pre_launch (task only)": t.get("pre_launch_s"),
-        "  of which MLflow import in the task process": t.get("detail_op_mlflow_import_s"),
-        "  of which MLflow run lookup/creation (GangTrainingOperator.mlflow_run)": t.get("detail_op_mlflow_run_s"),
+        "  of which GangTrainingOperator.mlflow_run (run lookup/creation, incl. the mlflow import)": t.get("detail_op_mlflow_run_s"),
+        "    of which the mlflow import in the task process": t.get("detail_op_mlflow_import_s"),
         "startup": d("startup_s"),
-        "  of which the trainer's MLflow sink init (rank 0)": d("detail_mlflow_s"),
+        "  of which the trainer's MlflowSink init on rank 0 (mlflow import + run lookup)": d("detail_mlflow_s"),
         "  of which torchrun agent": d("detail_torchrun_agent_s"),
         "train_to_final": d("train_to_final_s"),
+        "  of which the trainer's MLflow (final/ logged as artifacts; bare+MLflow - bare)": ml("train_to_final_s"),
         "tail": d("tail_s"),
-        "  of which Trainer.close (MLflow flush, final artifacts)": d("detail_close_s"),
+        "  of which the trainer's MLflow (flush/close; bare+MLflow - bare)": ml("tail_s"),
     }
     return {k: v for k, v in gap.items() if v is not None}
 
