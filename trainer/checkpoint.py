@@ -204,6 +204,7 @@ class Checkpointer:
         rank: int = 0,
         log: Callable[[str], None] = print,
         on_commit: Callable[[dict[str, Any]], None] | None = None,
+        at_save: Callable[[int], None] | None = None,
     ) -> None:
         self.store = Storage(root)
         self.root = self.store.local_path() if self.store.local else self.store.url
@@ -211,6 +212,9 @@ class Checkpointer:
         self.rank = rank
         self.log = log
         self.on_commit = on_commit
+        # Fault injection's kill@save (contract 3, docs/contracts.md): called with the step once per
+        # write, by the writer after the data files and before the commit, by other ranks in save().
+        self.at_save = at_save
         self.last_step: int | None = None  # newest step saved or loaded (same on every rank)
         self.blocked_s = 0.0  # loop time spent in save() (the stall)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="gangflow-ckpt") if cfg.async_save and rank == 0 else None
@@ -225,6 +229,8 @@ class Checkpointer:
         """Commit `snapshot` (rank 0 writes; other ranks only record the step)."""
         t0 = time.perf_counter()
         self.last_step = snapshot.step
+        if self.rank != 0 and self.at_save is not None:
+            self.at_save(snapshot.step)
         if self.rank == 0:
             self.wait()  # at most one write in flight
             if self._pool is not None and not block:
@@ -285,6 +291,7 @@ class Checkpointer:
         tmp.mkdir()
         for file, data in blobs.items():
             write_file(tmp / file, data)
+        self._in_flight(name)
         write_file(tmp / MANIFEST, manifest)  # last: marks completeness
         fsync_dir(tmp)
         final = root / name
@@ -303,7 +310,13 @@ class Checkpointer:
         self.store.remove(name, MANIFEST)
         for file, data in blobs.items():
             self.store.write_bytes(f"{name}/{file}", data)
+        self._in_flight(name)
         self.store.write_bytes(f"{name}/{MANIFEST}", manifest)  # the commit
+
+    def _in_flight(self, name: str) -> None:
+        """The data files are written, the commit is not: where kill@save strikes the writer."""
+        if self.at_save is not None:
+            self.at_save(int(name.removeprefix("step-")))
 
     def prune(self) -> None:
         for _, path in self.committed()[self.cfg.keep_last :]:

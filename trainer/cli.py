@@ -37,6 +37,7 @@ PARAM_HELP = {
     "tracking.mlflow_uri": 'MLflow tracking URI ("" = env MLFLOW_TRACKING_URI, or metrics.jsonl only)',
     "tracking.experiment": "MLflow experiment of a new run (ignored with env MLFLOW_RUN_ID)",
     "tracking.flush_every_s": "send queued MLflow metrics every N seconds (background thread)",
+    "tracking.progress_every_s": "rank 0 prints a progress line (and logs progress_* metrics) every N seconds; 0 = off",
 }
 
 

@@ -1,6 +1,6 @@
 """Fault injection for tests, benchmarks and drills (docs/trainer.md, "Fault injection").
 
-    GANGFLOW_ALLOW_FAULTS=1 GANGFLOW_FAULT="ACTION@step=N[,rank=R]"
+    GANGFLOW_ALLOW_FAULTS=1 GANGFLOW_FAULT="ACTION@WHEN[,rank=R]"
 
 Without GANGFLOW_ALLOW_FAULTS=1 a GANGFLOW_FAULT is ignored, with a warning at start (a stray
 export must not fail real runs); an armed fault is logged at start by every rank.
@@ -12,19 +12,30 @@ ACTION is one of
 * `exit=CODE` exit at once with CODE (1-255) without cleanup,
 * `raise`    a ValueError from training step N (a user bug; recorded with source "user").
 
-When they fire: `kill`, `term` and `exit` fire at the step boundary after step N completed and
-after step N's checkpoint (if N is a checkpoint step) is committed; before firing, every rank
-waits for in-flight checkpoint writes and meets at a barrier, so the drill is reproducible: the
-newest committed checkpoint is the last one at or before step N. `raise` fires inside training
-step N (after N-1 completed steps), before its optimizer update.
+WHEN is one of
+
+* `step=N`   SYNCHRONISED (reproducible tests): `kill`, `term` and `exit` fire at the step boundary
+             after step N completed and after step N's checkpoint (if N is a checkpoint step) is
+             committed; before firing, every rank waits for in-flight checkpoint writes and meets
+             at a barrier, so the newest committed checkpoint is the last one at or before step N.
+             `raise` fires inside training step N (after N-1 completed steps), before its
+             optimizer update.
+* `save[=K]` UNSYNCHRONISED, `kill` only: during the K-th checkpoint write of the attempt (default
+             1; the final one counts). The writer (rank 0) dies on its writer thread after the
+             tensors and state are written and before the manifest (the commit), so a partial
+             checkpoint is left behind; any other targeted rank dies when it hands that checkpoint
+             to rank 0 (its save call), while rank 0 writes it. No barrier, no wait.
+* `time=SECONDS` UNSYNCHRONISED, `kill` only: a timer thread SIGKILLs the rank SECONDS after its
+             training loop started (after resume), wherever it is: mid-step, mid-collective,
+             mid-write. No barrier, no wait. A loop that ends first cancels it (nothing fires).
 
 Without `rank`, the fault fires on every rank at the same step (the whole gang is lost / exits
 with CODE / is preempted / fails; torchrun's root cause then shows that very exit). With
 `rank=R` only global rank R fires; the other ranks are torn down by torchrun (kill, exit, raise)
 or stop with it at the same step boundary (term).
 
-`kill`, `term` and `exit` fire at most once per run dir: a marker `DIR/faults/<ACTION>@step=N...`
-is written (durably: fsynced locally, one object PUT on object storage) before firing, and a fault whose marker exists when the trainer starts is
+`kill`, `term` and `exit` fire at most once per run dir: a marker `DIR/faults/<spec>.fired`
+(JSON: fault, rank, step reached, time) is written (durably: fsynced locally, one object PUT on object storage) before firing, and a fault whose marker exists when the trainer starts is
 disarmed. `raise` fires on every attempt, as a bug would.
 """
 
@@ -34,6 +45,7 @@ import json
 import os
 import re
 import signal
+import threading
 import time
 from dataclasses import dataclass
 import sys
@@ -44,21 +56,37 @@ from trainer.storage import Storage
 
 ENV = "GANGFLOW_FAULT"
 ALLOW_ENV = "GANGFLOW_ALLOW_FAULTS"
-_SPEC = re.compile(r"^(?P<action>kill|term|raise|exit=(?P<code>\d+))@step=(?P<step>\d+)(?:,rank=(?P<rank>\d+))?$")
+_SPEC = re.compile(r"^(?P<action>kill|term|raise|exit=(?P<code>\d+))@(?:step=(?P<step>\d+)|(?P<save>save)(?:=(?P<nth>\d+))?"
+                   r"|time=(?P<seconds>\d+(?:\.\d+)?))(?:,rank=(?P<rank>\d+))?$")
+EXPECTED = ("expected ACTION@step=N[,rank=R] with ACTION one of kill, term, raise, exit=CODE, or "
+            "kill@save[=K][,rank=R] or kill@time=SECONDS[,rank=R] (e.g. 'kill@step=30,rank=1', 'kill@time=2.5')")
 ONCE = ("kill", "term", "exit")
 
 
 @dataclass(frozen=True)
 class Fault:
     action: str  # kill | term | exit | raise
-    step: int
+    step: int | None  # for when == "step"
     rank: int | None = None
     code: int | None = None  # for exit
+    when: str = "step"  # step (synchronised) | save | time (unsynchronised)
+    nth: int = 1  # for save: the K-th checkpoint write of the attempt
+    seconds: float | None = None  # for time
 
     @property
     def spec(self) -> str:
         action = f"exit={self.code}" if self.action == "exit" else self.action
-        return f"{action}@step={self.step}" + (f",rank={self.rank}" if self.rank is not None else "")
+        if self.when == "save":
+            at = "save" if self.nth == 1 else f"save={self.nth}"
+        elif self.when == "time":
+            at = f"time={self.seconds:g}"
+        else:
+            at = f"step={self.step}"
+        return f"{action}@{at}" + (f",rank={self.rank}" if self.rank is not None else "")
+
+    @property
+    def synchronised(self) -> bool:
+        return self.when == "step"
 
     def targets(self, rank: int) -> bool:
         return self.rank is None or self.rank == rank
@@ -70,20 +98,30 @@ def parse_fault(text: str | None) -> Fault | None:
         return None
     match = _SPEC.match(text.strip().replace(" ", ""))
     if not match:
-        raise ConfigError(
-            f"{ENV}={text!r} is invalid: expected ACTION@step=N[,rank=R] with ACTION one of "
-            "kill, term, raise, exit=CODE (e.g. 'kill@step=30,rank=1')"
-        )
+        raise ConfigError(f"{ENV}={text!r} is invalid: {EXPECTED}")
     action = match["action"]
     code = None
     if action.startswith("exit="):
         action, code = "exit", int(match["code"])
         if not 1 <= code <= 255:
             raise ConfigError(f"{ENV}={text!r} is invalid: exit=CODE needs CODE in 1..255")
+    rank = int(match["rank"]) if match["rank"] is not None else None
+    if match["step"] is None:  # save / time: unsynchronised, kill only
+        if action != "kill":
+            raise ConfigError(f"{ENV}={text!r} is invalid: @save and @time take ACTION kill only (an unsynchronised "
+                              "SIGKILL); use @step=N for term, exit=CODE and raise")
+        if match["save"]:
+            nth = int(match["nth"]) if match["nth"] is not None else 1
+            if nth < 1:
+                raise ConfigError(f"{ENV}={text!r} is invalid: save=K needs K >= 1")
+            return Fault(action="kill", step=None, rank=rank, when="save", nth=nth)
+        seconds = float(match["seconds"])
+        if seconds <= 0:
+            raise ConfigError(f"{ENV}={text!r} is invalid: time=SECONDS needs SECONDS > 0")
+        return Fault(action="kill", step=None, rank=rank, when="time", seconds=seconds)
     step = int(match["step"])
     if step < 1:
         raise ConfigError(f"{ENV}={text!r} is invalid: step must be >= 1")
-    rank = int(match["rank"]) if match["rank"] is not None else None
     return Fault(action=action, step=step, rank=rank, code=code)
 
 
@@ -103,11 +141,19 @@ def fault_from_env(environ=None, *, rank: int = 0) -> Fault | None:
 
 
 class FaultInjector:
-    """Decides, per rank, whether the configured fault fires at a given step."""
+    """Decides, per rank, whether the configured fault fires, and fires it.
+
+    Synchronised (`step=N`): the loop asks `process_fault_due(step)` and calls `fire(step)` after
+    draining and a barrier. Unsynchronised: `start_clock()` arms the `time=` timer when the loop
+    starts; `at_save(writer=...)` is called by the checkpointer during each write (`save`).
+    `step` is kept current by the loop so the marker records how far the rank got."""
 
     def __init__(self, fault: Fault | None, run_dir: str | Path | Storage, rank: int, world_size: int) -> None:
         self.fault = fault
         self.rank = rank
+        self.step = 0  # the last completed step (set by the loop; read by unsynchronised firing)
+        self._saves = 0
+        self._timer: threading.Timer | None = None
         if fault is not None and fault.rank is not None and fault.rank >= world_size:
             raise ConfigError(f"{ENV}={fault.spec!r} is invalid: rank={fault.rank} but the world size is {world_size}")
         self.store = Storage(run_dir)
@@ -120,8 +166,8 @@ class FaultInjector:
                   file=sys.stderr, flush=True)
 
     def process_fault_due(self, step: int) -> bool:
-        """True on every rank when a kill/term/exit fault is due after `step` (all ranks agree)."""
-        return self.armed and self.fault.action in ONCE and step == self.fault.step
+        """True on every rank when a synchronised kill/term/exit fault is due after `step`."""
+        return self.armed and self.fault.action in ONCE and self.fault.when == "step" and step == self.fault.step
 
     def fire(self, step: int) -> None:
         """Persist the marker, then kill/term/exit this process if it is targeted."""
@@ -139,6 +185,42 @@ class FaultInjector:
             os.kill(os.getpid(), signal.SIGTERM)
         elif self.fault.action == "exit":
             os._exit(self.fault.code)
+
+    # --- unsynchronised ---------------------------------------------------------------------------
+
+    def start_clock(self) -> None:
+        """The training loop starts: arm `kill@time=SECONDS` on a daemon timer (no barrier)."""
+        f = self.fault
+        if self.armed and f.when == "time" and f.targets(self.rank):
+            self._timer = threading.Timer(f.seconds, self._fire_unsynchronised, kwargs={"where": f"{f.seconds:g} s into the loop"})
+            self._timer.daemon = True
+            self._timer.start()
+
+    def stop_clock(self) -> None:
+        """The loop ended before the timer: nothing fires (and no marker is written)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def at_save(self, ckpt_step: int) -> None:
+        """Called once per checkpoint write (Checkpointer's `at_save`): on the writer, rank 0,
+        between the data files and the commit (on its writer thread for async saves); on the
+        other ranks when they hand the step over (their save call)."""
+        f = self.fault
+        if not (self.armed and f.when == "save"):
+            return
+        self._saves += 1
+        if self._saves == f.nth and f.targets(self.rank):
+            self._fire_unsynchronised(where=f"checkpoint step-{ckpt_step} in flight")
+
+    def _fire_unsynchronised(self, *, where: str) -> None:
+        self.armed = False
+        record = {"fault": self.fault.spec, "rank": self.rank, "step": self.step, "where": where, "time": time.time()}
+        self.store.write_bytes(self.marker_rel, json.dumps(record).encode())  # durable before firing
+        print(f"gangflow: fault injection: {self.fault.spec} fires on rank {self.rank} at step {self.step} ({where}); "
+              "unsynchronised: no barrier, no wait", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # pragma: no cover - never returns
 
     def maybe_raise(self, step: int) -> None:
         """Called inside training step `step` (1-based): the user-bug fault."""

@@ -199,10 +199,10 @@ class Tracker:
             for key, value in metrics.items():
                 self.mlflow.log(key, value, step)
 
-    def event(self, event: str, step: int, mlflow_prefix: str | None = None, **fields: Any) -> None:
+    def event(self, event: str, step: int, mlflow_prefix: str | None = None, sync: bool = True, **fields: Any) -> None:
         if not self.enabled:
             return
-        self.write({"event": event, "step": step, **fields}, sync=True)
+        self.write({"event": event, "step": step, **fields}, sync=sync)
         if self.mlflow and mlflow_prefix is not None:
             for key, value in fields.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -239,3 +239,115 @@ class Tracker:
         if self._lines is not None:
             with self._lock:
                 self._sync()
+
+
+def _process_start(pid: int | str = "self") -> float | None:
+    """Epoch seconds at which process `pid` started (/proc; 10 ms resolution), None if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as fh:
+            btime = next(int(line.split()[1]) for line in fh if line.startswith("btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration):
+        return None
+
+
+def launch_time() -> tuple[float | None, str]:
+    """When this attempt was launched: the torchrun agent's start when it is our parent (the gang
+    launch), else this process's start. Returns (epoch seconds or None, what it is)."""
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as fh:
+            parent = fh.read().replace(b"\0", b" ")
+    except OSError:
+        parent = b""
+    if b"torch.distributed.run" in parent or b"torchrun" in parent:
+        return _process_start(os.getppid()), "torchrun launch"
+    return _process_start(), "process start"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class Progress:
+    """Rank 0's progress line every `every_s` seconds of the loop (0: never), and the attempt's
+    record (docs/trainer.md, "Progress"). `tick(step)` runs every step on every rank: a clock
+    read, no collective (ranks need not agree on time). The loss shown is the last logged one
+    (mean over ranks, every `train.log_every_steps`)."""
+
+    def __init__(self, tracker: Tracker, *, log, every_s: float, total: int, global_batch: int, start_step: int,
+                 committed_step: int | None) -> None:
+        self.tracker, self.log, self.every_s, self.total, self.global_batch = tracker, log, every_s, total, global_batch
+        self.enabled = tracker.enabled
+        self.start_step = self.last_step = start_step
+        self.committed_step = committed_step
+        self.loss: float | None = None
+        self.ckpt_s = 0.0
+        self.ckpt_bytes = 0
+        self.ckpts = 0
+        self.t0 = self.last_t = time.monotonic()
+        self.next_at = self.t0 + every_s
+        self.startup_s: float | None = None
+        try:
+            self.attempt = int(os.environ.get("GANGFLOW_TRY_NUMBER", "1"))
+        except ValueError:
+            self.attempt = 1
+        try:
+            self.queue_wait_s: float | None = float(os.environ["GANGFLOW_QUEUE_WAIT_S"])
+        except (KeyError, ValueError):
+            self.queue_wait_s = None
+
+    def tick(self, step: int) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if self.startup_s is None:  # the end of this attempt's first step
+            launched, what = launch_time()
+            if launched is not None:
+                self.startup_s = round(time.time() - launched, 3)
+                self._attempt_metrics(startup_s=self.startup_s)
+                self.tracker.write({"event": "first_step", "step": step, "attempt": self.attempt,
+                                    "startup_s": self.startup_s, "since": what})
+            else:
+                self.startup_s = -1.0
+        if self.every_s <= 0 or now < self.next_at:
+            return
+        rate = (step - self.last_step) * self.global_batch / max(now - self.last_t, 1e-9)
+        done = step - self.start_step
+        eta = (self.total - step) * (now - self.t0) / done if done > 0 else float("nan")
+        self.last_step, self.last_t, self.next_at = step, now, now + self.every_s
+        loss = "-" if self.loss is None else f"{self.loss:.4f}"
+        ckpt = "none" if self.committed_step is None else str(self.committed_step)
+        self.log(f"gangflow: progress: step {step}/{self.total} ({100 * step / self.total:.0f}%), loss {loss}, "
+                 f"{rate:.0f} samples/s, ETA {_duration(eta) if eta == eta else '-'}, last checkpoint step {ckpt}")
+        fields = {"loss": self.loss, "samples_per_sec": round(rate, 3), "eta_s": round(eta, 3) if eta == eta else None,
+                  "last_checkpoint_step": self.committed_step}
+        self.tracker.event("progress", step, mlflow_prefix="progress_", sync=False, total_steps=self.total, **fields)
+        self._attempt_metrics(run_s=round(now - self.t0, 3))
+
+    def committed(self, info: dict[str, Any]) -> None:
+        """A checkpoint was committed (any thread)."""
+        self.committed_step = info["step"]
+        self.ckpt_s += float(info.get("duration_s", 0.0))
+        self.ckpt_bytes = int(info.get("bytes", 0))
+        self.ckpts += 1
+
+    def attempt_record(self, step: int) -> None:
+        """The attempt's figures, at its end (finished or preempted): metrics.jsonl and MLflow
+        metrics `attempt_*` at MLflow step = the attempt (Airflow try) number."""
+        if not self.enabled:
+            return
+        fields = {"startup_s": self.startup_s if self.startup_s and self.startup_s >= 0 else None,
+                  "queue_wait_s": self.queue_wait_s, "run_s": round(time.monotonic() - self.t0, 3),
+                  "checkpoint_s": round(self.ckpt_s, 6), "checkpoint_bytes": self.ckpt_bytes, "checkpoints": self.ckpts,
+                  "first_step": self.start_step, "last_step": step}
+        self.tracker.write({"event": "attempt", "step": step, "attempt": self.attempt, **fields}, sync=True)
+        self._attempt_metrics(**fields)
+
+    def _attempt_metrics(self, **fields: Any) -> None:
+        if self.tracker.mlflow is not None:
+            for key, value in fields.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.tracker.mlflow.log(f"attempt_{key}", value, self.attempt)
