@@ -72,7 +72,8 @@ signals:
 
 environment:
   GANGFLOW_FAULT            fault injection, ACTION@step=N[,rank=R] with ACTION kill | term |
-                            exit=CODE | raise (see docs/trainer.md); honoured only with
+                            exit=CODE | raise, or kill@save[=K][,rank=R] | kill@time=SECONDS[,rank=R]
+                            (unsynchronised; see docs/trainer.md); honoured only with
   GANGFLOW_ALLOW_FAULTS=1   (otherwise ignored with a warning)
   AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL(_S3)   S3 run dirs and DVC remotes
   TMPDIR                    rank-local scratch (the fetched dataset version)

@@ -1,8 +1,9 @@
 """Metrics: `DIR/metrics.jsonl` always; MLflow too when a tracking URI is configured.
 
 Only rank 0 tracks. Every line of metrics.jsonl is one JSON object: training steps
-(`step`, `loss`, `lr`, `samples_per_sec`, `epoch`, `time`) and events (`event`: `start`,
-`checkpoint` with `duration_s`, `blocked_s` and `bytes`, `preempted`, `final`).
+(`step`, `loss`, `lr`, `samples_per_sec`, `epoch`, `time`) and events (`event`: `start`, `resume`,
+`first_step`, `checkpoint` with `duration_s`, `blocked_s` and `bytes`, `progress`, `preempted`,
+`final`, `attempt`). `Progress` prints rank 0's progress line and keeps the attempt's figures.
 
 MLflow (`tracking.mlflow_uri` or env MLFLOW_TRACKING_URI) is imported lazily and only then. The
 run is env MLFLOW_RUN_ID when set (the Airflow operator creates it; a retry logs into the same
