@@ -82,17 +82,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline", default="digits", help="the pipeline to run: a file pipelines/<name>.yaml (default digits)")
     parser.add_argument("--conf", default="{}", help="DAG run conf (Params) as JSON, e.g. '{\"world_size\": 1}'")
     args = parser.parse_args(argv)
+    try:
+        conf = json.loads(args.conf)
+    except ValueError as exc:
+        parser.error(f"--conf: not valid JSON ({exc})")
+    embedded.apply()  # before anything imports Airflow: it binds its config at import
     from operators.pipeline import PipelineConfigError, pipeline
 
     try:
         config = pipeline(args.pipeline)
     except PipelineConfigError as exc:
         parser.error(str(exc))
-    try:
-        conf = json.loads(args.conf)
-    except ValueError as exc:
-        parser.error(f"--conf: not valid JSON ({exc})")
-    embedded.apply()
     os.environ.setdefault("GANGFLOW_ALLOW_FAULTS", "1")  # a drill: GANGFLOW_FAULT is honoured here (docs/trainer.md)
     from airflow.sdk.exceptions import ParamValidationError
 

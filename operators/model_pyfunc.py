@@ -67,6 +67,17 @@ def card_task(final_dir: "str | Path") -> str:
     return task if task in ("classification", "regression") else "classification"
 
 
+def card_factory(final_dir: "str | Path") -> "str | None":
+    """The `module:function` model factory the card names (None when unreadable)."""
+    import json
+
+    try:
+        factory = json.loads((Path(final_dir) / CARD_FILE).read_text())["model"]["factory"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return factory if isinstance(factory, str) else None
+
+
 def _listed(columns, limit: int = 6) -> str:
     columns = [str(c) for c in columns]
     more = f", ... ({len(columns)} in all)" if len(columns) > limit else ""

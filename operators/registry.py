@@ -298,24 +298,63 @@ def _pip_requirements() -> list[str]:
     return reqs
 
 
-def _bundled_code(staging: Path) -> list[str]:
-    """The `trainer` package's sources, staged under `staging` for bundling with every model:
-    its guarded loader (`trainer.export`, `trainer.allowlist`) is how the pyfunc rebuilds the
-    module, and the built-in model code travels with the weights it was trained with. Only
-    `*.py` files are staged (no bytecode caches another process may be rewriting)."""
-    # Imported first, so that MLflow's validation load (which puts the bundled copy on sys.path)
-    # finds the installed package in sys.modules instead of importing a temporary copy.
-    import trainer.export  # noqa: F401
-
-    src = Path(sys.modules["trainer"].__file__).resolve().parent
-    dst = staging / "trainer"
+def _copy_sources(src: Path, dst: Path) -> None:
+    """The `*.py` files of a package folder (or one module file), no bytecode caches (another
+    process may be rewriting them)."""
+    if src.is_file():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst.with_suffix(".py"))
+        return
     for path in sorted(src.rglob("*.py")):
         if "__pycache__" in path.parts:
             continue
         target = dst / path.relative_to(src)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
-    return [str(dst)]
+
+
+def user_code_location(factory: str) -> Path | None:
+    """The source of the top-level package (or module) of a `module:function` model factory,
+    when it is user code to bundle: importable, not `trainer` (always bundled) and not an
+    installed distribution (site-packages: that is a requirement, not code). Found without
+    importing it."""
+    import importlib.util
+    import sysconfig
+
+    top = factory.partition(":")[0].split(".")[0]
+    if not top or top == "trainer":
+        return None
+    spec = importlib.util.find_spec(top)
+    if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
+        return None
+    origin = Path(spec.origin).resolve()
+    location = origin.parent if origin.name == "__init__.py" else origin
+    installed = {Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")}
+    if any(location.is_relative_to(root) for root in installed) or location.suffix not in ("", ".py"):
+        return None
+    return location
+
+
+def _bundled_code(staging: Path, factory: str | None = None) -> list[str]:
+    """The sources bundled with every model (MLflow `code_paths`, put first on `sys.path` when
+    the model loads): the `trainer` package (its guarded loader, `trainer.export` and
+    `trainer.allowlist`, is how the pyfunc rebuilds the module, and the built-in model code
+    travels with the weights it was trained with), and the package of a user model `factory`
+    (`mypkg.models:tiny_cnn` bundles `mypkg/`), so the model loads where neither is installed."""
+    # Imported first, so that MLflow's validation load (which puts the bundled copy on sys.path)
+    # finds the installed package in sys.modules instead of importing a temporary copy.
+    import trainer.export  # noqa: F401
+
+    paths = []
+    src = Path(sys.modules["trainer"].__file__).resolve().parent
+    _copy_sources(src, staging / "trainer")
+    paths.append(str(staging / "trainer"))
+    user = user_code_location(factory) if factory else None
+    if user is not None:
+        _copy_sources(user, staging / user.name)
+        paths.append(str(staging / user.name))
+        log.info("bundling the model factory's code %s with the model (MLflow code_paths)", user)
+    return paths
 
 
 def log_pyfunc_model(
@@ -375,7 +414,7 @@ def log_pyfunc_model(
                 input_example=example,
                 model_config={"features": list(schema), "task": task},
                 pip_requirements=_pip_requirements(),
-                code_paths=_bundled_code(Path(tmp) / "code"),
+                code_paths=_bundled_code(Path(tmp) / "code", model_pyfunc.card_factory(staged)),
             )
     return logged.model_id
 
