@@ -8,7 +8,7 @@ JSON object:
   `airflow.sdk` (from `-X importtime`), and `dag_parse_heavy_imports` any of torch, mlflow,
   great_expectations, dvc, pandas that it pulled in (should be empty).
 * `train_task_over_bare_torchrun`: wall time of the training task `train_local_<N>` over a bare
-  torchrun of the same trainer arguments, median of interleaved pairs. Goal <= 1.05.
+  torchrun of the same trainer arguments, median of interleaved pairs. Goal <= 1.10 (aim 1.05).
   - task side: the real DAG run once per repetition with `dag.test()` (what `make demo` does,
     `python -m operators.demo`, on a fresh SQLite state dir); the time is the task instance's
     `end_date - start_date` from Airflow's metadata DB: template rendering, the MLflow run
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.parse_only:
             result |= bench_task(home, reps=args.reps, steps=args.steps, world_size=args.world_size, every=args.every,
                                  mlflow_arm=args.mlflow_arm)  # fmt: skip
-        result["goals"] = {"dag_parse_seconds": "<= 0.2", "train_task_over_bare_torchrun": "<= 1.05"}
+        result["goals"] = {"dag_parse_seconds": "<= 0.2", "train_task_over_bare_torchrun": "<= 1.10 (aim 1.05)"}
         result["measures"] = MEASURES
         result["benchmark_seconds"] = round(time.monotonic() - started, 1)
         if args.keep:
