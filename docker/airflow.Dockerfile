@@ -27,9 +27,17 @@ COPY --chown=airflow:0 operators/ /opt/gangflow/operators/
 COPY --chown=airflow:0 trainer/ /opt/gangflow/trainer/
 RUN pip install -c /opt/gangflow/constraints.txt "apache-airflow==3.3.2" "/opt/gangflow[kubernetes]"
 
-# Project layer 2: what the DAGs read beside the package (GANGFLOW_PROJECT: params.yaml, the DVC
-# pipeline and its lock, the data stage and expectation suite), then the DAGs.
+# Project layer 2: what the DAGs read beside the package (GANGFLOW_PROJECT: params.yaml, the
+# pipeline files, the DVC pipeline and its lock, the data stages and expectation suites), then
+# the DAGs. User model packages: add a layer `COPY mypkg/ /opt/gangflow/mypkg/` (importable from
+# GANGFLOW_PROJECT by the DAG processor and tasks) or pip-install them here (docs/extending.md).
 COPY --chown=airflow:0 params.yaml dvc.yaml dvc.lock .dvcignore /opt/gangflow/
+COPY --chown=airflow:0 pipelines/ /opt/gangflow/pipelines/
 COPY --chown=airflow:0 .dvc/config /opt/gangflow/.dvc/config
 COPY --chown=airflow:0 data/prepare.py data/expectations.py /opt/gangflow/data/
 COPY --chown=airflow:0 dags/ /opt/airflow/dags/
+# The commit the image was built from (there is no .git in it): the lineage the registry records,
+# which refuses "unknown" (docs/registry.md). --build-arg GANGFLOW_GIT_COMMIT=$(git rev-parse HEAD)
+ARG GANGFLOW_GIT_COMMIT=unknown
+ARG GANGFLOW_GIT_DIRTY=unknown
+ENV GANGFLOW_GIT_COMMIT=${GANGFLOW_GIT_COMMIT} GANGFLOW_GIT_DIRTY=${GANGFLOW_GIT_DIRTY}

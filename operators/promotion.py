@@ -31,6 +31,7 @@ from operators.registry import (
     download_model,
     download_version,
     git_commit,
+    git_dirty,
     input_schema,
     lineage_tags,
     model_schema,
@@ -38,6 +39,7 @@ from operators.registry import (
     record_decision,
     recorded_decision,
     register_version,
+    require_commit,
 )
 
 if TYPE_CHECKING:
@@ -269,7 +271,8 @@ class PromoteModelOperator(BaseOperator):
             dag_run_id=(context.get("run_id") if isinstance(context, Mapping) else None)
             or getattr(dag_run, "run_id", None) or getattr(ti, "run_id", None),
             try_number=getattr(ti, "try_number", None),
-            git_commit=git_commit(),
+            git_commit=require_commit(git_commit()),  # before anything is registered
+            git_dirty=git_dirty(),
             mlflow_run_id=str(self.mlflow_run_id),
             dataset_version=manifest.get("version"),
             test_data_md5=manifest.get("test_md5"),
