@@ -66,7 +66,7 @@ def test_progress_reaches_the_task_log_and_mlflow(h, digits, tmp_path):
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
-    run_id = client.create_run(client.create_experiment("progress")).info.run_id
+    run_id = client.create_run(client.create_experiment("progress", artifact_location=(tmp_path / "mlartifacts").as_uri())).info.run_id
     sets = [f"data.train_path={digits / 'train.parquet'}", f"data.test_path={digits / 'test.parquet'}",
             "train.max_steps=1500", "checkpoint.every_steps=300", "tracking.progress_every_s=0.5",
             "tracking.flush_every_s=0.5"]
