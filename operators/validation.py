@@ -71,18 +71,34 @@ class ValidationReport:
     data_docs: Path | None
     results: dict[str, Any] = field(repr=False, default_factory=dict)
     failed: dict[str, int] = field(default_factory=dict)
+    #: Per split whose columns are not the suite's: (expected columns, columns found).
+    schema_mismatch: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)
 
-    def describe(self, version: str | None = None, *, limit: int = MAX_LISTED_FAILURES) -> str:
-        """A multi-line summary: one line per failed expectation (at most `limit`)."""
+    def describe(self, version: str | None = None, *, limit: int = MAX_LISTED_FAILURES, dataset: str | None = None) -> str:
+        """A multi-line summary: a wrong schema first ("expected columns ..., got ..."), then one
+        line per other failed expectation (at most `limit`); a missing column is said once, in
+        the schema line, not once per expectation that needed it."""
         total = sum(self.evaluated.values())
-        what = f"dataset version {version}" if version else "the dataset"
+        what = f"dataset {dataset} version {version}" if dataset and version else (
+            f"dataset version {version}" if version else f"dataset {dataset}" if dataset else "the dataset")
         if self.success:
             return f"{what} passed all {total} expectations ({self._per_split()})"
         failed = sum(self._failed().values())
-        lines = [f"{what} failed {failed} of {total} expectations ({self._per_split()}):"]
-        lines += [f"  - {failure}" for failure in self.failures[:limit]]
-        if len(self.failures) > limit:
-            lines.append(f"  ... and {len(self.failures) - limit} more (see the Data Docs)")
+        lines = []
+        for split, (expected, got) in self.schema_mismatch.items():
+            missing, extra = [c for c in expected if c not in got], [c for c in got if c not in expected]
+            lines.append(f"[{split}] expected columns {_short(expected)}, got {_short(got)}"
+                         + (f": missing {_short(missing)}" if missing else "")
+                         + (f"; unexpected {_short(extra)}" if extra else ""))
+        lines.insert(0, f"{what} failed {failed} of {total} expectations ({self._per_split()}):")
+        absent = {(split, c) for split, (expected, got) in self.schema_mismatch.items() for c in expected if c not in got}
+        rest = [f for f in self.failures if (f.split, f.column) not in absent and not _about_absent_column(f, absent)]
+        hidden = len(self.failures) - len(rest)
+        lines += [f"  - {failure}" for failure in rest[:limit]]
+        if hidden:
+            lines.append(f"  ({hidden} more failures only say that those columns are missing)")
+        if len(rest) > limit:
+            lines.append(f"  ... and {len(rest) - limit} more (see the Data Docs)")
         if self.data_docs:
             lines.append(f"Data Docs: {self.data_docs}")
         return "\n".join(lines)
@@ -190,7 +206,7 @@ class DatasetValidationOperator(BaseOperator):
         )
 
     def on_failed(self, report: ValidationReport, resolved: ResolvedDataset) -> None:
-        raise DataValidationFailed(report.describe(resolved.version))
+        raise DataValidationFailed(report.describe(resolved.version, dataset=self.dvc_out))
 
     def build_manifest(
         self, resolved: ResolvedDataset, frames: Mapping[str, pd.DataFrame], report: ValidationReport
@@ -212,14 +228,14 @@ class DatasetValidationOperator(BaseOperator):
         frames = self.load(resolved)
         report = self.validate(frames, version=version, run_name=_run_name(context))
         if report.success:
-            self.log.info("%s", report.describe(version))
+            self.log.info("%s", report.describe(version, dataset=self.dvc_out))
         else:
             self.on_failed(report, resolved)  # raises DataValidationFailed unless overridden
-            self.log.warning("Accepted despite failed expectations: %s", report.describe(version))
+            self.log.warning("Accepted despite failed expectations: %s", report.describe(version, dataset=self.dvc_out))
         result = self.build_manifest(resolved, frames, report)
         self.log.info(
-            "Validated dataset version %s: rows %s, train md5 %s, test md5 %s, Data Docs %s",
-            version, result["rows"], result["train_md5"], result["test_md5"], result["data_docs"],
+            "Validated dataset %s version %s: rows %s, train md5 %s, test md5 %s, Data Docs %s",
+            self.dvc_out, version, result["rows"], result["train_md5"], result["test_md5"], result["data_docs"],
         )
         return result
 
@@ -326,6 +342,7 @@ def run_expectations(
     failures: list[ExpectationFailure] = []
     evaluated: dict[str, int] = {}
     failed: dict[str, int] = {}
+    schema_mismatch: dict[str, tuple[list[str], list[str]]] = {}
     used: set[str] = set()
     for split, frame in frames.items():
         suite = suite_factory(split)
@@ -342,14 +359,25 @@ def run_expectations(
         evaluated[split] = len(result.results)
         failed[split] = sum(1 for r in result.results if not r.success)
         failures += [f for r in result.results if not r.success for f in describe_failures(split, r)]
+        for r in result.results:
+            config = r.expectation_config
+            if not r.success and config.type == "expect_table_columns_to_match_set":
+                expected = list(config.kwargs.get("column_set") or [])
+                schema_mismatch[split] = (expected, [str(c) for c in frame.columns])
     data_docs = None
     if docs_dir is not None:
         context.build_data_docs(site_names=["gangflow"])
         data_docs = docs_dir / "index.html"
     return ValidationReport(
         success=not failures, failures=failures, evaluated=evaluated, data_docs=data_docs, results=results,
-        failed=failed,
+        failed=failed, schema_mismatch=schema_mismatch,
     )
+
+
+def _about_absent_column(failure: ExpectationFailure, absent: set[tuple[str, str]]) -> bool:
+    """A failure that only says a column of the schema line is missing (GX: 'does not exist')."""
+    return any(failure.split == split and column in failure.observed and "exist" in failure.observed
+               for split, column in absent)
 
 
 def describe_failures(split: str, result: ExpectationValidationResult) -> list[ExpectationFailure]:

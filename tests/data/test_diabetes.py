@@ -68,6 +68,19 @@ def test_the_suite_refuses_class_labels(frames):
     assert "expect_columns_types_to_be" in _failed(ints)["train"]
 
 
+def test_another_datasets_schema_is_said_first_and_once(frames):
+    """The digits suite on the diabetes data: 'expected columns ..., got ...' leads, instead of a
+    line per pixel column and expectation ('column pixel_NN does not exist')."""
+    report = run_expectations(frames, load_suite_factory("data.expectations:digits_suite", PROJECT_ROOT))
+    text = report.describe("e4861a59328b8e7963f3dc14b26344f4", dataset="data/diabetes")
+    lines = text.splitlines()
+    assert lines[0].startswith("dataset data/diabetes version e4861a59328b8e7963f3dc14b26344f4 failed")
+    assert lines[1].startswith("[train] expected columns [pixel_00, pixel_01, pixel_02, ... (65 items)], got [age, sex, bmi")
+    assert "missing [pixel_00" in lines[1] and "unexpected [age, sex" in lines[1]
+    assert lines[2].startswith("[test] expected columns")
+    assert len(lines) < 20 and "does not exist" not in text, text
+
+
 def _clone(tmp_path: Path) -> Path:
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(PROJECT_ROOT), str(clone)], check=True, timeout=120)

@@ -112,7 +112,7 @@ def test_a_version_that_fails_expectations_is_refused_with_the_list(project):
     message = str(info.value)
     assert not info.value.retryable
     lines = message.splitlines()
-    assert lines[0].startswith(f"dataset version {bad_version} failed 2 of 16 expectations")
+    assert lines[0].startswith(f"dataset data/digits version {bad_version} failed 2 of 16 expectations")
     assert "[train] expect_table_row_count_to_be_between(min_value=1200, max_value=1500) -> observed 719" in message
     assert "[test] expect_table_row_count_to_be_between(min_value=400, max_value=500) -> observed 1078" in message
     assert lines[-1].startswith("Data Docs: ") and Path(lines[-1].removeprefix("Data Docs: ")).is_file()
