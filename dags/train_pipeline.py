@@ -167,11 +167,13 @@ def build_pipeline_dag(p: PipelineConfig):
             )
             for n in p.local_world_sizes
         ]  # fmt: skip
+        # Pods read the trainer config from their image (/app), so it is named relative to the project.
+        in_image = p.trainer_config_in_project or p.trainer_config
         for backend in p.backend_names[1:]:  # every non-local backend: one task, sized by the Param
             gangs.append(
                 GangTrainingOperator(
                     task_id=f"train_{backend}", world_size="{{ params.world_size }}", backend=backend,
-                    dataset=validate.output, overrides=overrides, config_path=p.trainer_config,
+                    dataset=validate.output, overrides=overrides, config_path=in_image,
                 )
             )  # fmt: skip
 

@@ -53,6 +53,8 @@ RUN groupadd --system --gid 10001 gangflow \
 COPY --from=builder /opt/venv /opt/venv
 WORKDIR /app
 COPY params.yaml /app/params.yaml
+# The other pipelines' trainer configs (pipelines/trainer/*.yaml), named relative to /app by the DAGs.
+COPY pipelines/trainer/ /app/pipelines/trainer/
 # The pods run with a read-only root filesystem: caches go to the /tmp emptyDir.
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \

@@ -115,6 +115,13 @@ class PipelineConfig:
         return f"dvc://gangflow/{self.dataset_out}"
 
     @property
+    def trainer_config_in_project(self) -> str | None:
+        """The trainer config relative to the project root (as the images hold it), or None."""
+        path = Path(self.trainer_config)
+        root = settings.PROJECT_ROOT.resolve()
+        return path.resolve().relative_to(root).as_posix() if path.resolve().is_relative_to(root) else None
+
+    @property
     def backend_names(self) -> list[str]:
         return [*BUILTIN_BACKENDS, *sorted(b for b in self.backends if b not in BUILTIN_BACKENDS)]
 
