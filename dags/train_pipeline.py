@@ -191,6 +191,7 @@ def build_pipeline_dag(p: PipelineConfig):
             dataset=validate.output,
             mlflow_run_id=training["mlflow_run_id"],
             allowed_models=allowed,
+            data_factory=p.data_factory,
         )
         promote = PromoteModelOperator(
             task_id="promote",
@@ -205,6 +206,7 @@ def build_pipeline_dag(p: PipelineConfig):
             direction=p.metric.direction,
             metric_bounds=(p.metric.minimum, p.metric.maximum),
             allowed_models=allowed,
+            data_factory=p.data_factory,
             lineage={
                 "dataset_version": "{{ " + MANIFEST + "['version'] }}",
                 "dataset_md5": "{{ " + MANIFEST + "['train_md5'] }}",

@@ -158,9 +158,16 @@ def evaluate(
     return classification_metrics(y_np, preds, int(num_classes))
 
 
-def load_test_arrays(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """(x float32 [N, 64], y int64 [N]) from a Parquet file at any path (DVC cache objects have
-    no suffix). Uses the trainer's reader when installed, so both sides read data the same way."""
+DEFAULT_DATA_FACTORY = "trainer.data:parquet_dataset"
+
+
+def load_test_arrays(path: str | Path, data_factory: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(x float32 [N, F], y [N]) from a Parquet file at any path (DVC cache objects have no
+    suffix). Uses the trainer's reader when installed, so both sides read data the same way;
+    with `data_factory` (the pipeline's trainer config's `data.factory`, `module:function`), the
+    test split goes through that factory exactly as the trainer's own evaluation reads it."""
+    if data_factory and data_factory != DEFAULT_DATA_FACTORY:
+        return _arrays_from_factory(data_factory, path)
     try:
         from trainer.data import load_arrays
     except ImportError:
@@ -176,6 +183,20 @@ def load_test_arrays(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     y = frame[LABEL_COLUMN].to_numpy()
     y = y.astype(np.float32 if np.issubdtype(y.dtype, np.floating) else np.int64)
     return features(frame, [c for c in frame.columns if c != LABEL_COLUMN]), y
+
+
+def _arrays_from_factory(data_factory: str, path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    import numpy as np
+
+    from trainer.config import resolve_factory
+
+    dataset = resolve_factory(data_factory, "data.factory")(str(path))
+    items = [dataset[i] for i in range(len(dataset))]
+    if not items:
+        raise ValueError(f"data.factory={data_factory!r} gave no rows for {path}")
+    x = np.stack([_as_numpy(a).astype(np.float32).ravel() for a, _ in items])
+    y = np.asarray([_as_numpy(b) for _, b in items]).ravel()
+    return x, y.astype(np.float32 if np.issubdtype(y.dtype, np.floating) else np.int64)
 
 
 def load_final_model(final_dir: str | Path, *, allowed_models: Sequence[str] | str | None = None) -> torch.nn.Module:
@@ -199,8 +220,10 @@ def evaluate_final_dir(
     num_classes: int | None = None,
     *,
     allowed_models: Sequence[str] | str | None = None,
+    data_factory: str | None = None,
 ) -> dict[str, Any]:
-    """Evaluate the weights in `final_dir` on the Parquet test split at `test_path`.
+    """Evaluate the weights in `final_dir` on the Parquet test split at `test_path` (read through
+    `data_factory` when given, see `load_test_arrays`).
 
     The result also names the test file and its md5, so a later comparison can check that two
     scores come from the same split.
@@ -208,7 +231,7 @@ def evaluate_final_dir(
     from operators.model_pyfunc import card_task
 
     model = load_final_model(final_dir, allowed_models=allowed_models)
-    x, y = load_test_arrays(test_path)
+    x, y = load_test_arrays(test_path, data_factory)
     metrics = evaluate(model, x, y, num_classes, task=card_task(final_dir))
     metrics["test_path"] = str(test_path)
     metrics["test_md5"] = file_md5(test_path)
@@ -339,6 +362,8 @@ class EvaluateModelOperator(BaseOperator):
     :param num_classes: number of classes; default: the model's number of outputs.
     :param allowed_models: `module:function` model factories allowed beside the `gangflow.models`
         entry points (templated); a card naming anything else is refused before any import.
+    :param data_factory: the `data.factory` of the pipeline's trainer config (templated): the test
+        split is read through it, as the trainer reads it (default: the Parquet reader).
 
     Subclassing (data engineers): override
 
@@ -355,7 +380,7 @@ class EvaluateModelOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("model_uri", "dataset", "mlflow_run_id", "tracking_uri", "num_classes",
-                                      "allowed_models")
+                                      "allowed_models", "data_factory")
     template_fields_renderers = {"dataset": "json"}
     ui_color = "#e8f4ea"
     metric_prefix: ClassVar[str] = "test_"
@@ -369,9 +394,11 @@ class EvaluateModelOperator(BaseOperator):
         tracking_uri: str | None = None,
         num_classes: int | None = None,
         allowed_models: Sequence[str] | None = None,
+        data_factory: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.data_factory = data_factory
         self.model_uri = model_uri
         self.dataset = dataset
         self.mlflow_run_id = mlflow_run_id
@@ -386,8 +413,8 @@ class EvaluateModelOperator(BaseOperator):
         return load_final_model(final_dir, allowed_models=self.allowed_models)
 
     def load_test_data(self, test_path: Path) -> tuple[Any, Any]:
-        """(x, y) of the test split (a verified local copy)."""
-        return load_test_arrays(test_path)
+        """(x, y) of the test split (a verified local copy), through `data_factory` when set."""
+        return load_test_arrays(test_path, self.data_factory or None)
 
     def metrics(self, model: Any, x: Any, y: Any) -> dict[str, Any]:
         """The metrics dict (JSON-serialisable); default: `evaluate(model, x, y, num_classes,

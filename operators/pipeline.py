@@ -91,6 +91,7 @@ class PipelineConfig:
     suite: str
     trainer_config: str  # absolute path
     task: str
+    data_factory: str  # the trainer config's data.factory: evaluate and promote read the test split with it
     metric: Metric
     promotion_floor: float
     min_improvement: float
@@ -261,6 +262,7 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         suite=_string(f"{source}: dataset.suite", dataset["suite"], _FACTORY_RE, "'module:function'"),
         trainer_config=str(trainer_config),
         task=task,
+        data_factory=str((trainer.get("data") or {}).get("factory") or "trainer.data:parquet_dataset"),
         metric=metric,
         promotion_floor=float(_number(f"{source}: gate.floor", gate.get("floor", 0.0))),
         min_improvement=float(_number(f"{source}: gate.min_improvement", gate.get("min_improvement", 0.0))),

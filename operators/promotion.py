@@ -117,6 +117,7 @@ class PromoteModelOperator(BaseOperator):
     :param tracking_uri: MLflow tracking/registry URI (templated); default from settings.
     :param allowed_models: `module:function` model factories allowed beside the `gangflow.models`
         entry points (templated), for the candidate and the champion alike.
+    :param data_factory: the pipeline's `data.factory`: the test split is read through it (templated).
 
     Subclassing: set `metric_name` (and `direction`) or pass `metric=`, and override
     `score(metrics)` to compute it, e.g. ``metric_name = "macro_f1"``; override
@@ -126,7 +127,7 @@ class PromoteModelOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "model_name", "model_uri", "dataset", "mlflow_run_id", "candidate_metrics",
-        "floor", "min_improvement", "lineage", "tracking_uri", "allowed_models",
+        "floor", "min_improvement", "lineage", "tracking_uri", "allowed_models", "data_factory",
     )
     template_fields_renderers = {"dataset": "json", "lineage": "json"}
     ui_color = "#fdf2d0"
@@ -152,9 +153,11 @@ class PromoteModelOperator(BaseOperator):
         metric: str | None = None,
         direction: str | None = None,
         metric_bounds: Sequence[float | None] | None = None,
+        data_factory: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.data_factory = data_factory
         if metric:
             self.metric_name = metric
         if direction:
@@ -206,7 +209,8 @@ class PromoteModelOperator(BaseOperator):
         """Metrics of the model in `final_dir` on `test_path` (candidate and champion alike)."""
         from operators.evaluation import evaluate_final_dir
 
-        return evaluate_final_dir(final_dir, test_path, allowed_models=self.allowed_models)
+        return evaluate_final_dir(final_dir, test_path, allowed_models=self.allowed_models,
+                                  data_factory=self.data_factory or None)
 
     # -- steps -----------------------------------------------------------------------------
 
