@@ -94,3 +94,16 @@ def test_a_new_pipeline_file_is_a_new_dag_with_its_own_backend_and_gate(tmp_path
     assert shape["params"]["promotion_floor"]["minimum"] == 0 and "maximum" not in shape["params"]["promotion_floor"]
     assert "exclusiveMaximum" not in shape["params"]["min_improvement"]
     assert (shape["floor"], shape["out"], shape["model"]) == (50.0, "data/third", "gangflow-third")
+
+
+def test_admission_picks_a_registered_backends_task(monkeypatch):
+    from operators import backends
+    from operators.exceptions import GangCapacityError
+    from operators.training import gang_task_id
+
+    monkeypatch.setattr(backends, "_BACKENDS", dict(backends._BACKENDS))
+    with pytest.raises(GangCapacityError, match="backend='slurm': accepted values are kubernetes, local"):
+        gang_task_id(backend="slurm", world_size=4, local_world_sizes=(1, 2))
+    backends.register_backend("slurm", "mypkg.slurm:SlurmBackend")
+    assert gang_task_id(backend="slurm", world_size=4, local_world_sizes=(1, 2)) == "train_slurm"
+    assert gang_task_id(backend="kubernetes", world_size=4, local_world_sizes=(1, 2)) == "train_kubernetes"
