@@ -115,7 +115,25 @@ def make(client, weights, tmp_path):
 def test_template_fields_cover_every_argument():
     assert set(PromoteModelOperator.template_fields) == {
         "model_name", "model_uri", "dataset", "mlflow_run_id", "candidate_metrics", "floor", "min_improvement",
-        "lineage", "tracking_uri", "allowed_models"}
+        "lineage", "tracking_uri", "allowed_models", "data_factory"}
+
+
+def test_a_model_of_other_data_is_refused_before_anything_is_registered(client, make):
+    """Issue 13: a candidate trained on another dataset's columns was registered as a version of
+    the champion's model, then failed: an orphan version with no decision tags."""
+    from operators.registry import SchemaMismatch
+
+    name = "digits-schema"
+    champion = make("schema-champion", "ok")
+    assert champion.promote(name)["promoted"]
+    other = make("schema-other", "good")
+    wine = {c: "float32" for c in ("alcohol", "malic_acid", "ash")} | {"label": "int64"}
+    with pytest.raises(SchemaMismatch) as caught:
+        other.promote(name, dataset=manifest() | {"schema": wine})
+    assert str(caught.value).startswith("expected columns [pixel_00, pixel_01,")
+    assert "got [alcohol, malic_acid, ash]" in str(caught.value) and "Nothing was registered" in str(caught.value)
+    versions = client.search_model_versions(f"name='{name}'")
+    assert [str(v.version) for v in versions] == ["1"]  # no orphan version
 
 
 def test_promotion_lifecycle(client, make):
