@@ -39,6 +39,8 @@ SuiteFactory = Callable[[str], "ExpectationSuite"]
 
 #: At most this many failed expectations are spelled out in the exception message.
 MAX_LISTED_FAILURES = 40
+#: Above this many failures that only say a column is missing, the schema line says it once.
+MAX_ABSENT_COLUMN_LINES = 10
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ class ValidationReport:
         lines.insert(0, f"{what} failed {failed} of {total} expectations ({self._per_split()}):")
         absent = {(split, c) for split, (expected, got) in self.schema_mismatch.items() for c in expected if c not in got}
         rest = [f for f in self.failures if (f.split, f.column) not in absent and not _about_absent_column(f, absent)]
+        if len(self.failures) - len(rest) <= MAX_ABSENT_COLUMN_LINES:  # a few: each check on them still says so
+            rest = list(self.failures)
         hidden = len(self.failures) - len(rest)
         lines += [f"  - {failure}" for failure in rest[:limit]]
         if hidden:
