@@ -26,7 +26,6 @@ Nothing here imports DVC at module import time: DAG files import `operators`.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -63,7 +62,6 @@ PINNED = "pinned"
 
 _VERSION_RE = re.compile(r"[0-9a-f]{32}")
 _CWD_LOCK = threading.Lock()
-_CHUNK = 1 << 20
 
 
 class InvalidDatasetVersion(UserError, ValueError):
@@ -321,12 +319,10 @@ def resolve(
 
 
 def md5_file(path: str | os.PathLike) -> str:
-    """The md5 of a file's bytes, as DVC 3 computes it (`hash: md5`)."""
-    digest = hashlib.md5()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """The md5 of a file's bytes, as DVC 3 computes it (`hash: md5`): the trainer's one helper."""
+    from trainer.datastore import file_md5
+
+    return file_md5(path)
 
 
 def verify(resolved: ResolvedDataset) -> ResolvedDataset:
