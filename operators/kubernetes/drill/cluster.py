@@ -420,7 +420,10 @@ class EmulatedCluster:
             run.exit_code = -1
             self._note(f"pod {key[1]}: CreateContainerConfigError: {exc}")
             return
-        env = rewrites.env(process_env(self.image.env, container_env))
+        # the image's PATH already names this machine's folders (build_image mapped it): rewriting
+        # it again would map a venv that happens to live under /tmp into the pod's /tmp
+        image_env = {k: v if k == "PATH" else rewrites.apply(v) for k, v in self.image.env.items()}
+        env = process_env(image_env, rewrites.env(container_env))
         argv = rewrites.argv(run.rendered_argv)
         # the drill's own additions, beside the container's (documented): the audit hook, the
         # process marker, and (only when the drill was given one) the fault to inject

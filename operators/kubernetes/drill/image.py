@@ -82,7 +82,8 @@ def parse_runtime_stage(text: str, stage: str = RUNTIME_STAGE) -> tuple[dict[str
                 continue  # the builder's output: the packages, i.e. IMAGE_VENV
             *sources, dest = [p for p in parts if not p.startswith("--")]
             for src in sources:
-                target = dest if not dest.endswith("/") else dest + Path(src).name
+                # `COPY dir/ /target/` puts the folder's contents in /target (as Docker does)
+                target = dest if not dest.endswith("/") or src.endswith("/") else dest + Path(src).name
                 copies[target] = src
         elif word == "WORKDIR":
             workdir = rest.strip()
@@ -113,8 +114,14 @@ def build_image(root: Path, project: Path | None = None) -> Image:
     for target, src in copies.items():
         local = root / target.lstrip("/")
         local.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(project / src, local)
-        local.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        if (project / src).is_dir():  # `COPY dir/ /target/`: the folder's contents
+            shutil.copytree(project / src, local, dirs_exist_ok=True)
+            files = [p for p in local.rglob("*") if p.is_file()]
+        else:
+            shutil.copyfile(project / src, local)
+            files = [local]
+        for file in files:
+            file.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
     for top in top_dirs:  # read-only like the image's layers (mode bits; root ignores them)
         for folder in [root / top.lstrip("/"), *[p for p in (root / top.lstrip("/")).rglob("*") if p.is_dir()]]:
             folder.chmod(0o555)

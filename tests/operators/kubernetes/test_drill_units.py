@@ -160,7 +160,7 @@ def test_rewrites_map_only_the_rendezvous_host_and_mounted_paths():
 
 def test_image_env_and_files_come_from_the_training_dockerfile(tmp_path, project_root):
     env, copies, workdir = parse_runtime_stage((project_root / "docker" / "training.Dockerfile").read_text())
-    assert workdir == "/app" and copies == {"/app/params.yaml": "params.yaml"}
+    assert workdir == "/app" and copies == {"/app/params.yaml": "params.yaml", "/app/pipelines/trainer/": "pipelines/trainer/"}
     assert env["HOME"] == "/tmp" and env["PATH"].startswith("/opt/venv/bin:")
     image = build_image(tmp_path / "image", project_root)
     assert image.mounts["/opt/venv"] == sys.prefix
@@ -169,6 +169,9 @@ def test_image_env_and_files_come_from_the_training_dockerfile(tmp_path, project
     assert not os.access(copy, os.W_OK) or os.geteuid() == 0  # read-only by mode (root ignores modes)
     assert oct(copy.stat().st_mode & 0o777) == "0o444"
     assert image.env["PATH"].split(os.pathsep)[0] == f"{sys.prefix}/bin"
+    # `COPY pipelines/trainer/ /app/pipelines/trainer/`: the folder's contents, not a nested folder
+    copied = tmp_path / "image" / "app" / "pipelines" / "trainer" / "diabetes.yaml"
+    assert copied.read_bytes() == (project_root / "pipelines" / "trainer" / "diabetes.yaml").read_bytes()
 
 
 def test_stage_parser_handles_continuations_and_other_stages():
