@@ -100,7 +100,10 @@ def test_only_the_gang_task_pod_and_the_triggerer_get_an_api_token(airflow_value
 
 def test_the_gang_task_id_is_the_dags(airflow_values, project_root):
     """The hook names the pipeline's Kubernetes gang task; a rename in the DAG must follow here."""
-    assert 'task_id="train_kubernetes"' in (project_root / "dags" / "train_pipeline.py").read_text()
+    from operators.training import gang_task_id
+
+    assert gang_task_id(backend="kubernetes", world_size=2, local_world_sizes=(1, 2)) == "train_kubernetes"
+    assert 'task_id=f"train_{backend}"' in (project_root / "dags" / "train_pipeline.py").read_text()
 
 
 def test_mlflow_uri_is_the_gangflow_charts_service(airflow_values, render):
