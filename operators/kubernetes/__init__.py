@@ -3,7 +3,7 @@ TrainJob), the runtime defaults the Helm chart ships, offline schema validation,
 reading the trigger and backend share.
 
     python -m operators.kubernetes render --world-size 4 --scheduler kueue   # what would be submitted
-    python -m operators.kubernetes validate objects.yaml --crds ../shared/crds
+    python -m operators.kubernetes validate objects.yaml   # against the vendored upstream CRDs (crds/)
 
 Importing this package does not import Airflow or the Kubernetes clients' network code.
 """
