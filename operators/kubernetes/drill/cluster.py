@@ -274,34 +274,28 @@ class EmulatedCluster:
             for pod in pods:  # backoffLimit 0 / podFailurePolicy FailJob: the Job ends, active pods go
                 if (pod.get("status") or {}).get("phase") not in ("Failed", "Succeeded"):
                     self._delete_pod(ns, pod["metadata"]["name"])
-            status = {
-                "conditions": [
-                    {"type": "Suspended", "status": "False", "reason": "ResumeJobs", "message": "jobset is resumed", "lastTransitionTime": stamp},
-                    {"type": "Failed", "status": "True", "reason": "FailedJobs", "message": "jobset failed due to one or more job failures", "lastTransitionTime": stamp},
-                ],
-                "replicatedJobsStatus": [{"name": "rank", "ready": 0, "succeeded": 0, "failed": 1, "active": 0, "suspended": 0}],
-                "restarts": 0,
-                "terminalState": "Failed",
-            }  # fmt: skip
-            with self.api._lock:
-                if self.api.get(*JS, ns, name) is not None:
-                    self.api.set_status(*JS, ns, name, status)
+            self._set_terminal(ns, name, stamp, "Failed", "FailedJobs", "jobset failed due to one or more job failures")
             self._note(f"JobSet {ns}/{name} failed: pod {first} failed; the Job controller deletes the others")
         elif len(succeeded) == total:
             self._finished_gangs.add(uid)
-            status = {
-                "conditions": [
-                    {"type": "Suspended", "status": "False", "reason": "ResumeJobs", "message": "jobset is resumed", "lastTransitionTime": stamp},
-                    {"type": "Completed", "status": "True", "reason": "AllJobsCompleted", "message": "jobset completed successfully", "lastTransitionTime": stamp},
-                ],
-                "replicatedJobsStatus": [{"name": "rank", "ready": 0, "succeeded": 1, "failed": 0, "active": 0, "suspended": 0}],
-                "restarts": 0,
-                "terminalState": "Completed",
-            }  # fmt: skip
-            with self.api._lock:
-                if self.api.get(*JS, ns, name) is not None:
-                    self.api.set_status(*JS, ns, name, status)
+            self._set_terminal(ns, name, stamp, "Completed", "AllJobsCompleted", "jobset completed successfully")
             self._note(f"JobSet {ns}/{name} completed")
+
+    def _set_terminal(self, ns: str, name: str, stamp: str, state: str, reason: str, message: str) -> None:
+        """The JobSet controller's terminal status: `state` is "Failed" or "Completed"."""
+        failed = state == "Failed"
+        status = {
+            "conditions": [
+                {"type": "Suspended", "status": "False", "reason": "ResumeJobs", "message": "jobset is resumed", "lastTransitionTime": stamp},
+                {"type": state, "status": "True", "reason": reason, "message": message, "lastTransitionTime": stamp},
+            ],
+            "replicatedJobsStatus": [{"name": "rank", "ready": 0, "succeeded": int(not failed), "failed": int(failed), "active": 0, "suspended": 0}],
+            "restarts": 0,
+            "terminalState": state,
+        }  # fmt: skip
+        with self.api._lock:
+            if self.api.get(*JS, ns, name) is not None:
+                self.api.set_status(*JS, ns, name, status)
 
     def _pod(self, jobset: dict[str, Any], rj: dict[str, Any], job_index: int, index: int, subdomain: str) -> dict[str, Any]:
         js_name, ns = jobset["metadata"]["name"], jobset["metadata"]["namespace"]
