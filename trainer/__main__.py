@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         fault = fault_from_env(rank=rank)
         if fault is not None and fault.rank is not None and fault.rank >= launch.world_size:
             raise ConfigError(f"{FAULT_ENV}={fault.spec!r} is invalid: rank={fault.rank} but the world size is {launch.world_size}")
-        check_device(cfg.train.device)
+        check_device(cfg.train.device, launch)
         cfg.check_factories()
         if cfg.train.batch_size % launch.world_size:
             raise ConfigError(f"train.batch_size={cfg.train.batch_size} is invalid: it is the global batch and must "

@@ -59,10 +59,24 @@ def detect(environ: dict[str, str] | None = None) -> Launch:
     return launch
 
 
-def check_device(preference: str) -> None:
-    """Reject train.device=cuda where there is no GPU (before anything starts)."""
+def check_device(preference: str, launch: Launch | None = None, environ: dict[str, str] | None = None) -> None:
+    """Reject train.device=cuda where there is no GPU, and (under torchrun) more ranks on this
+    node than GPUs it can see: NCCL needs a GPU per rank, and two ranks on one device fail at
+    the process group with `ncclInvalidUsage: Duplicate GPU detected` (seen on an H200 with
+    2 ranks, benchmarks/gpu_drill.py), which a retry would only repeat. torchrun gives every
+    local rank the same CUDA_VISIBLE_DEVICES, so LOCAL_WORLD_SIZE is comparable with the
+    device count; other launchers may give each rank a GPU of its own, so they are not checked."""
     if preference == "cuda" and not torch.cuda.is_available():
         raise ConfigError("train.device='cuda' is invalid here: CUDA is not available (use auto or cpu)")
+    if preference == "cpu" or launch is None or launch.launcher != "torchrun" or not torch.cuda.is_available():
+        return
+    env = os.environ if environ is None else environ
+    local_ranks, gpus = int(env.get("LOCAL_WORLD_SIZE", "1") or 1), torch.cuda.device_count()
+    if local_ranks > gpus:
+        raise ConfigError(
+            f"train.device={preference!r} is invalid for {local_ranks} ranks on this node: it has {gpus} visible GPU(s) "
+            f"and NCCL needs one per rank (CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '<unset>')}); "
+            f"run at most {gpus} ranks per node (torchrun --nproc-per-node) or set train.device=cpu")
 
 
 def _export_mpi_env(launch: Launch) -> None:
