@@ -180,6 +180,8 @@ PEER_LOST = _rx(
     r"Connection closed by (?:remote )?peer", r"Connection reset by peer", r"ncclRemoteError",
     r"remote process exited or there was a network error", r"Got completion from peer [^\n]* with (?:error|status)",
     r"NET/IB[^\n]*error", r"Broken pipe",
+    # UCX/verbs: the peer's queue pair stopped acknowledging (a peer died or the fabric failed)
+    r"Transport retry count exceeded",
 )  # fmt: skip
 RENDEZVOUS = _rx(
     r"RendezvousTimeoutError", r"RendezvousClosedError", r"RendezvousConnectionError",
@@ -193,6 +195,7 @@ STORAGE = _rx(
     r"\bSlowDown\b", r"Please reduce your request rate", r"\bServerBusy\b", r"\bOperationTimedOut\b",
     r"\b(?:rateLimitExceeded|backendError)\b", r"\bRequestTimeout\b", r"\bServiceUnavailable\b",
     r"\bSLOW_DOWN\b", r"\bTHROTTLING\b", r"\bSERVICE_UNAVAILABLE\b",  # the AWS C++ SDK's (Arrow, Ray) spelling
+    r"\bRequestLimitExceeded\b",  # EC2's API throttling code, as clients log it outside botocore's sentence
 )  # fmt: skip
 NETWORK = _rx(
     r"Temporary failure in name resolution", r"\bEAI_AGAIN\b", r"Name or service not known", r"\bEAI_NONAME\b",
@@ -216,6 +219,11 @@ HTTP_TRANSIENT = _rx(
     r"\b(?:50[02346789]|5[1-9]\d) (?:Server Error|Internal Server Error|Bad Gateway|Service Unavailable|Gateway Time-?out)",
     r"\b(?:Internal Server Error|Bad Gateway|Service Unavailable|Service Temporarily Unavailable|Gateway Time-?out|Too Many Requests)\b",
     r"\b(?:TEMPORARILY_UNAVAILABLE|REQUEST_LIMIT_EXCEEDED|RESOURCE_EXHAUSTED)\b",
+    # requests' repr of a response, clients' "<status> response ...", a registry's 429 code
+    r"<Response \[(?:429|408|50[02346789]|5[1-9]\d)\]>", r"\b(?:429|50[02346789]) (?:response|encountered)\b",
+    r"\btoomanyrequests\b",
+    # a 403 that says it is throttling (GitHub's API, GCS's rateLimitExceeded) is a 429 in disguise
+    r"\b403\b[^\n]{0,60}\b(?:rate ?limit|rateLimitExceeded)",
 )  # fmt: skip
 # Every family together: a message matching it names a transient condition.
 TRANSIENT_MESSAGE = re.compile(

@@ -34,14 +34,20 @@ class _Judged:
 
 
 def _judge(facts: Evidence, label: str) -> _Judged:
+    undecided: _Judged | None = None
     for rule in RULES:
         try:
             hit = rule.matcher(facts)
         except Exception:  # noqa: BLE001 - a malformed piece of evidence must not hide the others
             hit = None
-        if hit is not None:
+        if hit is None:
+            continue
+        if rule.kind != "unknown":
             return _Judged(rule, hit, facts, label)
-    return _Judged(None, None, facts, label)
+        # A rule that names the symptom but not the culprit (a collective timeout) lets a later
+        # rule that does name one decide (torchrun's "exitcode: -9" for the same worker).
+        undecided = undecided or _Judged(rule, hit, facts, label)
+    return undecided or _Judged(None, None, facts, label)
 
 
 def _where(rank: int | None, step: int | None) -> str:
@@ -94,8 +100,9 @@ def _pick_root(judged: list[_Judged]) -> tuple[_Judged, str]:
         # that lost their connection to it.
         root = unknown_ranks[0]
     elif secondary:
-        # A SIGTERMed rank (preempted pod) explains its peers' lost connections, not the reverse.
-        root = min(secondary, key=lambda j: (j.rule.name != "sigterm", j.order))
+        # A SIGTERMed rank (preempted pod) explains its peers' lost connections, not the reverse;
+        # a symptom that names an infra cause beats one that names none (a collective timeout).
+        root = min(secondary, key=lambda j: (j.rule.name != "sigterm", j.rule.kind == "unknown", j.order))
     else:
         root = judged[0]
     others = [j for j in judged if j is not root and j.rule is not None and j.rule is not root.rule]

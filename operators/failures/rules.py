@@ -49,6 +49,8 @@ _NODE_GONE = _rx(
     r"Terminating EC2 instance", r"Node is shutting", r"kubelet (?:stopped|is not) posting node status",
     r"(?:worker|raylet|node) (?:died|crashed) unexpectedly", r"Shutdown manager killing pod", r"\bNodeNotReady\b",
     r"^\s*pod deleted\s*$",
+    # the kubelet lost the node's container runtime: every pod on the node goes with it
+    r"container runtime is down", r"PLEG is not healthy", r"container runtime (?:network )?(?:is )?not ready",
 )  # fmt: skip
 # The node could not take the pod for now: pressure, capacity, a device plugin failing admission.
 _NODE_PRESSURE = _rx(
@@ -130,7 +132,7 @@ _PROGRAM_ERROR = _rx(
     r"Expected to mark a variable ready only once", r"does not require grad and does not have a grad_fn",
     r"modified by an inplace operation", r"Trying to backward through the graph a second time", r"got an unexpected keyword argument",
     r"missing \d+ required positional argument", r"object has no attribute", r"is not subscriptable", r"unsupported operand type",
-    r"Input type \(\S+\) and weight type \(\S+\) should be the same",
+    r"Input type \(\S+\) and weight type \(\S+\) should be the same", r"expected scalar type \w+ but found \w+",
 )  # fmt: skip
 # The launch itself is misconfigured: ports, ssh between nodes, a wrong endpoint or region.
 _LAUNCH_CONFIG = _rx(
@@ -138,12 +140,25 @@ _LAUNCH_CONFIG = _rx(
     r"PasswordAuthentication=no[^\n]*returned non-zero exit status 255", r"Too many open files", r"\bEMFILE\b",
     r"\bncclInvalidUsage\b", r"\bncclInvalidArgument\b", r"NCCL WARN Could not find", r"mismatch in collective sizes",
     r"No space left on device", r"\bENOSPC\b",
+    # the host name resolves to Debian's loopback alias, so peers are told to dial themselves
+    r"\b127\.0\.1\.1\b[^\n]{0,40}(?:Connection refused|timed out)",
+)  # fmt: skip
+# The job's configuration or command line is rejected before anything runs.
+_CONFIG_INVALID = _rx(
+    r"\b\d+ validation errors? for \w+",  # pydantic
+    r"^\S+: error: (?:unrecognized arguments|argument \S+: (?:invalid|expected|ambiguous)|the following arguments are required)",
+)  # fmt: skip
+# The client refuses the server's TLS certificate (an intercepting proxy, a private CA, missing
+# CA bundle): it fails the same way until the trust configuration changes.
+_TLS_CERTIFICATE = _rx(
+    r"CERTIFICATE_VERIFY_FAILED", r"certificate verify failed", r"\bSSLCertVerificationError\b",
+    r"self[- ]signed certificate", r"unable to get local issuer certificate", r"x509: certificate signed by unknown authority",
 )  # fmt: skip
 # Storage/API refused the request itself: credentials, permissions, a bucket or key that does not exist.
 _REQUEST_REFUSED = _rx(
     r"The specified bucket does not exist", r"\bNoSuchBucket\b", r"\bInvalidAccessKeyId\b", r"\bSignatureDoesNotMatch\b",
     r"\bExpiredToken\b", r"\bforbidden: User\b", r"cannot (?:get|list|create|watch|patch|delete) resource", r"\b403 Forbidden\b",
-    r"\(403\)\s*Reason: Forbidden", r"\bUnauthorized\b", r"\bAccessDenied\b", r"Access Denied",
+    r"\(403\)\s*Reason: Forbidden", r"\bUnauthorized\b", r"\bAccessDenied\b", r"Access Denied", r"\bInvalid Credentials\b",
     r"An error occurred \((?:InvalidArgument|InvalidRequest|InvalidBucketName|NoSuchKey|InvalidObjectState)\)",
     catalogue.USER_REQUEST_MESSAGE.pattern,
 )  # fmt: skip
@@ -168,6 +183,10 @@ _CUDA_OOM = _rx(
 _HOST_OOM = _rx(
     r"invoked oom-killer", r"\bmem_cgroup_out_of_memory\b", r"Memory cgroup out of memory", r"Out of memory: Kill(?:ed)? process",
     r"\boom_kill_process\b", r"\bOOMKilled\b",
+    # a DataLoader worker SIGKILLed: the kernel's OOM killer (workers x prefetch x batch exceed host RAM)
+    r"DataLoader worker (?:\(pid[^)]*\) )?is killed by signal: Killed",
+    # Ray's memory monitor kills the job's own workers when the node's memory runs out
+    r"exceeds the memory usage threshold", r"Task was killed due to the node running low on memory",
 )  # fmt: skip
 _IMPORT_ERROR = re.compile(r"^(?:\[\w*\d+\]:\s*)?(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|TabError)\b:?(.*)$", re.MULTILINE)  # fmt: skip
 _ILLEGAL_ACCESS = _rx(
@@ -278,7 +297,7 @@ Matcher = Callable[[Evidence], "Hit | None"]
 @dataclass(frozen=True)
 class Rule:
     name: str
-    kind: Kind
+    kind: Kind  # "unknown": the rule names the symptom but not whose fault it is (retried once)
     tier: int  # 1 Kubernetes, 2 container runtime, 3 trainer, 4 exception, 5 infra log, 6 exit code
     matcher: Matcher
     secondary: bool = False  # how a rank dies because another one did (see module docstring)
@@ -331,6 +350,35 @@ def _container_limit_eviction(f: Evidence) -> Hit | None:
     return None
 
 
+# The kubelet's eviction message under memory pressure: "Container X was using 1783932Ki, which
+# exceeds its request of 0." A pod that requested no memory is the first one evicted.
+_NO_MEMORY_REQUEST = re.compile(r"Container \S+ was using (\d+)(Ki|Mi|Gi)?, which exceeds its request of 0\b")
+_MEMORY_PRESSURE = _rx(r"low on resource: memory", r"\bMemoryPressure\b", r"\bSystemOOM\b", r"System OOM encountered")
+
+
+def _evicted_without_memory_request(f: Evidence) -> Hit | None:
+    """Evicted under node memory pressure while using memory it never requested: set a request."""
+    texts = [f.pod_message] if f.pod_reason == "Evicted" or f.termination_reason == "Evicted" else []
+    texts += [m for _, m in f.event_texts("Evicted")]
+    for text in texts:
+        if not re.search(r"low on resource: memory", text):
+            continue
+        for match in _NO_MEMORY_REQUEST.finditer(text):
+            scale = {"Ki": 1, "Mi": 1024, "Gi": 1024 * 1024}.get(match.group(2) or "", 1 / 1024)
+            if int(match.group(1)) * scale >= 100 * 1024:  # a real workload, not a 13 MiB sidecar
+                return Hit("evicted under node memory pressure using memory it never requested (set a memory request)", text)
+    return None
+
+
+def _oom_killed_by_node_pressure(f: Evidence) -> Hit | None:
+    """OOMKilled while the node itself ran out of memory (the kubelet reports a system OOM)."""
+    if "OOMKilled" not in (f.termination_reason, f.pod_reason):
+        return None
+    texts = [f.pod_message, *(f"{r} {m}" for r, m in f.event_texts()), *(f"{c.type} {c.reason} {c.message}" for c in f.conditions)]
+    hit = _first(_MEMORY_PRESSURE, texts)
+    return Hit("OOMKilled while the node was out of memory (node pressure)", hit[0], focus=hit[1]) if hit else None
+
+
 def _evicted(f: Evidence) -> Hit | None:
     if f.pod_reason == "Evicted" or f.termination_reason == "Evicted":
         return Hit("pod reason Evicted", f.pod_message)
@@ -349,7 +397,8 @@ def _evicted(f: Evidence) -> Hit | None:
 
 def _collective_timeout(f: Evidence) -> Hit | None:
     hit = _first(_COLLECTIVE_TIMEOUT, f.log_texts)
-    return Hit("collective timeout (a peer stopped answering)", hit[0], _line_rank(hit[0]), focus=hit[1]) if hit else None
+    what = "collective timeout (a peer stopped answering, or one rank was busy alone or ran out of data)"
+    return Hit(what, hit[0], _line_rank(hit[0]), focus=hit[1]) if hit else None
 
 
 def _single_rank_work_timeout(f: Evidence) -> Hit | None:
@@ -563,6 +612,17 @@ def _log_rule(pattern: re.Pattern[str], what: str) -> Matcher:
     return matcher
 
 
+# A refusal that says it is throttling (GitHub's and GCS's 403 "rate limit exceeded") is transient.
+_THROTTLED = _rx(r"rate ?limit", r"\brateLimitExceeded\b", r"\bthrottl\w*", r"\bSlowDown\b")
+
+
+def _request_refused(f: Evidence) -> Hit | None:
+    hit = _first(_REQUEST_REFUSED, _all_texts(f))
+    if hit is None or _THROTTLED.search(hit[0]):
+        return None
+    return Hit("storage/API refused the request (credentials, permissions, missing bucket)", hit[0], _line_rank(hit[0]), focus=hit[1])
+
+
 def _failed_scheduling(f: Evidence) -> Hit | None:
     for reason, message in f.event_texts("FailedScheduling"):
         return Hit("event FailedScheduling (no room for the gang right now)", message)
@@ -594,6 +654,7 @@ RULES: tuple[Rule, ...] = (
     Rule("k8s-disruption", "infra", 1, _disruption_condition, summary="DisruptionTarget pod condition"),
     Rule("node-lost", "infra", 1, _node_lost, summary="NodeLost / NodeNotReady / node not ready"),
     Rule("k8s-preempted", "infra", 1, _preempted, summary="pod reason Preempting, event Preempted"),
+    Rule("evicted-no-memory-request", "user", 1, _evicted_without_memory_request, summary="Evicted for node memory pressure, container used memory with request 0"),  # fmt: skip
     Rule("k8s-evicted", "infra", 1, _evicted, summary="pod reason / event Evicted (node pressure)"),
     Rule("cloud-preemption", "infra", 1, _text_rule(_CLOUD_PREEMPTION, "the cloud provider reclaimed the machine"), summary="spot/preemptible interruption, instance preempted"),  # fmt: skip
     Rule("node-gone", "infra", 1, _text_rule(_NODE_GONE, "the node died or was removed under the job"), summary="node marked dead, shut down, terminated"),  # fmt: skip
@@ -601,6 +662,7 @@ RULES: tuple[Rule, ...] = (
     Rule("no-capacity", "infra", 1, _text_rule(_NO_CAPACITY, "the cloud has no capacity for the request right now"), summary="insufficient capacity, stockout"),  # fmt: skip
     Rule("admission-rejected", "user", 1, _text_rule(_ADMISSION_REJECTED, "the Kubernetes API refused the object"), summary="admission webhook denied, quota exceeded, invalid field"),  # fmt: skip
     # 2. The container runtime said why.
+    Rule("oom-killed-node-pressure", "infra", 2, _oom_killed_by_node_pressure, summary="OOMKilled with a system OOM / MemoryPressure on the node"),  # fmt: skip
     Rule("oom-killed", "user", 2, _oom_killed, summary="termination reason OOMKilled"),
     Rule("image-pull-throttled", "infra", 2, _image_throttled, summary="pull failed: toomanyrequests / 429"),
     Rule("image-missing", "user", 2, _image_missing, summary="pull failed: manifest unknown / not found / unauthorized"),
@@ -624,14 +686,20 @@ RULES: tuple[Rule, ...] = (
     Rule("user-exception", "user", 4, _user_exception, summary="traceback through the trainer's/user's frames"),
     Rule("user-exception-line", "user", 4, _user_exception_line, summary="a bare ValueError/KeyError/TypeError... line"),
     Rule("program-error", "user", 4, _text_rule(_PROGRAM_ERROR, "the program broke a tensor/API contract"), summary="shape/dtype/device mismatch, DDP unused parameters"),  # fmt: skip
+    Rule("config-invalid", "user", 4, _text_rule(_CONFIG_INVALID, "the job's config or command line is invalid"), summary="pydantic validation error, argparse error"),  # fmt: skip
+    Rule("tls-certificate", "user", 4, _text_rule(_TLS_CERTIFICATE, "the client does not trust the server's TLS certificate (CA bundle, proxy)"), summary="certificate verify failed, self-signed certificate"),  # fmt: skip
     Rule("launch-config-error", "user", 4, _text_rule(_LAUNCH_CONFIG, "the launch is misconfigured"), summary="address already in use, ssh between nodes"),  # fmt: skip
-    Rule("request-refused", "user", 4, _text_rule(_REQUEST_REFUSED, "storage/API refused the request (credentials, permissions, missing bucket)"), summary="AccessDenied, 403, NoSuchBucket"),  # fmt: skip
+    Rule("request-refused", "user", 4, _request_refused, summary="AccessDenied, 403, NoSuchBucket (not a throttling 403)"),
     Rule("bad-data", "user", 4, _text_rule(_BAD_DATA, "the data is broken"), summary="corrupt images, checksum mismatch"),  # fmt: skip
     # 5. Infrastructure log patterns.
     Rule("gpu-hardware", "infra", 5, _gpu_hardware, summary="NVRM Xid (hardware), ECC, unspecified launch failure"),
     Rule("gpu-node-fault", "infra", 5, _text_rule(_GPU_NODE, "the node's GPU stack is broken"), summary="NVML init failure, driver/library mismatch, GSP timeout"),  # fmt: skip
+    # A watchdog timeout with nothing else in view is as often the program's (rank-0-only
+    # evaluation or preprocessing, ranks with unequal batch counts) as a hung network: not a
+    # confident infra verdict. A peer's own failure (SIGKILL, preemption, exception) decides
+    # instead when its evidence is there.
     Rule(
-        "collective-timeout", "infra", 5, _collective_timeout,
+        "collective-timeout", "unknown", 5, _collective_timeout,
         secondary=True, summary="NCCL/gloo watchdog timeout",
     ),  # fmt: skip
     Rule(

@@ -55,8 +55,10 @@ def test_rule_table_is_well_formed():
     assert len(names) == len(set(names))
     tiers = [rule.tier for rule in RULES]
     assert tiers == sorted(tiers), "the table is in precedence order: tiers must not go back up"
-    assert {rule.kind for rule in RULES} == {"infra", "user"}
-    assert all(rule.kind == "infra" for rule in RULES if rule.secondary)
+    assert {rule.kind for rule in RULES} == {"infra", "user", "unknown"}
+    # a secondary rule describes a rank that died because another did: never the user's verdict
+    assert all(rule.kind in ("infra", "unknown") for rule in RULES if rule.secondary)
+    assert [rule.name for rule in RULES if rule.kind == "unknown"] == ["collective-timeout"]
 
 
 # -- the Verdict ------------------------------------------------------------------------------
@@ -194,7 +196,8 @@ def test_gang_level_exit_code_does_not_outrank_the_ranks_symptoms():
             ],
         }
     )
-    assert (verdict.kind, verdict.rule) == ("infra", "collective-timeout")
+    # the peer's lost connection names an infra cause; the other rank's timeout names none
+    assert (verdict.kind, verdict.rule) == ("infra", "peer-connection-lost")
 
 
 def test_ranks_merge_gang_level_evidence():

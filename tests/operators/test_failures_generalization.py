@@ -1,0 +1,101 @@
+"""Rules that judge by the condition's class, not one tracker's wording (issue 10, train/dev misses).
+
+The evidence is written in the shape public reports show (train/dev-style), never copied from
+the corpus's test split.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from operators.failures import classify
+
+WATCHDOG = (
+    "[rank1]:[E ProcessGroupNCCL.cpp:563] [Rank 1] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 milliseconds before timing out."
+)
+
+
+@pytest.mark.parametrize(
+    ("evidence", "kind", "rule"),
+    [
+        # HTTP status classes as clients print them: requests' repr, "<status> response", a registry's 429 code
+        ({"log_tail": "wandb: ERROR Error while calling W&B API: context deadline exceeded (<Response [502]>)"}, "infra", "remote-service-unavailable"),
+        ({"log_tail": "2021-03-01 ERROR 503 response executing GraphQL."}, "infra", "remote-service-unavailable"),
+        ({"log_tail": "Error: reading manifest 2.1 in docker.io/library/python: toomanyrequests: You have reached your pull rate limit."}, "infra", "remote-service-unavailable"),
+        ({"log_tail": "<Response [404]> from the tracking server"}, "unknown", ""),
+        # EC2's throttling code outside botocore's sentence
+        ({"log_tail": "W0101 handlers.go:36] Got RequestLimitExceeded error on AWS request (ec2::AttachVolume)"}, "infra", "transient-storage"),
+        # a 403 that says it is throttling is not a permissions problem; one that does not is
+        ({"log_tail": "urllib.error.HTTPError: HTTP Error 403: rate limit exceeded"}, "infra", "remote-service-unavailable"),
+        ({"log_tail": "urllib.error.HTTPError: HTTP Error 403: Forbidden"}, "user", "request-refused"),
+        # the program's own dtype contract, a config schema, a command line
+        ({"log_tail": "RuntimeError: expected scalar type BFloat16 but found Float"}, "user", "program-error"),
+        ({"log_tail": "pydantic_core._pydantic_core.ValidationError: 2 validation errors for TrainConfig\nlr\n  Input should be a valid number"}, "user", "config-invalid"),
+        ({"log_tail": "train.py: error: unrecognized arguments: --local-rank=1"}, "user", "config-invalid"),
+        # an AKS-style platform check named ValidationError is not a config schema
+        ({"log_tail": "ValidationError: Pods not in Running status: coredns-abc"}, "unknown", ""),
+        # TLS trust is configuration, whatever network words surround it
+        ({"log_tail": "requests.exceptions.SSLError: HTTPSConnectionPool(host='hub.internal', port=443): Max retries exceeded with url: /api (Caused by SSLError(SSLCertVerificationError(1, '[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed certificate in certificate chain')))"}, "user", "tls-certificate"),
+        # the host name resolves to Debian's loopback alias: peers dial themselves
+        ({"log_tail": "  what():  [../third_party/gloo/gloo/transport/tcp/pair.cc:799] connect [127.0.1.1]:29500: Connection refused"}, "user", "launch-config-error"),
+        ({"log_tail": "  what():  [../third_party/gloo/gloo/transport/tcp/pair.cc:799] connect [10.0.3.7]:29500: Connection refused"}, "infra", "transient-network"),
+        # a DataLoader worker SIGKILLed is the host OOM killer; Ray's memory monitor too
+        ({"log_tail": "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed."}, "user", "host-oom"),
+        ({"log_tail": "Memory on the node (IP: 10.0.0.5) where the task was running was 61.2GB / 64GB (0.96), which exceeds the memory usage threshold of 0.95. Ray killed this worker"}, "user", "host-oom"),
+        # the node's container runtime went away
+        ({"log_tail": 'kubelet[812]: E0101 kubelet.go:2034] "Skipping pod synchronization" err="container runtime is down"'}, "infra", "node-gone"),
+        ({"log_tail": "kubelet[812]: I0101 kubelet.go:1900] skipping pod synchronization - PLEG is not healthy: pleg was last seen active 3m0s ago"}, "infra", "node-gone"),
+        # UCX's verbs retry counter: a peer or the fabric stopped answering (secondary)
+        ({"log_tail": "[node3:1:0:1] ib_mlx5_log.c:177  Transport retry count exceeded on mlx5_0:1/IB (synd 0x15 vend 0x81 hw_synd 0/0)"}, "infra", "peer-connection-lost"),
+    ],
+)
+def test_condition_classes(evidence, kind, rule):
+    verdict = classify(evidence, precedents=False)
+    assert (verdict.kind, verdict.rule) == (kind, rule), verdict.reason
+
+
+def test_a_collective_timeout_alone_is_unknown_not_infra():
+    verdict = classify({"exit_code": -6, "log_tail": WATCHDOG}, precedents=False)
+    assert (verdict.kind, verdict.rule, verdict.retryable) == ("unknown", "collective-timeout", True)
+    assert verdict.reason.startswith("unknown: collective timeout") and "rank 1" in verdict.reason
+
+
+def test_a_collective_timeout_is_explained_by_a_peers_cause():
+    killed = classify({"ranks": [{"rank": 0, "exit_code": 137}, {"rank": 1, "log_tail": WATCHDOG}]}, precedents=False)
+    assert (killed.kind, killed.rule) == ("infra", "killed-from-outside")
+    buggy = classify(
+        {"ranks": [{"rank": 0, "log_tail": 'Traceback (most recent call last):\n  File "/app/train.py", line 9, in step\n'
+                    "    raise ValueError('bad batch')\nValueError: bad batch\n"}, {"rank": 1, "log_tail": WATCHDOG}]},
+        precedents=False,
+    )  # fmt: skip
+    assert (buggy.kind, buggy.rule) == ("user", "user-exception")
+    preempted = classify({"ranks": [{"rank": 0, "exit_code": 143}, {"rank": 1, "log_tail": WATCHDOG}]}, precedents=False)
+    assert (preempted.kind, preempted.rule) == ("infra", "sigterm")
+    all_timeouts = classify({"ranks": [{"rank": 0, "log_tail": WATCHDOG}, {"rank": 1, "log_tail": WATCHDOG}]}, precedents=False)
+    assert all_timeouts.kind == "unknown"
+
+
+def test_memory_pressure_eviction_of_a_pod_without_a_memory_request():
+    message = "The node was low on resource: memory. Container train was using 24117248Ki, which exceeds its request of 0."
+    assert classify({"pod_reason": "Evicted", "pod_message": message}, precedents=False).rule == "evicted-no-memory-request"
+    # a small sidecar evicted with it, or a pod that requested memory: node pressure, infra
+    small = "The node was low on resource: memory. Container istio-proxy was using 43536Ki, which exceeds its request of 0."
+    requested = "The node was low on resource: memory. Container train was using 24117248Ki, which exceeds its request of 16Gi."
+    disk = "The node was low on resource: ephemeral-storage. Container train was using 24117248Ki, which exceeds its request of 0."
+    for msg in (small, requested, disk):
+        verdict = classify({"pod_reason": "Evicted", "pod_message": msg}, precedents=False)
+        assert (verdict.kind, verdict.rule) == ("infra", "k8s-evicted"), msg
+
+
+def test_oomkilled_is_the_users_unless_the_node_ran_out():
+    assert classify({"exit_code": 137, "termination_reason": "OOMKilled"}, precedents=False).rule == "oom-killed"
+    node = {"exit_code": 137, "termination_reason": "OOMKilled", "events": [{"reason": "SystemOOM", "message": "System OOM encountered, victim process: python, pid: 4242"}]}  # fmt: skip
+    verdict = classify(node, precedents=False)
+    assert (verdict.kind, verdict.rule) == ("infra", "oom-killed-node-pressure")
+
+
+def test_a_collective_timeout_does_not_hide_a_later_decisive_rule_in_the_same_log():
+    log = WATCHDOG + "\ntorch.distributed.elastic.multiprocessing.api: failed (exitcode: -9) local_rank: 0 (pid: 77) of binary: python\n"
+    verdict = classify({"exit_code": 1, "log_tail": log}, precedents=False)
+    assert (verdict.kind, verdict.rule) == ("infra", "killed-from-outside"), verdict.reason
