@@ -15,8 +15,8 @@ What it runs, each a real `torchrun --standalone` of `python -m trainer` on the 
 * `cuda_to_cpu_resume`: a CUDA run killed at its 2nd save, resumed with `train.device=cpu`
   (an Airflow retry landing on a CPU node): it must finish (bitwise equality is not expected
   across devices);
-* `ranks_over_gpus`: 2 ranks on a machine with fewer GPUs than ranks: the failure as the
-  backend sees it (torchrun's summary and the rank logs), kept for the failure classifier.
+* `ranks_over_gpus`: 2 ranks on a machine with one GPU: the trainer must refuse it as a config
+  error (exit 2, naming both numbers) before NCCL fails with `Duplicate GPU detected`.
 
 Prints progress on stderr and, last on stdout, one JSON object. Needs torch with CUDA,
 safetensors, pyarrow, numpy, pyyaml; no MLflow, Airflow or DVC (tracking stays in
@@ -146,7 +146,11 @@ def main() -> int:
     if args.device == "cuda" and torch.cuda.device_count() < 2:
         log("2 ranks on fewer GPUs")
         bad = keep(out, "ranks_over_gpus", trainer(work / "over", sets, nproc=2, timeout=300))
-        summary["ranks_over_gpus"] = {"rc": bad["rc"], "seconds": bad["seconds"]}
+        output = (out / "ranks_over_gpus.log").read_text()
+        # the trainer refuses before any process group (exit 2, config error), not NCCL at init
+        summary["ranks_over_gpus"] = {"rc": bad["rc"], "seconds": bad["seconds"],
+                                      "refused_as_config_error": "exitcode  : 2" in output and "NCCL needs one per rank" in output,
+                                      "nccl_reached": "ncclInvalidUsage" in output}
 
     shutil.rmtree(work, ignore_errors=True)
     summary["out"] = str(out)
