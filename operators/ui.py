@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 
 from operators import embedded, settings
+from operators.processes import stop_group
 
 # Components `wait_healthy` waits for (the triggerer is not needed to run train_pipeline).
 REQUIRED_COMPONENTS = ("metadatabase", "scheduler", "dag_processor")
@@ -134,20 +135,7 @@ def stop(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
         descendants = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         descendants = []
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-    try:  # whatever is left of the group
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
+    stop_group(proc, timeout_s)
     alive = [p for p in descendants if p.is_running()]
     for p in alive:
         try:

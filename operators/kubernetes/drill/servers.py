@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +16,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from operators.processes import stop_group
 
 
 class DrillServerError(RuntimeError):
@@ -38,27 +39,6 @@ def executable(name: str) -> str:
     if not found:
         raise DrillServerError(f"{name} not found beside {sys.executable} nor on PATH: run `make install` (dev extras)")
     return found
-
-
-def kill_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM the process group, SIGKILL it after `grace` seconds; reap the leader."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
-    try:  # the leader may be gone while its children (a session of their own) still run
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 class Server:
@@ -122,7 +102,7 @@ class Server:
 
     def stop(self) -> None:
         if self.proc is not None:
-            kill_group(self.proc)
+            stop_group(self.proc)
             self.proc = None
 
 
