@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,7 @@ class GangTrainingOperator(BaseOperator):
         self.experiment = experiment
         self.run_dir = run_dir
         self._backend = None
+        self._relay = None
 
     # -- building the gang -------------------------------------------------------------------
 
@@ -107,6 +109,8 @@ class GangTrainingOperator(BaseOperator):
             version = str(manifest["version"])
             overrides["data.version"] = version  # the ranks fetch it by content address
         env = {"GANGFLOW_DAG_ID": dag_id, "GANGFLOW_DAG_RUN_ID": run_id, "GANGFLOW_TRY_NUMBER": str(ti.try_number)}
+        if (wait := queue_wait_s(ti)) is not None:
+            env["GANGFLOW_QUEUE_WAIT_S"] = f"{wait:.3f}"  # rank 0 records it as attempt_queue_wait_s
         if mlflow_run_id:
             env |= {"MLFLOW_TRACKING_URI": settings.tracking_uri(), "MLFLOW_RUN_ID": mlflow_run_id}
         return GangSpec(
@@ -122,16 +126,20 @@ class GangTrainingOperator(BaseOperator):
 
     def mlflow_run(self, context) -> str | None:
         """The MLflow run of this DAG run: created on the first try, reused by retries."""
+        return self._open_run(context)[1]
+
+    def _open_run(self, context):
+        """(client, run id) of this DAG run's MLflow run (`operators.tracking.ensure_run`)."""
         from operators import tracking
 
         client = tracking.get_client()
         experiment_id = tracking.ensure_experiment(client, self.experiment)
         ti = context["ti"]
-        return tracking.ensure_run(client, experiment_id, dag_id=ti.dag_id, dag_run_id=context["run_id"])
+        return client, tracking.ensure_run(client, experiment_id, dag_id=ti.dag_id, dag_run_id=context["run_id"])
 
-    def tag_lineage(self, spec: GangSpec) -> None:
+    def tag_lineage(self, spec: GangSpec, run_id: str | None = None, client=None) -> None:
         """Lineage on the MLflow run (the registry copies `gangflow.*` run tags onto the version)."""
-        run_id = spec.env.get("MLFLOW_RUN_ID")
+        run_id = run_id or spec.env.get("MLFLOW_RUN_ID")
         if not run_id:
             return
         from operators import tracking
@@ -139,7 +147,7 @@ class GangTrainingOperator(BaseOperator):
         tags = {"gangflow.gang": spec.name, "gangflow.backend": str(self.backend)}
         if spec.dataset_version:
             tags["gangflow.dataset_version"] = spec.dataset_version
-        client = tracking.get_client()
+        client = client or tracking.get_client()
         with tracking.mlflow_errors(tracking.client_uri(client), f"tag MLflow run {run_id}"):
             for key, value in tags.items():
                 client.set_tag(run_id, key, value)
@@ -147,8 +155,10 @@ class GangTrainingOperator(BaseOperator):
     # -- running it ----------------------------------------------------------------------------
 
     def execute(self, context):
-        spec = self.build_spec(context, mlflow_run_id=self.mlflow_run(context))
         self._backend = get_backend(self.backend, **self.backend_options)
+        if getattr(self._backend, "relay_tracking", False):
+            return self._execute_relayed(context)
+        spec = self.build_spec(context, mlflow_run_id=self.mlflow_run(context))
         self._backend.check_capacity(spec)
         self.tag_lineage(spec)
         Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
@@ -163,21 +173,46 @@ class GangTrainingOperator(BaseOperator):
         result = self._backend.run(spec, self.log.info)
         return self._finish(spec, result)
 
+    def _execute_relayed(self, context):
+        """A gang beside this task (`relay_tracking`): the MLflow run is opened while torchrun
+        starts, not before, and this process relays the ranks' metrics.jsonl into it and logs
+        the final weights (`operators.relay`); the ranks import no MLflow."""
+        from operators.relay import TrackingRelay
+
+        spec = self.build_spec(context, mlflow_run_id=None)
+        self._backend.check_capacity(spec)
+        Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
+
+        def open_run():
+            client, run_id = self._open_run(context)
+            self.tag_lineage(spec, run_id, client)
+            return client, run_id
+
+        self._relay = TrackingRelay(spec.run_dir, open_run=open_run, log=self.log.info).start()
+        self.log.info("gang %s: %d ranks, run dir %s, try %d", spec.name, spec.world_size, spec.run_dir, spec.attempt)
+        try:
+            result = self._backend.run(spec, self.log.info)
+        except BaseException:
+            self._relay.stop()
+            raise
+        run_id = self._relay.finish(succeeded=result.succeeded, final_dir=Path(spec.run_dir) / "final")
+        return self._finish(spec, result, run_id)
+
     def execute_complete(self, context, event: dict[str, Any], handle: dict[str, Any], spec: dict[str, Any]):
         backend = get_backend(self.backend, **self.backend_options)
         return self._finish(GangSpec(**spec), backend.collect(handle, event))
 
-    def _finish(self, spec: GangSpec, result: GangResult) -> dict[str, Any]:
+    def _finish(self, spec: GangSpec, result: GangResult, run_id: str | None = None) -> dict[str, Any]:
         if result.resumed_from_step is not None:
             self.log.info("gangflow: try %d resumed from checkpoint step %d", spec.attempt, result.resumed_from_step)
         elif spec.attempt > 1:
             self.log.info("gangflow: try %d started from step 0 (no committed checkpoint)", spec.attempt)
         if not result.succeeded:
             raise self._failure(spec, result)
-        run_id = spec.env.get("MLFLOW_RUN_ID")
+        run_id = run_id or spec.env.get("MLFLOW_RUN_ID")
         if not run_id:
             raise UserError(f"gang {spec.name} finished without an MLflow run: its final weights are not in MLflow")
-        from trainer.tracking import FINAL_ARTIFACT_PATH  # where rank 0 logs final/
+        from trainer.tracking import FINAL_ARTIFACT_PATH  # where rank 0 or the relay logs final/
 
         return {
             "model_uri": f"runs:/{run_id}/{FINAL_ARTIFACT_PATH}",
@@ -202,6 +237,8 @@ class GangTrainingOperator(BaseOperator):
         return _FAILURES[verdict.kind](verdict, evidence=result.evidence, attempt=spec.attempt)
 
     def on_kill(self) -> None:
+        if self._relay is not None:
+            self._relay.stop()  # no wait: the thread ends at its next wake (a daemon either way)
         if self._backend is not None:
             self._backend.kill()
 
@@ -212,6 +249,21 @@ def _spec_to_dict(spec: GangSpec) -> dict[str, Any]:
         "overrides": list(spec.overrides), "env": dict(spec.env), "attempt": spec.attempt,
         "dataset_version": spec.dataset_version,
     }  # fmt: skip
+
+
+def queue_wait_s(ti, now: datetime | None = None) -> float | None:
+    """Seconds from this try's start to now (the gang's launch), or None when unknown.
+
+    Airflow 3.3's Task SDK gives the task no queued time (`RuntimeTaskInstance` has `start_date`,
+    set when the worker started the try; `queued_dttm` stays in the metadata DB), so the wait is
+    counted from there: worker start, DAG parse and everything before the launch."""
+    start = getattr(ti, "start_date", None)
+    if not isinstance(start, datetime):
+        return None
+    now = now or datetime.now(timezone.utc)
+    if start.tzinfo is None:
+        start = start.replace(tzinfo=timezone.utc)
+    return max(0.0, (now - start).total_seconds())
 
 
 def gang_task_id(*, backend: str, world_size: int, local_world_sizes) -> str:

@@ -1,14 +1,19 @@
 """Metrics: `DIR/metrics.jsonl` always; MLflow too when a tracking URI is configured.
 
 Only rank 0 tracks. Every line of metrics.jsonl is one JSON object: training steps
-(`step`, `loss`, `lr`, `samples_per_sec`, `epoch`, `time`) and events (`event`: `start`, `resume`,
-`first_step`, `checkpoint` with `duration_s`, `blocked_s` and `bytes`, `progress`, `preempted`,
-`final`, `attempt`). `Progress` prints rank 0's progress line and keeps the attempt's figures.
+(`step`, `loss`, `lr`, `samples_per_sec`, `epoch`, `time`) and events (`event`: `tracking` (the
+run's params and tags), `start`, `resume`, `first_step`, `checkpoint` with `duration_s`,
+`blocked_s` and `bytes`, `progress`, `attempt_run`, `preempted`, `final`, `attempt`). An event
+line that goes to MLflow says how in its `mlflow` key (`{"prefix": ..., "step": ...}`), so the
+file alone determines what MLflow gets: `mlflow_items` turns a line into MLflow metrics, params
+and tags, for the sink below and for the Airflow operator's relay alike (one code path).
 
-MLflow (`tracking.mlflow_uri` or env MLFLOW_TRACKING_URI) is imported lazily and only then. The
-run is env MLFLOW_RUN_ID when set (the Airflow operator creates it; a retry logs into the same
-run), else the run recorded in `DIR/tracking.json` by an earlier attempt, else a new run in
-`tracking.experiment`. Nothing blocks the loop: metrics are queued and a background thread sends
+MLflow from the rank (`tracking.mlflow_uri` or env MLFLOW_TRACKING_URI) is imported lazily and
+only then; the Kubernetes backend uses it (pods have no operator beside them), the local
+backend does not (its operator relays metrics.jsonl: `operators.relay`). The run is env
+MLFLOW_RUN_ID when set (the Airflow operator creates it; a retry logs into the same run), else
+the run recorded in `DIR/tracking.json` by an earlier attempt, else a new run in
+`tracking.experiment`. Nothing blocks the loop: lines are queued and a background thread sends
 them with `MlflowClient.log_batch` every `tracking.flush_every_s`. MLflow errors are reported
 once on stderr and never stop training, except one: with MLFLOW_RUN_ID set, `log_final` logs
 `final/` as the run's artifacts under `final` and a failure there fails the attempt (the
@@ -56,10 +61,52 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-class MlflowSink:
-    """Batches metrics to one MLflow run from a background thread."""
+_MAX_PARAMS = 100  # and 100 params/tags per log_batch
+_PARAM_VALUE_MAX = 6000  # MLflow's limit on a param value
+_NOT_METRICS = frozenset({"step", "time", "event", "mlflow", "attempt"})
 
-    def __init__(self, uri: str, experiment: str, run_dir: Storage, flush_every_s: float, params: dict[str, Any], tags: dict[str, str]):
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def mlflow_items(record: dict[str, Any]) -> tuple[list[tuple[str, float, int, int]], list[tuple[str, str]], list[tuple[str, str]]]:
+    """What one metrics.jsonl line sends to MLflow: (metrics as (key, value, timestamp ms, step),
+    params, tags). A step line: its numbers at its step. An event line with an `mlflow` key: its
+    numbers, prefixed, at `mlflow.step` (else its step). A `tracking` line: params and tags.
+    Other lines: nothing. The one mapping for the rank's sink and the operator's relay."""
+    ts = int(float(record.get("time") or time.time()) * 1000)
+    event = record.get("event")
+    if event == "tracking":
+        params = [(str(k), str(v)[:_PARAM_VALUE_MAX]) for k, v in (record.get("params") or {}).items()]
+        return [], params, [(str(k), str(v)) for k, v in (record.get("tags") or {}).items()]
+    if event is None:
+        prefix, step = "", record.get("step", 0)
+    elif isinstance(record.get("mlflow"), dict):
+        prefix, step = record["mlflow"].get("prefix", ""), record["mlflow"].get("step", record.get("step", 0))
+    else:
+        return [], [], []
+    metrics = [(f"{prefix}{k}", float(v), ts, int(step)) for k, v in record.items() if k not in _NOT_METRICS and _number(v)]
+    return metrics, [], []
+
+
+def log_batches(client: Any, run_id: str, metrics=(), params=(), tags=()) -> None:
+    """Send `mlflow_items` output to run `run_id` in as few `log_batch` calls as MLflow accepts."""
+    from mlflow.entities import Metric, Param, RunTag  # noqa: PLC0415 - only where MLflow is used
+
+    metrics, params, tags = list(metrics), list(params), list(tags)
+    while params or tags:
+        client.log_batch(run_id, params=[Param(k, v) for k, v in params[:_MAX_PARAMS]],
+                         tags=[RunTag(k, v) for k, v in tags[:_MAX_PARAMS]])
+        params, tags = params[_MAX_PARAMS:], tags[_MAX_PARAMS:]
+    for i in range(0, len(metrics), _MAX_BATCH):
+        client.log_batch(run_id, metrics=[Metric(*m) for m in metrics[i : i + _MAX_BATCH]])
+
+
+class MlflowSink:
+    """Sends metrics.jsonl records (`mlflow_items`) to one MLflow run from a background thread."""
+
+    def __init__(self, uri: str, experiment: str, run_dir: Storage, flush_every_s: float):
         from mlflow.tracking import MlflowClient  # lazy: only when configured
 
         self.client = MlflowClient(tracking_uri=uri)
@@ -70,10 +117,6 @@ class MlflowSink:
         self._queue: queue.Queue = queue.Queue()
         self._closed = threading.Event()
         self._warned = False
-        from mlflow.entities import Param, RunTag
-
-        self._send(tags=[RunTag(k, v) for k, v in tags.items()])
-        self._send(params=[Param(k, v[:6000]) for k, v in params.items()])  # fails (warned) if a resume changed them
         self._thread = threading.Thread(target=self._run, name="gangflow-mlflow", daemon=True)
         self._thread.start()
 
@@ -95,32 +138,30 @@ class MlflowSink:
         run_dir.write_bytes(RECORD, json.dumps({"uri": self.uri, "run_id": run.info.run_id, "owned": True}).encode())
         return run.info.run_id
 
-    def log(self, key: str, value: float, step: int) -> None:
-        self._queue.put((key, float(value), int(time.time() * 1000), int(step)))
+    def add(self, record: dict[str, Any]) -> None:
+        self._queue.put(record)
 
-    def _send(self, metrics=(), params=(), tags=()) -> None:
+    def _drain(self) -> None:
+        metrics: list = []
+        params: list = []
+        tags: list = []
+        while True:
+            try:
+                record = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            m, p, t = mlflow_items(record)
+            metrics += m
+            params += p
+            tags += t
+        if not (metrics or params or tags):
+            return
         try:
-            self.client.log_batch(self.run_id, metrics=list(metrics), params=list(params), tags=list(tags))
+            log_batches(self.client, self.run_id, metrics, params, tags)
         except Exception as exc:  # noqa: BLE001 - tracking must never stop training
             if not self._warned:
                 self._warned = True
                 print(f"gangflow: warning: MLflow logging to {redact(self.uri)} failed ({type(exc).__name__}: {exc}); continuing", file=sys.stderr, flush=True)
-
-    def _drain(self) -> None:
-        from mlflow.entities import Metric
-
-        batch = []
-        while True:
-            try:
-                key, value, ts, step = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            batch.append(Metric(key, value, ts, step))
-            if len(batch) >= _MAX_BATCH:
-                self._send(metrics=batch)
-                batch = []
-        if batch:
-            self._send(metrics=batch)
 
     def _run(self) -> None:
         while not self._closed.wait(self.flush_every_s):
@@ -165,10 +206,12 @@ class Tracker:
         self.uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
         if self.uri:
             try:
-                self.mlflow = MlflowSink(self.uri, experiment, self.store, flush_every_s, _flatten(params or {}), tags or {})
+                self.mlflow = MlflowSink(self.uri, experiment, self.store, flush_every_s)
             except Exception as exc:  # noqa: BLE001 - tracking must never stop training
                 print(f"gangflow: warning: MLflow at {redact(self.uri)} unavailable ({type(exc).__name__}: {exc}); "
                       "metrics go to metrics.jsonl only", file=sys.stderr, flush=True)
+        if params or tags:  # the run's params and tags, for whoever sends this file to MLflow
+            self.write({"event": "tracking", "step": 0, "params": _flatten(params or {}), "tags": dict(tags or {})})
 
     @property
     def mlflow_run_id(self) -> str | None:
@@ -186,6 +229,8 @@ class Tracker:
                 self._lines.append(line)
                 if sync:
                     self._sync()
+        if self.mlflow is not None:
+            self.mlflow.add(record)
 
     def _sync(self) -> None:
         """Rewrite metrics.jsonl on object storage (under the lock)."""
@@ -196,18 +241,17 @@ class Tracker:
         if not self.enabled:
             return
         self.write({"step": step, **metrics})
-        if self.mlflow:
-            for key, value in metrics.items():
-                self.mlflow.log(key, value, step)
 
-    def event(self, event: str, step: int, mlflow_prefix: str | None = None, sync: bool = True, **fields: Any) -> None:
+    def event(self, event: str, step: int, mlflow_prefix: str | None = None, sync: bool = True,
+              mlflow_step: int | None = None, **fields: Any) -> None:
+        """An event line; with `mlflow_prefix` its numeric fields also go to MLflow under that
+        prefix, at `mlflow_step` (default: `step`)."""
         if not self.enabled:
             return
-        self.write({"event": event, "step": step, **fields}, sync=sync)
-        if self.mlflow and mlflow_prefix is not None:
-            for key, value in fields.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self.mlflow.log(f"{mlflow_prefix}{key}", value, step)
+        record: dict[str, Any] = {"event": event, "step": step, **fields}
+        if mlflow_prefix is not None:
+            record["mlflow"] = {"prefix": mlflow_prefix} if mlflow_step is None else {"prefix": mlflow_prefix, "step": mlflow_step}
+        self.write(record, sync=sync)
 
     def log_final(self, local_dir: Path) -> str | None:
         """Log `final/` (weights + card) as artifacts of the run MLFLOW_RUN_ID under `final`, when a
@@ -308,9 +352,8 @@ class Progress:
             launched, what = launch_time()
             if launched is not None:
                 self.startup_s = round(time.time() - launched, 3)
-                self._attempt_metrics(startup_s=self.startup_s)
-                self.tracker.write({"event": "first_step", "step": step, "attempt": self.attempt,
-                                    "startup_s": self.startup_s, "since": what})
+                self.tracker.event("first_step", step, sync=False, attempt=self.attempt, since=what, startup_s=self.startup_s,
+                                   queue_wait_s=self.queue_wait_s, **self._attempt)
             else:
                 self.startup_s = -1.0
         if self.every_s <= 0 or now < self.next_at:
@@ -326,7 +369,8 @@ class Progress:
         fields = {"loss": self.loss, "samples_per_sec": round(rate, 3), "eta_s": round(eta, 3) if eta == eta else None,
                   "last_checkpoint_step": self.committed_step}
         self.tracker.event("progress", step, mlflow_prefix="progress_", sync=False, total_steps=self.total, **fields)
-        self._attempt_metrics(run_s=round(now - self.t0, 3))
+        # attempt_run_s follows the progress lines, so a killed attempt keeps its last value
+        self.tracker.event("attempt_run", step, sync=False, attempt=self.attempt, run_s=round(now - self.t0, 3), **self._attempt)
 
     def committed(self, info: dict[str, Any]) -> None:
         """A checkpoint was committed (any thread)."""
@@ -344,11 +388,9 @@ class Progress:
                   "queue_wait_s": self.queue_wait_s, "run_s": round(time.monotonic() - self.t0, 3),
                   "checkpoint_s": round(self.ckpt_s, 6), "checkpoint_bytes": self.ckpt_bytes, "checkpoints": self.ckpts,
                   "first_step": self.start_step, "last_step": step}
-        self.tracker.write({"event": "attempt", "step": step, "attempt": self.attempt, **fields}, sync=True)
-        self._attempt_metrics(**fields)
+        self.tracker.event("attempt", step, attempt=self.attempt, **fields, **self._attempt)
 
-    def _attempt_metrics(self, **fields: Any) -> None:
-        if self.tracker.mlflow is not None:
-            for key, value in fields.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self.tracker.mlflow.log(f"attempt_{key}", value, self.attempt)
+    @property
+    def _attempt(self) -> dict[str, Any]:
+        """`Tracker.event` arguments of an `attempt_*` record: MLflow step = the attempt."""
+        return {"mlflow_prefix": "attempt_", "mlflow_step": self.attempt}

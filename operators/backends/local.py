@@ -67,8 +67,13 @@ class LocalBackend(GangBackend):
 
     def __init__(
         self, *, nproc_limit: int | None = None, grace_period_s: float = 60.0, extra_torchrun_args=(),
-        dataset_remote: str | None = None,
+        dataset_remote: str | None = None, relay_tracking: bool = True,
     ):
+        # relay_tracking (default): the task relays metrics.jsonl to MLflow and the ranks import no
+        # MLflow (it cost rank 0 seconds before its first step); False: rank 0 logs itself.
+        if not isinstance(relay_tracking, bool):
+            raise ValueError(f"relay_tracking={relay_tracking!r}: accepted values are true, false")
+        self.relay_tracking = relay_tracking
         self.nproc_limit = nproc_limit
         self.grace_period_s = grace_period_s
         self.extra_torchrun_args = tuple(extra_torchrun_args)
@@ -117,6 +122,9 @@ class LocalBackend(GangBackend):
         log_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **spec.env}
         env["PYTHONUNBUFFERED"] = "1"
+        if self.relay_tracking:  # the task relays; a worker's own MLflow settings must not reach rank 0
+            for key in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID"):
+                env.pop(key, None)
         cmd = self.command(spec, log_dir)
         log(f"launching gang of {spec.world_size} ranks: {' '.join(cmd)}")
         # A session of its own, so on_kill can stop torchrun and every rank together.

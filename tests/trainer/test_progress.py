@@ -58,7 +58,8 @@ def test_progress_reaches_the_task_log_and_mlflow(h, digits, tmp_path):
     """No fault. The real gang through the local backend (what the Airflow task runs; its `log` is
     the task log): a 2-rank run with progress every 0.5 s shows >= 2 progress lines from rank 0
     with every field, and the MLflow run gets progress_* metrics and the attempt's record
-    (attempt_* at MLflow step = the try number)."""
+    (attempt_* at MLflow step = the try number). Rank 0 logs to MLflow itself here
+    (`relay_tracking=False`, as pods do); tests/operators/test_relay.py covers the relay."""
     from mlflow.tracking import MlflowClient
 
     from operators.backends import GangSpec
@@ -77,7 +78,7 @@ def test_progress_reaches_the_task_log_and_mlflow(h, digits, tmp_path):
     old = os.getcwd()
     os.chdir(h.ROOT)
     try:
-        result = LocalBackend(nproc_limit=2).run(spec, log.append)
+        result = LocalBackend(nproc_limit=2, relay_tracking=False).run(spec, log.append)
     finally:
         os.chdir(old)
     assert result.succeeded, "\n".join(log[-60:])
