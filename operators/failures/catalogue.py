@@ -89,6 +89,8 @@ INFRA_EXCEPTION_NAMES: frozenset[str] = frozenset({
     "NodeDiedError", "RayActorError", "ActorDiedError", "ObjectLostError", "OwnerDiedError",
     "WorkerCrashedError", "RaySystemError", "GetTimeoutError", "ActorUnavailableError",
     "NodeAffinitySchedulingStrategyError", "RayChannelTimeoutError",
+    # TensorFlow's status types for a peer or service that went away (errors_impl)
+    "UnavailableError", "AbortedError",
 })  # fmt: skip
 # Generic types a program often raises itself: the user's when user code raised them.
 AMBIGUOUS_EXCEPTION_NAMES: frozenset[str] = frozenset({
@@ -104,6 +106,10 @@ USER_EXCEPTION_NAMES: frozenset[str] = frozenset({
     "FileExistsError", "RecursionError", "OverflowError", "LookupError", "UnicodeDecodeError",
     "UnicodeEncodeError", "JSONDecodeError", "UnpicklingError", "StopIteration", "ArithmeticError",
     "FloatingPointError", "ConfigError", "HFValidationError",
+    # TensorFlow's status types for a wrong program, input or file (errors_impl)
+    "InvalidArgumentError", "OutOfRangeError", "UnimplementedError", "FailedPreconditionError",
+    # botocore: the client has no usable credentials or region (its configuration)
+    "NoCredentialsError", "PartialCredentialsError", "NoRegionError", "ProfileNotFound",
 })  # fmt: skip
 
 # Cloud storage / API error codes that mean "throttled or briefly unavailable": botocore

@@ -46,7 +46,7 @@ _NETWORK = catalogue.NETWORK
 _NODE_GONE = _rx(
     r"has been marked dead because the detector has missed too many heartbeats", r"marked as dead by the GCS",
     r"\bRAYLET_MARKED_DEAD\b", r"\bNodeDiedError\b", r"node (?:was |has been )?(?:removed|deleted|terminated|drained) (?:from|by)",
-    r"Terminating EC2 instance", r"Node is shutting", r"kubelet (?:stopped|is not) posting node status",
+    r"Terminating EC2 instance", r"Node is shutting", r"DUE TO NODE FAILURE", r"srun: error: Node failure on", r"kubelet (?:stopped|is not) posting node status",
     r"(?:worker|raylet|node) (?:died|crashed) unexpectedly", r"Shutdown manager killing pod", r"\bNodeNotReady\b",
     r"^\s*pod deleted\s*$",
     # the kubelet lost the node's container runtime: every pod on the node goes with it
@@ -160,6 +160,9 @@ _REQUEST_REFUSED = _rx(
     r"\bExpiredToken\b", r"\bforbidden: User\b", r"cannot (?:get|list|create|watch|patch|delete) resource", r"\b403 Forbidden\b",
     r"\(403\)\s*Reason: Forbidden", r"\bUnauthorized\b", r"\bAccessDenied\b", r"Access Denied", r"\bInvalid Credentials\b",
     r"An error occurred \((?:InvalidArgument|InvalidRequest|InvalidBucketName|NoSuchKey|InvalidObjectState)\)",
+    # botocore/AWS: no usable credentials, region or endpoint for this bucket (configuration)
+    r"\b(?:NoCredentialsError|PartialCredentialsError|NoRegionError|ProfileNotFound)\b", r"Unable to locate credentials",
+    r"You must specify a region", r"\b(?:InvalidClientTokenId|UnrecognizedClientException|AuthorizationHeaderMalformed|PermanentRedirect)\b",
     catalogue.USER_REQUEST_MESSAGE.pattern,
 )  # fmt: skip
 # The data is broken: it fails the same way on every read.
@@ -187,6 +190,8 @@ _HOST_OOM = _rx(
     r"DataLoader worker (?:\(pid[^)]*\) )?is killed by signal: Killed",
     # Ray's memory monitor kills the job's own workers when the node's memory runs out
     r"exceeds the memory usage threshold", r"Task was killed due to the node running low on memory",
+    # Slurm's cgroup: the job step used more memory than it requested (--mem, --mem-per-cpu)
+    r"Detected \d+ oom[-_ ]kill events?", r"Exceeded job memory limit",
 )  # fmt: skip
 _IMPORT_ERROR = re.compile(r"^(?:\[\w*\d+\]:\s*)?(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|TabError)\b:?(.*)$", re.MULTILINE)  # fmt: skip
 _ILLEGAL_ACCESS = _rx(
@@ -337,7 +342,7 @@ def _preempted(f: Evidence) -> Hit | None:
             return Hit(f"event {reason}", message)
     if f.termination_reason in {"Preempted", "Preempting"}:
         return Hit(f"termination reason {f.termination_reason}")
-    return None
+    return _slurm_cancelled(f, "PREEMPTION")
 
 
 def _container_limit_eviction(f: Evidence) -> Hit | None:
@@ -460,10 +465,24 @@ def _create_container_config_error(f: Evidence) -> Hit | None:
     return None
 
 
+# Slurm's word on a cancelled job or step: "slurmstepd: error: *** JOB 1234 ON node7 CANCELLED AT
+# 2024-01-01T00:00:00 DUE TO TIME LIMIT ***" (also DUE TO PREEMPTION / NODE FAILURE).
+_SLURM_CANCELLED = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO (TIME LIMIT|PREEMPTION)")
+
+
+def _slurm_cancelled(f: Evidence, why: str) -> Hit | None:
+    for text in f.log_texts:
+        match = _SLURM_CANCELLED.search(text)
+        if match and match.group(1) == why:
+            return Hit(f"Slurm cancelled the job: {why.lower()}", match.group(0), focus=match.group(0))
+    return None
+
+
 def _deadline_exceeded(f: Evidence) -> Hit | None:
     if f.pod_reason == "DeadlineExceeded" or f.termination_reason == "DeadlineExceeded":
         return Hit("pod reason DeadlineExceeded: the job's activeDeadlineSeconds is too short", f.pod_message)
-    return None
+    hit = _slurm_cancelled(f, "TIME LIMIT")
+    return Hit(hit.what + " (the job's --time is too short)", hit.excerpt, focus=hit.focus) if hit else None
 
 
 def _trainer_preempted(f: Evidence) -> Hit | None:
@@ -653,7 +672,7 @@ RULES: tuple[Rule, ...] = (
     Rule("evicted-over-own-limit", "user", 1, _container_limit_eviction, summary="Evicted: pod exceeded its own limit"),
     Rule("k8s-disruption", "infra", 1, _disruption_condition, summary="DisruptionTarget pod condition"),
     Rule("node-lost", "infra", 1, _node_lost, summary="NodeLost / NodeNotReady / node not ready"),
-    Rule("k8s-preempted", "infra", 1, _preempted, summary="pod reason Preempting, event Preempted"),
+    Rule("k8s-preempted", "infra", 1, _preempted, summary="pod reason Preempting, event Preempted, Slurm DUE TO PREEMPTION"),
     Rule("evicted-no-memory-request", "user", 1, _evicted_without_memory_request, summary="Evicted for node memory pressure, container used memory with request 0"),  # fmt: skip
     Rule("k8s-evicted", "infra", 1, _evicted, summary="pod reason / event Evicted (node pressure)"),
     Rule("cloud-preemption", "infra", 1, _text_rule(_CLOUD_PREEMPTION, "the cloud provider reclaimed the machine"), summary="spot/preemptible interruption, instance preempted"),  # fmt: skip
@@ -668,7 +687,7 @@ RULES: tuple[Rule, ...] = (
     Rule("image-missing", "user", 2, _image_missing, summary="pull failed: manifest unknown / not found / unauthorized"),
     Rule("image-pull-failed", "user", 2, _image_pull_failed, summary="ErrImagePull / ImagePullBackOff, no throttling"),
     Rule("container-config-error", "user", 2, _create_container_config_error, summary="CreateContainerConfigError"),
-    Rule("deadline-exceeded", "user", 2, _deadline_exceeded, summary="pod reason DeadlineExceeded"),
+    Rule("deadline-exceeded", "user", 2, _deadline_exceeded, summary="pod reason DeadlineExceeded, Slurm DUE TO TIME LIMIT"),
     # 3. The trainer said why.
     Rule("trainer-preempted-exit", "infra", 3, _trainer_preempted, summary="trainer exit code 75"),
     Rule("trainer-config-error", "user", 3, _trainer_config_error, summary="error record source config / exit code 2"),

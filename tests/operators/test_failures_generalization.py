@@ -99,3 +99,26 @@ def test_a_collective_timeout_does_not_hide_a_later_decisive_rule_in_the_same_lo
     log = WATCHDOG + "\ntorch.distributed.elastic.multiprocessing.api: failed (exitcode: -9) local_rank: 0 (pid: 77) of binary: python\n"
     verdict = classify({"exit_code": 1, "log_tail": log}, precedents=False)
     assert (verdict.kind, verdict.rule) == ("infra", "killed-from-outside"), verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("log", "kind", "rule"),
+    [
+        # Slurm says why it cancelled a job; its cgroup says when the job outgrew its --mem
+        ("slurmstepd: error: *** JOB 81234 ON gpu-07 CANCELLED AT 2025-03-02T11:04:12 DUE TO TIME LIMIT ***", "user", "deadline-exceeded"),
+        ("slurmstepd: error: *** STEP 81234.0 ON gpu-07 CANCELLED AT 2025-03-02T11:04:12 DUE TO PREEMPTION ***", "infra", "k8s-preempted"),
+        ("slurmstepd: error: *** JOB 81234 ON gpu-07 CANCELLED AT 2025-03-02T11:04:12 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***", "infra", "node-gone"),
+        ("srun: error: Node failure on gpu-12", "infra", "node-gone"),
+        ("slurmstepd: error: Detected 1 oom_kill event in StepId=81234.0. Some of the step tasks have been OOM Killed.", "user", "host-oom"),
+        # botocore: a client without credentials or region is configured wrong
+        ("botocore.exceptions.NoCredentialsError: Unable to locate credentials", "user", "user-exception-line"),
+        ("fatal error: Unable to locate credentials", "user", "request-refused"),
+        ("botocore.exceptions.NoRegionError: You must specify a region.", "user", "user-exception-line"),
+        # TensorFlow's status types: a wrong program vs. a peer that went away
+        ("tensorflow.python.framework.errors_impl.InvalidArgumentError: logits and labels must be broadcastable: logits_size=[32,10] labels_size=[32,5]", "user", "user-exception-line"),
+        ("tensorflow.python.framework.errors_impl.UnavailableError: Socket closed", "infra", "infra-exception"),
+    ],
+)
+def test_scheduler_cloud_client_and_framework_types(log, kind, rule):
+    verdict = classify({"log_tail": log}, precedents=False)
+    assert (verdict.kind, verdict.rule) == (kind, rule), verdict.reason
