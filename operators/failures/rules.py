@@ -146,7 +146,7 @@ _LAUNCH_CONFIG = _rx(
 # The job's configuration or command line is rejected before anything runs.
 _CONFIG_INVALID = _rx(
     r"\b\d+ validation errors? for \w+",  # pydantic
-    r"^\S+: error: (?:unrecognized arguments|argument \S+: (?:invalid|expected|ambiguous)|the following arguments are required)",
+    r"(?m:^\S+: error: (?:unrecognized arguments|argument \S+: (?:invalid|expected|ambiguous)|the following arguments are required))",
 )  # fmt: skip
 # The client refuses the server's TLS certificate (an intercepting proxy, a private CA, missing
 # CA bundle): it fails the same way until the trust configuration changes.

@@ -32,7 +32,7 @@ WATCHDOG = (
         # the program's own dtype contract, a config schema, a command line
         ({"log_tail": "RuntimeError: expected scalar type BFloat16 but found Float"}, "user", "program-error"),
         ({"log_tail": "pydantic_core._pydantic_core.ValidationError: 2 validation errors for TrainConfig\nlr\n  Input should be a valid number"}, "user", "config-invalid"),
-        ({"log_tail": "train.py: error: unrecognized arguments: --local-rank=1"}, "user", "config-invalid"),
+        ({"log_tail": "usage: train.py [-h] [--lr LR]\ntrain.py: error: unrecognized arguments: --local-rank=1"}, "user", "config-invalid"),
         # an AKS-style platform check named ValidationError is not a config schema
         ({"log_tail": "ValidationError: Pods not in Running status: coredns-abc"}, "unknown", ""),
         # TLS trust is configuration, whatever network words surround it
