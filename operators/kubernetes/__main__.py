@@ -77,24 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def render_documents(
-    *,
-    world_size: int = 2,
-    queue: str | None = None,
-    scheduler: str | None = None,
-    api: str | None = None,
-    runtime: dict | None = None,
-    name: str = "example-gang",
-    attempt: int = 1,
-    namespace: str | None = None,
-    overrides: tuple[str, ...] = (),
-    dataset_version: str | None = None,
-) -> list[dict]:
-    """The objects `render` prints (importable for tests and other tools)."""
-    return render_plan(
-        world_size=world_size, queue=queue, scheduler=scheduler, api=api, runtime=runtime, name=name,
-        attempt=attempt, namespace=namespace, overrides=overrides, dataset_version=dataset_version,
-    ).objects()
+def render_documents(**kwargs) -> list[dict]:
+    """The objects `render` prints (importable for tests and other tools); takes `render_plan`'s
+    keyword arguments."""
+    return render_plan(**kwargs).objects()
 
 
 def render_plan(
