@@ -31,10 +31,11 @@ data: install
 demo: setup
 	$(BIN)/python -m operators.demo --pipeline $(PIPELINE)
 
-# train_pipeline with backend=kubernetes, the rendered pods run as local processes, S3 (moto) and
-# MLflow servers on 127.0.0.1 (docs/kubernetes.md, "The cluster drill"); honours GANGFLOW_FAULT.
+# One pipeline's DAG (PIPELINE=, as demo) with backend=kubernetes, the rendered pods run as local
+# processes, S3 (moto) and MLflow servers on 127.0.0.1 (docs/kubernetes.md, "The cluster drill");
+# honours GANGFLOW_FAULT.
 cluster-drill: setup
-	$(BIN)/python -m operators.kubernetes.drill
+	$(BIN)/python -m operators.kubernetes.drill --pipeline $(PIPELINE)
 
 test: install browser-deps
 	$(BIN)/python -m pytest
