@@ -107,3 +107,35 @@ def test_admission_picks_a_registered_backends_task(monkeypatch):
     backends.register_backend("slurm", "mypkg.slurm:SlurmBackend")
     assert gang_task_id(backend="slurm", world_size=4, local_world_sizes=(1, 2)) == "train_slurm"
     assert gang_task_id(backend="kubernetes", world_size=4, local_world_sizes=(1, 2)) == "train_kubernetes"
+
+
+def test_kubernetes_gangs_name_a_trainer_config_the_training_image_holds(tmp_path):
+    """Pods read the trainer config from their image, not the worker's disk: every pipeline's
+    train_kubernetes task names it relative to the project, and docker/training.Dockerfile's
+    runtime stage copies that file to where the pod looks (/app/<path>)."""
+    import posixpath
+    from types import SimpleNamespace
+
+    from operators.kubernetes.builders import _config_path
+    from operators.kubernetes.drill.image import parse_runtime_stage
+
+    code = (
+        "import json\n"
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        "bag = DagBag(dag_folder='dags')\n"
+        "assert not bag.import_errors, bag.import_errors\n"
+        "print(json.dumps({d: bag.dags[d].get_task('train_kubernetes').config_path for d in bag.dags if d.startswith('train_')}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=180,
+                          env=pipeline_env(tmp_path / "home"))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    configs = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"train_pipeline", "train_diabetes"} <= set(configs)
+    _, copies, workdir = parse_runtime_stage((PROJECT_ROOT / "docker" / "training.Dockerfile").read_text())
+    in_image = {posixpath.join(workdir, target): src for target, src in copies.items()}
+    for dag_id, config in configs.items():
+        assert not config.startswith("/"), f"{dag_id}: {config} is a worker path"
+        pod_path = _config_path(SimpleNamespace(config_path=config), None)  # refuses worker paths
+        held = [t for t, src in in_image.items() if pod_path == t or (src.endswith("/") and pod_path.startswith(t.rstrip("/") + "/"))]
+        assert held, f"{dag_id}: the pod reads {pod_path}, which docker/training.Dockerfile does not copy ({sorted(in_image)})"
+        assert (PROJECT_ROOT / config).is_file()
