@@ -203,7 +203,8 @@ def rank0_phases(folder: Path, t0: float) -> dict:
         "data_md5_s": m.get("call:data_resolve_md5:end", m["call:main:begin"]) - m["call:main:begin"],
         "rendezvous_s": _span(m, "call:rendezvous"),
         "data_load_s": _span(m, "call:data_load"),
-        "optimizer_dynamo_s": _span(m, "import:torch._dynamo"),
+        "optimizer_dynamo_s": _dynamo_wait(m),
+        "dynamo_import_s": _span(m, "import:torch._dynamo"),
         "mlflow_s": _span(m, "call:mlflow_connect"),
         "mlflow_import_s": _span(m, "import:mlflow"),
         "checkpoint_load_s": _span(m, "call:checkpoint_load"),
@@ -218,6 +219,18 @@ def rank0_phases(folder: Path, t0: float) -> dict:
     return out
 
 
+def _dynamo_wait(m: dict) -> float:
+    """The part of rank 0's torch._dynamo import on its path to the first step. Imported on need
+    (by the first optimizer, right after the model is built): the whole import. Imported in a
+    thread from the start (trainer/__main__.py): what is left when the model is built."""
+    begin, end, need = m.get("import:torch._dynamo:begin"), m.get("import:torch._dynamo:end"), m.get("call:model_init:end")
+    if begin is None or end is None:
+        return 0.0
+    if need is None or begin >= need:
+        return end - begin
+    return max(0.0, end - need)
+
+
 def task_process_phases(folder: Path) -> dict:
     """The Airflow task process's (dag.test's) MLflow costs before the launch, from the probe."""
     procs = [m for m in probe_marks(folder) if "call:op_execute:begin" in m]
@@ -228,4 +241,6 @@ def task_process_phases(folder: Path) -> dict:
     imported_in_task = m.get("import:mlflow:begin", 0.0) >= m["call:op_execute:begin"]
     return {"op_mlflow_import_s": _span(m, "import:mlflow") if imported_in_task else 0.0,
             "op_mlflow_run_s": _span(m, "call:op_mlflow_run"),
+            "op_open_run_s": _span(m, "call:op_open_run"),  # in the relay's thread, beside the launch
+            "op_relay_finish_s": _span(m, "call:op_relay_finish"),
             "op_finish_s": _span(m, "call:op_finish")}  # fmt: skip

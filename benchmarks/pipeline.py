@@ -11,18 +11,19 @@ JSON object:
   torchrun of the same trainer arguments, median of interleaved pairs. Goal <= 1.10 (aim 1.05).
   - task side: the real DAG run once per repetition with `dag.test()` (what `make demo` does,
     `python -m operators.demo`, on a fresh SQLite state dir); the time is the task instance's
-    `end_date - start_date` from Airflow's metadata DB: template rendering, the MLflow run
-    creation, the capacity check, `LocalBackend.run` (torchrun with `--tee`/`--log-dir`, ranks'
-    output streamed into the task log), the trainer logging to MLflow (the task passes
-    `MLFLOW_TRACKING_URI`/`MLFLOW_RUN_ID`), and the XCom push. dag.test runs the task in its
+    `end_date - start_date` from Airflow's metadata DB: template rendering, the capacity check,
+    `LocalBackend.run` (torchrun with `--tee`/`--log-dir`, ranks' output streamed into the task
+    log) with the task's MLflow relay beside it (`operators.relay`: the run lookup/creation in a
+    thread during the launch, metrics.jsonl relayed while training; the ranks import no MLflow),
+    the relay's flush and `final/` upload after the gang exits, and the XCom push. dag.test runs the task in its
     own process, so the worker's fork and its re-parse of the DAG file are not included (the
     parse is `dag_parse_seconds`).
   - bare side: `torchrun --standalone --nproc-per-node N --max-restarts 0 -m trainer --run-dir
     <fresh> <the task's own trainer arguments>` (read from the task's "launching gang" log line:
     same params file, overrides, data paths and md5 check), no MLflow, timed from spawn to exit.
   - optional third arm (`bare_torchrun_mlflow`): the same bare torchrun with
-    `MLFLOW_TRACKING_URI` and a pre-created `MLFLOW_RUN_ID`, which separates the trainer's own
-    MLflow cost from the Airflow/operator cost.
+    `MLFLOW_TRACKING_URI` and a pre-created `MLFLOW_RUN_ID`: rank 0 logging to MLflow itself, as
+    on Kubernetes (and as the local task did before the relay): what the relay takes off the path.
   - `phases`: each side split at the trainer's events (start-up until the `start` event, the
     loop until `final`, the tail until exit) and, for the task, the time before the launch.
 
@@ -313,15 +314,15 @@ def where_the_gap_goes(ph: dict) -> dict:
     gap = {
         "total": d("wall_s"),
         "pre_launch (task only)": t.get("pre_launch_s"),
-        "  of which GangTrainingOperator.mlflow_run (run lookup/creation, incl. the mlflow import)": t.get("detail_op_mlflow_run_s"),
-        "    of which the mlflow import in the task process": t.get("detail_op_mlflow_import_s"),
+        "  of which GangTrainingOperator.mlflow_run (run lookup/creation before the launch: 0 with the relay)": t.get("detail_op_mlflow_run_s"),
         "startup": d("startup_s"),
-        "  of which the trainer's MlflowSink init on rank 0 (mlflow import + run lookup)": d("detail_mlflow_s"),
+        "  beside it, not on the path: the relay opening the MLflow run (thread, incl. the mlflow import)": t.get("detail_op_open_run_s"),
+        "  of which the trainer's MlflowSink init on rank 0 (0 with the relay)": d("detail_mlflow_s"),
         "  of which torchrun agent": d("detail_torchrun_agent_s"),
         "train_to_final": d("train_to_final_s"),
-        "  of which the trainer's MLflow (final/ logged as artifacts; bare+MLflow - bare)": ml("train_to_final_s"),
         "tail": d("tail_s"),
-        "  of which the trainer's MLflow (flush/close; bare+MLflow - bare)": ml("tail_s"),
+        "  of which the relay's flush and final/ upload after the gang exits": t.get("detail_op_relay_finish_s"),
+        "rank 0 logging to MLflow itself instead (bare+MLflow - bare, whole run)": ml("wall_s"),
     }
     return {k: v for k, v in gap.items() if v is not None}
 
@@ -332,9 +333,9 @@ MEASURES = {
     "train_task_over_bare_torchrun": "median over interleaved pairs of (training task's TI end_date - start_date in Airflow's "
     "metadata DB, from a dag.test() run of train_pipeline) / (wall time of a bare `torchrun --standalone --max-restarts 0 "
     "-m trainer` with the task's own trainer arguments and a fresh run dir, no MLflow)",
-    "task_side_includes": "template rendering, MLflow run creation, capacity check, LocalBackend.run (torchrun with --tee/--log-dir, "
-    "log streaming into the task log), the trainer's MLflow logging, XCom push; not the worker fork nor the DAG re-parse "
-    "(dag.test runs the task in-process)",
+    "task_side_includes": "template rendering, capacity check, LocalBackend.run (torchrun with --tee/--log-dir, "
+    "log streaming into the task log) with the MLflow relay beside it (run lookup/creation in a thread, metrics.jsonl relayed), "
+    "the relay's flush and final/ upload, XCom push; not the worker fork nor the DAG re-parse (dag.test runs the task in-process)",
     "bare_side_includes": "spawn of torchrun to its exit: rendezvous, rank start-up (torch import, gloo init), training, final "
     "evaluation and weights, teardown",
     "phases": "pre_launch: TI start -> 'launching gang' log line; startup: launch (bare: spawn) -> trainer 'start' event; "

@@ -1,8 +1,8 @@
 """MLflow plumbing shared by the training, evaluation and promotion tasks.
 
 One MLflow run per DAG run: the training operator calls `ensure_run` (which reuses the run on a
-retried task), hands the run id to the trainer, and the evaluate/promote tasks log into the
-same run. Every call that talks to MLflow goes through `mlflow_errors`, which turns connection
+retried task) and relays the ranks' metrics into it (`operators.relay`, local gangs) or hands
+the run id to the trainer (Kubernetes), and the evaluate/promote tasks log into the same run. Every call that talks to MLflow goes through `mlflow_errors`, which turns connection
 and server-side failures into `RegistryUnavailable` (an InfraError: the task is retried) with
 the tracking URI in the message.
 

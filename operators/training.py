@@ -62,8 +62,10 @@ class GangTrainingOperator(BaseOperator):
     :param experiment: MLflow experiment of the training run.
     :param run_dir: where checkpoints and final weights go (default: one folder per DAG run
         under the state dir).
-    :returns: (XCom) `model_uri` (`runs:/<mlflow_run_id>/final`: rank 0 logs the final weights
-        there; evaluate and promote load them from MLflow, never from a worker path),
+    :returns: (XCom) `model_uri` (`runs:/<mlflow_run_id>/final`: the final weights are logged
+        there, by this task's relay for a local gang (`operators.relay`: the ranks import no
+        MLflow) or by rank 0 on Kubernetes; evaluate and promote load them from MLflow, never
+        from a worker path),
         `mlflow_run_id`, `dataset_version`, `world_size`, `backend`, `attempt`,
         `resumed_from_step`, `gang`.
     """

@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import sys
+import threading
 import traceback
 
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -81,7 +82,18 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
+def _import_dynamo() -> None:
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception:  # noqa: BLE001 - the optimizer imports it again and reports any error
+        pass
+
+
 if __name__ == "__main__":
+    # torch.optim imports torch._dynamo when the first optimizer is built (seconds); importing it
+    # beside rendezvous, the data md5 and the checkpoint load takes it off rank 0's path to its
+    # first step (measured: 0.4-0.7 s of a 2-rank restart here, benchmarks/README.md).
+    threading.Thread(target=_import_dynamo, name="gangflow-dynamo-import", daemon=True).start()
     try:
         _code = main()
     except SystemExit as exc:  # argparse errors (2)

@@ -46,10 +46,24 @@ def load_arrays(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     features = [c for c in table.column_names if c != LABEL]
     if not features or table.num_rows == 0:
         raise DataError(f"data file {str(path)!r} has no feature columns or no rows")
-    x = np.stack([table.column(c).to_numpy(zero_copy_only=False) for c in features], axis=1).astype(np.float32)
-    y = table.column(LABEL).to_numpy(zero_copy_only=False)
+    x = np.stack([_numpy(table.column(c)) for c in features], axis=1).astype(np.float32)
+    y = _numpy(table.column(LABEL))
     y = y.astype(np.float32 if np.issubdtype(y.dtype, np.floating) else np.int64)
     return np.ascontiguousarray(x), y
+
+
+def _numpy(column) -> np.ndarray:
+    """A column as a numpy array. Plain numbers without nulls are read from the Arrow buffers:
+    pyarrow's `to_numpy` imports pandas (1-2 s of a rank's start-up here) for any column."""
+    import pyarrow as pa
+
+    if (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)) and column.null_count == 0:
+        name = str(column.type)
+        dtype = np.dtype({"halffloat": "float16", "float": "float32", "double": "float64"}.get(name, name))
+        parts = [np.frombuffer(chunk.buffers()[1], dtype=dtype, count=len(chunk) + chunk.offset)[chunk.offset:]
+                 for chunk in column.chunks if len(chunk)]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+    return column.to_numpy(zero_copy_only=False)
 
 
 #: Model factory parameters the trainer fills from the training split when the model section

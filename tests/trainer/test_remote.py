@@ -231,4 +231,4 @@ def test_error_records_land_on_s3(h, work, s3):
     record = json.loads(fs.cat_file(f"{run_dir.removeprefix('s3://')}/errors/rank-0.json"))
     assert record["exc_type"] == "ValueError" and record["source"] == "user" and record["step"] == 3
     events = [json.loads(x) for x in fs.cat_file(f"{run_dir.removeprefix('s3://')}/metrics.jsonl").decode().splitlines()]
-    assert events[0]["event"] == "start"
+    assert events[0]["event"] == "tracking" and events[1]["event"] == "start"  # params/tags line, then the start
