@@ -18,6 +18,8 @@ Nothing here imports mlflow at import time.
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +29,10 @@ from typing import Any
 from operators.exceptions import InfraError, RegistryUnavailable
 
 OpenRun = Callable[[], tuple[Any, str]]  # -> (MlflowClient, run id)
+# The relay's thread runs this much nicer than the task (Linux: per thread): opening the run (mlflow import,
+# store init: seconds of CPU) then takes idle CPU first instead of slowing the gang's start-up,
+# which on a machine with a core per rank has none to spare (benchmarks/README.md, pipeline.py).
+RELAY_NICE = 10
 
 
 class FinalUploadFailed(InfraError):
@@ -67,6 +73,12 @@ class TrackingRelay:
         return self
 
     def _main(self) -> None:
+        if sys.platform.startswith("linux"):
+            try:
+                tid = threading.get_native_id()
+                os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + RELAY_NICE))
+            except OSError:  # not permitted here: run at the task's priority
+                pass
         try:
             self.client, self.run_id = self.open_run()
         except BaseException as exc:  # noqa: BLE001 - reported by finish(), the task fails there

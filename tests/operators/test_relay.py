@@ -170,6 +170,28 @@ def test_relay_stops_on_kill_even_while_mlflow_hangs(tmp_path):
     gate.set()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
+def test_relay_yields_the_cpu_to_the_gang(tmp_path):
+    """The relay's thread (not the task's) runs at RELAY_NICE above the task's niceness."""
+    import os
+
+    from operators.relay import RELAY_NICE
+
+    seen: list[int] = []
+    gate = threading.Event()
+
+    def open_run():
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        gate.set()
+        return object(), "r1"
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    relay = TrackingRelay(tmp_path, open_run=open_run, flush_every_s=0.05, log=lambda m: None).start()
+    assert gate.wait(5)
+    relay.stop(2)
+    assert seen == [min(19, base + RELAY_NICE)] and os.getpriority(os.PRIO_PROCESS, 0) == base
+
+
 def test_operator_kill_stops_the_relay(tmp_path):
     from operators.training import GangTrainingOperator
 
