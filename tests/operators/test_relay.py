@@ -217,7 +217,7 @@ import atexit, json, os, sys
 def _dump():
     if os.environ.get("RANK") is not None:
         path = os.path.join(os.environ["GANGFLOW_TEST_PROBE"], "rank%s.json" % os.environ["RANK"])
-        heavy = [m for m in ("mlflow", "sqlalchemy", "sklearn", "dvc", "boto3", "s3fs") if m in sys.modules]
+        heavy = [m for m in ("mlflow", "sqlalchemy", "pandas", "sklearn", "dvc", "boto3", "s3fs") if m in sys.modules]
         with open(path, "w") as fh:
             json.dump({"heavy": heavy}, fh)
 atexit.register(_dump)
@@ -229,8 +229,8 @@ def test_task_relays_a_real_gang_and_ranks_import_no_mlflow(client, home, tmp_pa
     """A real 2-rank gang through GangTrainingOperator.execute: try 1 is killed by a fault
     (`kill@step=40,rank=1`, synchronised) after a checkpoint: its metrics reach the run, no final
     weights do; try 2 resumes, logs into the same run, and its final weights are the run's
-    artifacts. Neither rank ever imports mlflow (a sitecustomize probe records sys.modules at
-    exit)."""
+    artifacts. Neither rank ever imports mlflow, nor pandas and the like (a sitecustomize probe
+    records sys.modules at exit)."""
     from operators.exceptions import InfraFailure
     from operators.training import GangTrainingOperator
 
