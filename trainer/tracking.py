@@ -91,16 +91,24 @@ def mlflow_items(record: dict[str, Any]) -> tuple[list[tuple[str, float, int, in
 
 
 def log_batches(client: Any, run_id: str, metrics=(), params=(), tags=()) -> None:
-    """Send `mlflow_items` output to run `run_id` in as few `log_batch` calls as MLflow accepts."""
+    """Send `mlflow_items` output to run `run_id` in as few `log_batch` calls as MLflow accepts.
+    Every call is tried; the first error is raised at the end (a param MLflow refuses, e.g. one
+    a resumed attempt changed, does not cost the metrics beside it)."""
     from mlflow.entities import Metric, Param, RunTag  # noqa: PLC0415 - only where MLflow is used
 
     metrics, params, tags = list(metrics), list(params), list(tags)
-    while params or tags:
-        client.log_batch(run_id, params=[Param(k, v) for k, v in params[:_MAX_PARAMS]],
-                         tags=[RunTag(k, v) for k, v in tags[:_MAX_PARAMS]])
-        params, tags = params[_MAX_PARAMS:], tags[_MAX_PARAMS:]
-    for i in range(0, len(metrics), _MAX_BATCH):
-        client.log_batch(run_id, metrics=[Metric(*m) for m in metrics[i : i + _MAX_BATCH]])
+    calls = [{"metrics": [Metric(*m) for m in metrics[i : i + _MAX_BATCH]]} for i in range(0, len(metrics), _MAX_BATCH)]
+    calls += [{"params": [Param(k, v) for k, v in params[i : i + _MAX_PARAMS]],
+               "tags": [RunTag(k, v) for k, v in tags[i : i + _MAX_PARAMS]]}
+              for i in range(0, max(len(params), len(tags)), _MAX_PARAMS)]
+    error: Exception | None = None
+    for call in calls:
+        try:
+            client.log_batch(run_id, **call)
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the other calls
+            error = error or exc
+    if error is not None:
+        raise error
 
 
 class MlflowSink:

@@ -285,3 +285,17 @@ def test_task_relays_a_real_gang_and_ranks_import_no_mlflow(client, home, tmp_pa
     assert run.data.params["train.max_steps"] == "80" and run.data.tags["gangflow.world_size"] == "2"
     assert run.data.tags["gangflow.gang"] == op.build_spec(context(2), mlflow_run_id=None).name
     assert "test_accuracy" in run.data.metrics and max(m.step for m in client.get_metric_history(run_id, "loss")) == 80
+
+
+def test_a_refused_param_does_not_cost_the_metrics(client, experiment, tmp_path):
+    """A retry whose params differ (MLflow refuses to change a logged param) still relays its metrics."""
+    run_id = _new_run(client, experiment)
+    client.log_param(run_id, "train.log_every_steps", "10")
+    logged: list[str] = []
+    relay = TrackingRelay(tmp_path, open_run=lambda: (client, run_id), flush_every_s=60, log=logged.append).start()
+    tracker = Tracker(tmp_path, enabled=True, params={"train": {"log_every_steps": 20}})
+    tracker.step(3, loss=0.25)
+    tracker.close()
+    assert relay.finish(succeeded=False) == run_id
+    assert client.get_run(run_id).data.metrics["loss"] == 0.25
+    assert len(logged) == 1 and "failed" in logged[0]
