@@ -110,25 +110,20 @@ class TrackingRelay:
             return len(lines)
 
     def _send(self, lines: list[str]) -> None:
-        from trainer.tracking import log_batches, mlflow_items
+        from trainer.tracking import log_records
 
-        metrics: list = []
-        params: list = []
-        tags: list = []
+        records = []
         for line in lines:
             try:
                 record = json.loads(line)
             except ValueError:
                 continue  # a torn line after a crash: skip it, as a reader of the file would
             if isinstance(record, dict):
-                m, p, t = mlflow_items(record)
-                metrics += m
-                params += p
-                tags += t
-        if not (metrics or params or tags):
+                records.append(record)
+        if not records:
             return
         try:
-            log_batches(self.client, self.run_id, metrics, params, tags)
+            log_records(self.client, self.run_id, records)
         except Exception as exc:  # noqa: BLE001 - metrics must never fail the task
             if not self._warned:
                 self._warned = True

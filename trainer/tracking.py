@@ -90,6 +90,21 @@ def mlflow_items(record: dict[str, Any]) -> tuple[list[tuple[str, float, int, in
     return metrics, [], []
 
 
+def log_records(client: Any, run_id: str, records) -> None:
+    """Send metrics.jsonl records (dicts) to run `run_id`: `mlflow_items` of each, then
+    `log_batches` (which raises its first error). Used by the rank's sink and the relay."""
+    metrics: list = []
+    params: list = []
+    tags: list = []
+    for record in records:
+        m, p, t = mlflow_items(record)
+        metrics += m
+        params += p
+        tags += t
+    if metrics or params or tags:
+        log_batches(client, run_id, metrics, params, tags)
+
+
 def log_batches(client: Any, run_id: str, metrics=(), params=(), tags=()) -> None:
     """Send `mlflow_items` output to run `run_id` in as few `log_batch` calls as MLflow accepts.
     Every call is tried; the first error is raised at the end (a param MLflow refuses, e.g. one
@@ -150,22 +165,16 @@ class MlflowSink:
         self._queue.put(record)
 
     def _drain(self) -> None:
-        metrics: list = []
-        params: list = []
-        tags: list = []
+        records: list = []
         while True:
             try:
-                record = self._queue.get_nowait()
+                records.append(self._queue.get_nowait())
             except queue.Empty:
                 break
-            m, p, t = mlflow_items(record)
-            metrics += m
-            params += p
-            tags += t
-        if not (metrics or params or tags):
+        if not records:
             return
         try:
-            log_batches(self.client, self.run_id, metrics, params, tags)
+            log_records(self.client, self.run_id, records)
         except Exception as exc:  # noqa: BLE001 - tracking must never stop training
             if not self._warned:
                 self._warned = True
