@@ -79,6 +79,21 @@ def last_json_line(text: str) -> dict:
     raise ValueError(f"no JSON object on the last line:\n{text[-3000:]}")
 
 
+def run_demo(conf: dict, env: dict[str, str], log: Path, timeout: float) -> tuple[dict, str, float]:
+    """One `python -m operators.demo --conf CONF` (what `make demo` runs: dag.test()), its output in
+    `log`. Returns (the summary JSON, the log text, wall seconds); raises unless the run succeeded."""
+    t0 = time.time()
+    with open(log, "w") as out:
+        code = subprocess.run([PY, "-m", "operators.demo", "--conf", json.dumps(conf)], cwd=ROOT, env=env,
+                              stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode  # fmt: skip
+    wall = time.time() - t0
+    text = log.read_text()
+    result = last_json_line(text)
+    if code != 0 or result.get("state") != "success":
+        raise RuntimeError(f"DAG run failed (exit {code}): {result}; see {log}")
+    return result, text, wall
+
+
 def utc_epoch(text: str) -> float:
     """Epoch seconds of an Airflow/structlog UTC timestamp ('2026-11-29 19:16:15.18' or '...T...Z')."""
     text = text.strip().rstrip("Z").replace("T", " ")

@@ -51,14 +51,13 @@ import shlex
 import shutil
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PY, ROOT, clean_env, events, last_json_line, note, safetensors_digest, summary, utc_epoch  # noqa: E402
+from common import clean_env, events, note, run_demo, safetensors_digest, summary, utc_epoch  # noqa: E402
 from pipeline import _LAUNCH, setup_state  # noqa: E402
 
 DAG_ID = "train_pipeline"
@@ -88,15 +87,7 @@ def tries(home: Path, run_id: str, task_id: str) -> list[dict]:
 
 
 def dag_run(home: Path, conf: dict, env: dict[str, str], log: Path) -> dict:
-    t0 = time.time()
-    with open(log, "w") as out:
-        code = subprocess.run([PY, "-m", "operators.demo", "--conf", json.dumps(conf)], cwd=ROOT, env=env,
-                              stdout=out, stderr=subprocess.STDOUT, timeout=1800).returncode  # fmt: skip
-    dag_wall = time.time() - t0
-    text = log.read_text()
-    result = last_json_line(text)
-    if code != 0 or result.get("state") != "success":
-        raise RuntimeError(f"DAG run failed (exit {code}): {result}; see {log}")
+    result, text, dag_wall = run_demo(conf, env, log, timeout=1800)
     task_id = f"train_local_{conf['world_size']}"
     launches = [m for m in map(_LAUNCH.match, text.splitlines()) if m]
     if not launches:

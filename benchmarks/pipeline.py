@@ -48,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    PY, ROOT, bare_torchrun, clean_env, last_json_line, note, phases, probe_env, rank0_phases, safetensors_digest, summary,
+    PY, ROOT, bare_torchrun, clean_env, last_json_line, note, phases, probe_env, rank0_phases, run_demo, safetensors_digest, summary,
     task_process_phases, utc_epoch, warm_up,
 )
 
@@ -180,15 +180,7 @@ def run_task_side(home: Path, conf: dict, log: Path, probe: Path | None = None) 
     """One `dag.test()` of train_pipeline; the training task's times from the metadata DB."""
     task_id = f"train_local_{conf['world_size']}"
     env = pipeline_env(home) | (probe_env(probe) if probe else {})
-    t0 = time.time()
-    with open(log, "w") as out:
-        code = subprocess.run([PY, "-m", "operators.demo", "--conf", json.dumps(conf)], cwd=ROOT, env=env,
-                              stdout=out, stderr=subprocess.STDOUT, timeout=900).returncode  # fmt: skip
-    dag_wall = time.time() - t0
-    text = log.read_text()
-    result = last_json_line(text)
-    if code != 0 or result.get("state") != "success":
-        raise RuntimeError(f"pipeline run failed (exit {code}): {result}; see {log}")
+    result, text, dag_wall = run_demo(conf, env, log, timeout=900)
     ti = task_instance(home, result["dag_run_id"], task_id)
     if ti["state"] != "success" or ti["try_number"] != 1:
         raise RuntimeError(f"{task_id}: state {ti['state']}, try {ti['try_number']} (expected one successful try)")
