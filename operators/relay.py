@@ -9,8 +9,13 @@ successful gang logs `final/` as the run's artifacts under `final`.
 
 Nothing here may hang or stop the task: the thread is a daemon, joins are bounded, MLflow
 errors while relaying metrics are reported once, and `stop` ends the thread at its next wake.
-Only two things fail the task: the run could not be opened (`RegistryUnavailable`, retried)
-and the final weights could not be logged (`FinalUploadFailed`, retried).
+While MLflow is unreachable (`InfraError`: `RegistryUnavailable`) the relay keeps trying to
+open the run, with backoff, while the gang trains, and once more after it: an outage that ends
+before the gang does costs nothing. Any other error opening the run (a refused request, a bad
+URI) cannot heal: `on_fatal` is called at once, so the task can stop the gang instead of letting
+it train for a try that must fail. Only two things fail the task: the run could not be opened
+(the error itself; `RegistryUnavailable` is retried) and the final weights could not be logged
+(`FinalUploadFailed`, retried).
 
 Nothing here imports mlflow at import time.
 """
@@ -49,7 +54,8 @@ class TrackingRelay:
     """
 
     def __init__(self, run_dir: str | Path, *, open_run: OpenRun, flush_every_s: float = 2.0,
-                 log: Callable[[str], None] = print, join_timeout_s: float = 120.0):
+                 log: Callable[[str], None] = print, join_timeout_s: float = 120.0,
+                 on_fatal: Callable[[BaseException], None] | None = None, max_backoff_s: float = 30.0):
         from trainer.tracking import METRICS  # light: the trainer package does not import torch
 
         self.path = Path(run_dir) / METRICS
@@ -57,6 +63,9 @@ class TrackingRelay:
         self.flush_every_s = flush_every_s
         self.join_timeout_s = join_timeout_s
         self.log = log
+        self.on_fatal = on_fatal
+        self.max_backoff_s = max_backoff_s
+        self.fatal: BaseException | None = None  # an error opening the run that retrying cannot heal
         # Lines of earlier tries are not sent again: the relay starts at the file's current end.
         self.offset = self.path.stat().st_size if self.path.is_file() else 0
         self.client: Any = None
@@ -79,15 +88,37 @@ class TrackingRelay:
                 os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + RELAY_NICE))
             except OSError:  # not permitted here: run at the task's priority
                 pass
-        try:
-            self.client, self.run_id = self.open_run()
-        except BaseException as exc:  # noqa: BLE001 - reported by finish(), the task fails there
-            self.error = exc
-            self.log(f"gangflow: MLflow run could not be opened ({type(exc).__name__}: {exc}); the gang runs on, "
-                     "this try fails at its end")
+        if not self._open():
             return
         while not self._stop.wait(self.flush_every_s):
             self.pump()
+
+    def _open(self) -> bool:
+        """Open the run: retry while MLflow is unreachable, give up at once on anything else."""
+        delay = min(1.0, self.max_backoff_s)
+        while True:
+            try:
+                self.client, self.run_id = self.open_run()
+            except InfraError as exc:  # unreachable: it may come back before the gang ends
+                if self.error is None:
+                    self.log(f"gangflow: MLflow run could not be opened ({type(exc).__name__}: {exc}); the gang "
+                             "trains on and the relay retries (this try fails at its end if MLflow stays down)")
+                self.error = exc
+                if self._stop.wait(delay):
+                    return False
+                delay = min(delay * 2, self.max_backoff_s)
+                continue
+            except BaseException as exc:  # noqa: BLE001 - cannot heal: the task stops the gang and reports it
+                self.error = self.fatal = exc
+                self.log(f"gangflow: MLflow run could not be opened ({type(exc).__name__}: {exc}); retrying "
+                         "cannot help, stopping the gang")
+                if self.on_fatal is not None:
+                    self.on_fatal(exc)
+                return False
+            if self.error is not None:
+                self.log(f"gangflow: MLflow run {self.run_id} opened after all; relaying")
+                self.error = None
+            return True
 
     def pump(self) -> int:
         """Send the complete lines appended since the last pump; returns how many were read."""
@@ -148,9 +179,15 @@ class TrackingRelay:
             raise RegistryUnavailable(f"MLflow did not answer within {self.join_timeout_s:.0f}s while the relay "
                                       f"opened or logged to the run (after {time.monotonic() - started:.0f}s)")
         if self.run_id is None:
-            if not succeeded or self.error is None:
-                return None
-            raise self.error  # as before the relay: RegistryUnavailable (retried) or the request's own error
+            if self.fatal is not None:
+                raise self.fatal  # the request's own error: the gang was stopped for it
+            if not succeeded:
+                return None  # the gang's own failure is what the task reports
+            try:  # MLflow may be back by now: one last try before failing a finished gang
+                self.client, self.run_id = self.open_run()
+            except BaseException as exc:  # noqa: BLE001 - as before the relay: RegistryUnavailable (retried)
+                raise exc from self.error
+            self.log(f"gangflow: MLflow run {self.run_id} opened after the gang ended; relaying")
         self.pump()
         if succeeded and final_dir is not None:
             from operators.tracking import client_uri

@@ -190,7 +190,10 @@ class GangTrainingOperator(BaseOperator):
             self.tag_lineage(spec, run_id, client)
             return client, run_id
 
-        self._relay = TrackingRelay(spec.run_dir, open_run=open_run, log=self.log.info).start()
+        # An error that retrying cannot heal stops the gang now (SIGTERM: the ranks commit a
+        # checkpoint) rather than after a whole try of training that must fail.
+        self._relay = TrackingRelay(spec.run_dir, open_run=open_run, log=self.log.info,
+                                    on_fatal=lambda exc: self._backend.kill()).start()
         self.log.info("gang %s: %d ranks, run dir %s, try %d", spec.name, spec.world_size, spec.run_dir, spec.attempt)
         try:
             result = self._backend.run(spec, self.log.info)

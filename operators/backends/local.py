@@ -80,6 +80,7 @@ class LocalBackend(GangBackend):
         # Where ranks fetch `spec.dataset_version` from; default: the DVC remote of this machine.
         self.dataset_remote = dataset_remote
         self._proc: subprocess.Popen | None = None
+        self._kill_requested = False
 
     def check_capacity(self, spec: GangSpec) -> None:
         slots = pool_slots()
@@ -132,6 +133,8 @@ class LocalBackend(GangBackend):
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1,
             start_new_session=True, cwd=os.environ.get("GANGFLOW_PROJECT") or None,
         )
+        if self._kill_requested:  # kill() came before the gang existed
+            self._terminate(self._proc)
         rank_tails: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=LOG_TAIL_LINES))
         agent_lines: collections.deque = collections.deque(maxlen=400)
         resumed_from = None
@@ -176,14 +179,24 @@ class LocalBackend(GangBackend):
         return {**ranks[0], "ranks": ranks}
 
     def kill(self) -> None:
+        """Stop the gang and wait for it. Called before `run` has started it (another thread of
+        the task, e.g. its MLflow relay, gave up first), `run` stops it as soon as it starts."""
         proc = self._proc
-        if proc is None or proc.poll() is not None:
+        if proc is None:
+            self._kill_requested = True
             return
-        # SIGTERM first: ranks commit a final checkpoint (the preemption path), then SIGKILL.
-        os.killpg(proc.pid, signal.SIGTERM)
-        timer = threading.Timer(self.grace_period_s, lambda: proc.poll() is None and os.killpg(proc.pid, signal.SIGKILL))
-        timer.start()
+        if proc.poll() is not None:
+            return
+        timer = self._terminate(proc)
         try:
             proc.wait(self.grace_period_s + 5)
         finally:
             timer.cancel()
+
+    def _terminate(self, proc: subprocess.Popen) -> threading.Timer:
+        """SIGTERM first: ranks commit a final checkpoint (the preemption path); SIGKILL after the grace period."""
+        os.killpg(proc.pid, signal.SIGTERM)
+        timer = threading.Timer(self.grace_period_s, lambda: proc.poll() is None and os.killpg(proc.pid, signal.SIGKILL))
+        timer.daemon = True
+        timer.start()
+        return timer

@@ -299,3 +299,107 @@ def test_a_refused_param_does_not_cost_the_metrics(client, experiment, tmp_path)
     assert relay.finish(succeeded=False) == run_id
     assert client.get_run(run_id).data.metrics["loss"] == 0.25
     assert len(logged) == 1 and "failed" in logged[0]
+
+
+def test_an_outage_that_ends_while_the_gang_trains_costs_nothing(client, experiment, tmp_path):
+    """MLflow unreachable when the try starts (RegistryUnavailable twice): the relay retries with
+    backoff and relays once it opens. Before, the first failure ended the relay and a gang that
+    trained to the end failed its try."""
+    from operators.exceptions import RegistryUnavailable
+
+    run_id = _new_run(client, experiment)
+    calls = []
+
+    def flaky():
+        calls.append(time.monotonic())
+        if len(calls) < 3:
+            raise RegistryUnavailable("MLflow at http://127.0.0.1:9 unavailable")
+        return client, run_id
+
+    logged: list[str] = []
+    relay = TrackingRelay(tmp_path, open_run=flaky, flush_every_s=0.1, log=logged.append, max_backoff_s=0.2).start()
+    tracker = Tracker(tmp_path, enabled=True)
+    tracker.step(10, loss=1.0)
+    assert _wait(lambda: "loss" in client.get_run(run_id).data.metrics), "not relayed after the outage"
+    tracker.close()
+    assert relay.finish(succeeded=False) == run_id and len(calls) == 3
+    assert sum("could not be opened" in m for m in logged) == 1 and any("opened after all" in m for m in logged)
+
+
+def test_mlflow_back_only_after_the_gang_still_gets_the_final_weights(client, experiment, tmp_path):
+    """Down for the whole try (the relay keeps retrying), back when the gang ends: finish opens
+    the run once more and logs final/ instead of failing a finished gang."""
+    from operators.exceptions import RegistryUnavailable
+
+    run_id = _new_run(client, experiment)
+    up = threading.Event()
+
+    def down_until_up():
+        if not up.is_set():
+            raise RegistryUnavailable("MLflow at http://127.0.0.1:9 unavailable")
+        return client, run_id
+
+    relay = TrackingRelay(tmp_path, open_run=down_until_up, flush_every_s=0.1, log=lambda m: None, max_backoff_s=5.0).start()
+    time.sleep(0.3)
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "model.safetensors").write_bytes(b"weights")
+    up.set()
+    assert relay.finish(succeeded=True, final_dir=final) == run_id
+    assert [f.path for f in client.list_artifacts(run_id, "final")] == ["final/model.safetensors"]
+
+
+def test_an_error_that_cannot_heal_stops_the_gang_at_once(tmp_path):
+    """A refused request (not an outage) is fatal: on_fatal fires without retrying, and finish
+    raises that error whether or not the gang finished (it was stopped for it)."""
+    calls, fatal = [], []
+
+    def refused():
+        calls.append(1)
+        raise PermissionError("403 Forbidden: user may not create runs in experiment 'gangflow'")
+
+    relay = TrackingRelay(tmp_path, open_run=refused, flush_every_s=0.1, log=lambda m: None, on_fatal=fatal.append).start()
+    assert _wait(lambda: bool(fatal), 5.0) and isinstance(fatal[0], PermissionError)
+    with pytest.raises(PermissionError, match="403"):
+        relay.finish(succeeded=False)
+    assert len(calls) == 1
+
+
+def test_local_backend_killed_before_its_gang_starts_stops_it_at_start(tmp_path, monkeypatch):
+    """The relay may give up before `run` has launched the gang: kill() then has no process to
+    signal, so run() must stop the gang as soon as it starts instead of letting it train."""
+    from operators.backends import GangSpec
+    from operators.backends.local import LocalBackend
+
+    backend = LocalBackend(grace_period_s=5)
+    sleeper = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
+    monkeypatch.setattr(backend, "command", lambda spec, log_dir: sleeper)
+    backend.kill()
+    started = time.monotonic()
+    result = backend.run(GangSpec(name="g", run_dir=str(tmp_path), world_size=1), lambda line: None)
+    assert not result.succeeded and result.exit_code == -15
+    assert time.monotonic() - started < 20
+
+
+def test_task_stops_its_gang_when_the_run_cannot_open_for_good(tmp_path, monkeypatch):
+    """Through GangTrainingOperator.execute with the local backend (its gang replaced by a 60 s
+    sleeper): the MLflow run is refused (not an outage), so the task stops the gang at once and
+    fails with that error, instead of training for a try that must fail."""
+    from operators.backends.local import LocalBackend
+    from operators.training import GangTrainingOperator
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    monkeypatch.setattr(LocalBackend, "command", lambda self, spec, log_dir: sleeper)
+    op = GangTrainingOperator(task_id="train_local_1", world_size=1, run_dir=str(tmp_path / "run"),
+                              config_path=str(ROOT / "params.yaml"), backend_options={"grace_period_s": 5})
+
+    def refused(context):
+        time.sleep(0.5)  # the gang has started by now, or has not: either way it must stop
+        raise PermissionError("403 Forbidden: user may not create runs")
+
+    monkeypatch.setattr(op, "_open_run", refused)
+    ti = SimpleNamespace(dag_id="relay_dag", try_number=1, start_date=datetime.now(timezone.utc))
+    started = time.monotonic()
+    with pytest.raises(PermissionError, match="403"):
+        op.execute({"ti": ti, "run_id": "manual__refused"})
+    assert time.monotonic() - started < 30
