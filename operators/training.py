@@ -111,8 +111,10 @@ class GangTrainingOperator(BaseOperator):
             version = str(manifest["version"])
             overrides["data.version"] = version  # the ranks fetch it by content address
         env = {"GANGFLOW_DAG_ID": dag_id, "GANGFLOW_DAG_RUN_ID": run_id, "GANGFLOW_TRY_NUMBER": str(ti.try_number)}
-        if (wait := queue_wait_s(ti)) is not None:
-            env["GANGFLOW_QUEUE_WAIT_S"] = f"{wait:.3f}"  # rank 0 records it as attempt_queue_wait_s
+        if (started := try_started_at(ti)) is not None:
+            # rank 0 records launch - this as attempt_queue_wait_s (local: the task's own work before
+            # torchrun; Kubernetes: admission, scheduling, image pull, container start too)
+            env["GANGFLOW_TRY_STARTED_AT"] = f"{started:.3f}"
         if mlflow_run_id:
             env |= {"MLFLOW_TRACKING_URI": settings.tracking_uri(), "MLFLOW_RUN_ID": mlflow_run_id}
         return GangSpec(
@@ -256,19 +258,18 @@ def _spec_to_dict(spec: GangSpec) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def queue_wait_s(ti, now: datetime | None = None) -> float | None:
-    """Seconds from this try's start to now (the gang's launch), or None when unknown.
+def try_started_at(ti) -> float | None:
+    """Epoch seconds at which this try started, or None when unknown.
 
     Airflow 3.3's Task SDK gives the task no queued time (`RuntimeTaskInstance` has `start_date`,
-    set when the worker started the try; `queued_dttm` stays in the metadata DB), so the wait is
-    counted from there: worker start, DAG parse and everything before the launch."""
+    set when the worker started the try; `queued_dttm` stays in the metadata DB), so a gang's
+    queue wait is counted from there: the scheduler's queue and pool wait before it is not in it."""
     start = getattr(ti, "start_date", None)
     if not isinstance(start, datetime):
         return None
-    now = now or datetime.now(timezone.utc)
     if start.tzinfo is None:
         start = start.replace(tzinfo=timezone.utc)
-    return max(0.0, (now - start).total_seconds())
+    return start.timestamp()
 
 
 def gang_task_id(*, backend: str, world_size: int, local_world_sizes) -> str:

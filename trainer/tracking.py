@@ -357,9 +357,10 @@ class Progress:
         except ValueError:
             self.attempt = 1
         try:
-            self.queue_wait_s: float | None = float(os.environ["GANGFLOW_QUEUE_WAIT_S"])
+            self.try_started_at: float | None = float(os.environ["GANGFLOW_TRY_STARTED_AT"])
         except (KeyError, ValueError):
-            self.queue_wait_s = None
+            self.try_started_at = None
+        self.queue_wait_s: float | None = None
 
     def tick(self, step: int) -> None:
         if not self.enabled:
@@ -369,6 +370,8 @@ class Progress:
             launched, what = launch_time()
             if launched is not None:
                 self.startup_s = round(time.time() - launched, 3)
+                if self.try_started_at is not None:  # clamped: the worker's and the node's clocks may differ
+                    self.queue_wait_s = round(max(0.0, launched - self.try_started_at), 3)
                 self.tracker.event("first_step", step, sync=False, attempt=self.attempt, since=what, startup_s=self.startup_s,
                                    queue_wait_s=self.queue_wait_s, **self._attempt)
             else:

@@ -69,7 +69,8 @@ USER_EXIT_CODES = (1, 2)
 # The spec's env that reaches a pod. Everything else is the worker's business: MLFLOW_TRACKING_URI
 # (the runtime's wins; the worker's may be a sqlite path or carry credentials), GANGFLOW_FAULT /
 # GANGFLOW_ALLOW_FAULTS (fault injection is for drills, never a real cluster), paths.
-FORWARDED_ENV = ("GANGFLOW_DAG_ID", "GANGFLOW_DAG_RUN_ID", "GANGFLOW_TRY_NUMBER", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")
+FORWARDED_ENV = ("GANGFLOW_DAG_ID", "GANGFLOW_DAG_RUN_ID", "GANGFLOW_TRY_NUMBER", "GANGFLOW_TRY_STARTED_AT", "MLFLOW_RUN_ID",
+                 "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")
 # Overrides that name the worker's copy of the data: dropped when the rank fetches a version.
 WORKER_DATA_KEYS = ("data.train_path", "data.test_path")
 OBJECT_STORE_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")

@@ -201,15 +201,37 @@ def test_operator_kill_stops_the_relay(tmp_path):
     assert _wait(lambda: not op._relay._thread.is_alive(), 2.0)
 
 
-def test_queue_wait_is_from_the_try_start():
-    from operators.training import GangTrainingOperator, queue_wait_s
+def test_queue_wait_is_from_the_try_start(tmp_path, monkeypatch):
+    """The task passes its try's start (GANGFLOW_TRY_STARTED_AT, forwarded to pods too); rank 0
+    records launch - start as attempt_queue_wait_s at its first step."""
+    from operators.kubernetes.builders import FORWARDED_ENV
+    from operators.training import GangTrainingOperator, try_started_at
+    from trainer import tracking
 
     start = datetime(2026, 12, 1, 0, 0, 0, tzinfo=timezone.utc)
-    assert queue_wait_s(SimpleNamespace(start_date=start), now=start + timedelta(seconds=4.25)) == 4.25
-    assert queue_wait_s(SimpleNamespace(start_date=None)) is None
-    ti = SimpleNamespace(dag_id="d", try_number=2, start_date=datetime.now(timezone.utc) - timedelta(seconds=3))
+    assert try_started_at(SimpleNamespace(start_date=start)) == start.timestamp()
+    assert try_started_at(SimpleNamespace(start_date=start.replace(tzinfo=None))) == start.timestamp()  # naive = UTC
+    assert try_started_at(SimpleNamespace(start_date=None)) is None
+    ti = SimpleNamespace(dag_id="d", try_number=2, start_date=start)
     spec = GangTrainingOperator(task_id="t", world_size=1).build_spec({"ti": ti, "run_id": "r"}, mlflow_run_id=None)
-    assert 3 <= float(spec.env["GANGFLOW_QUEUE_WAIT_S"]) < 60
+    assert float(spec.env["GANGFLOW_TRY_STARTED_AT"]) == start.timestamp()
+    assert "GANGFLOW_TRY_STARTED_AT" in FORWARDED_ENV  # Kubernetes pods measure it too
+
+    launched = time.time() - 2.0
+    monkeypatch.setenv("GANGFLOW_TRY_STARTED_AT", f"{launched - 4.25:.3f}")
+    monkeypatch.setattr(tracking, "launch_time", lambda: (launched, "torchrun launch"))
+    tracker = tracking.Tracker(tmp_path, enabled=True)
+    progress = tracking.Progress(tracker, log=lambda m: None, every_s=0, total=10, global_batch=8, start_step=0, committed_step=None)
+    progress.tick(1)
+    tracker.close()
+    first = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines() if '"first_step"' in x][0]
+    assert first["queue_wait_s"] == 4.25
+    monkeypatch.setenv("GANGFLOW_TRY_STARTED_AT", f"{launched + 30:.3f}")  # a node clock behind the worker's
+    (tmp_path / "skew").mkdir()
+    progress = tracking.Progress(tracking.Tracker(tmp_path / "skew", enabled=True), log=lambda m: None, every_s=0, total=10,
+                                 global_batch=8, start_step=0, committed_step=None)
+    progress.tick(1)
+    assert progress.queue_wait_s == 0.0
 
 
 _PROBE = """
