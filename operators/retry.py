@@ -21,6 +21,10 @@ one: the first unknown failure of a task is retried once, to see whether it recu
 its earlier tries failed of), then FAIL "treated as user". The count is kept per task
 instance (dag, run, task, map index) in `<state>/retries/`; without an Airflow context it
 assumes every earlier try was unknown (the cautious reading).
+recurrence -> an infra verdict whose failure repeats an earlier try's exactly (the same
+exception type raised at the same training step: `failure_signature`) FAILs "treated as user":
+after a resume from an earlier checkpoint only a deterministic failure lands on the same step
+again, so the classifier's infra reading was wrong and the rest of the budget would be burnt.
 
 Every decision is logged on the `gangflow.retry` logger, so the task log says, e.g.,
 "gangflow: user failure, not retrying: ValueError raised in training code at rank 1, step 5: ...".
@@ -48,7 +52,7 @@ from operators.exceptions import GangFailure, GangflowError
 if TYPE_CHECKING:
     from airflow.sdk.definitions.context import Context
 
-__all__ = ["ClassifiedRetryPolicy", "judge_exception"]
+__all__ = ["ClassifiedRetryPolicy", "failure_signature", "judge_exception"]
 
 log = logging.getLogger("gangflow.retry")
 
@@ -71,29 +75,55 @@ def _ledger(context: Any) -> Path | None:
     return settings.state_dir() / "retries" / dag_id / settings.run_key(dag_id, run_id) / f"{name}.json"
 
 
-def _count_unknowns(context: Any, try_number: int, kind: str) -> int:
-    """How many earlier tries of this task instance failed `unknown`; records this try's kind.
+def _record_try(context: Any, try_number: int, kind: str, signature: str | None) -> tuple[int, int | None]:
+    """Record this try's kind (and failure signature) for its task instance. Returns how many
+    earlier tries failed `unknown`, and the earliest earlier try whose failure had the same
+    signature (None if none).
 
-    Without a context (a direct call) every earlier try is assumed unknown: the cautious reading.
+    Without a context (a direct call) every earlier try is assumed unknown, none the same: the
+    cautious reading for the count, and no recurrence claimed without a record of it.
     """
     path = _ledger(context)
     if path is None:
-        return max(try_number - 1, 0)
+        return max(try_number - 1, 0), None
     try:
-        kinds = json.loads(path.read_text())
+        tries = json.loads(path.read_text())
     except (OSError, ValueError):
-        kinds = {}
-    kinds = kinds if isinstance(kinds, dict) else {}
-    earlier = sum(1 for t, k in kinds.items() if k == "unknown" and str(t).isdigit() and int(t) < try_number)
-    kinds[str(try_number)] = kind
+        tries = {}
+    tries = tries if isinstance(tries, dict) else {}
+    earlier = {int(t): v if isinstance(v, dict) else {"kind": v} for t, v in tries.items() if str(t).isdigit() and int(t) < try_number}
+    unknowns = sum(1 for v in earlier.values() if v.get("kind") == "unknown")
+    same = min((t for t, v in earlier.items() if signature and v.get("signature") == signature), default=None)
+    tries[str(try_number)] = {"kind": kind, "signature": signature} if signature else kind
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(kinds, sort_keys=True))
+        tmp.write_text(json.dumps(tries, sort_keys=True))
         os.replace(tmp, path)  # atomic: a reader never sees half a ledger
     except OSError as exc:
         log.warning("gangflow: cannot record try %d's failure kind in %s: %s", try_number, path, exc)
-    return earlier
+    return unknowns, same
+
+
+def failure_signature(exception: BaseException) -> str | None:
+    """`<exception type>@step=<N>` for a gang failure whose evidence names the exception and the
+    training step it was raised at, else None. A deterministic failure (a bug the classifier took
+    for infrastructure) is raised again at the same step after the retry resumes from an earlier
+    checkpoint; a node, network or storage failure almost never lands on the same step twice."""
+    if not isinstance(exception, GangFailure) or not exception.evidence:
+        return None
+    from operators.failures.evidence import Evidence  # not at DAG parse time
+
+    try:
+        ev = Evidence.parse(exception.evidence)
+    except Exception:  # noqa: BLE001 - evidence is data: no signature rather than no decision
+        return None
+    record = ev.record
+    step = ev.step if ev.step is not None else (record.step if record is not None else None)
+    exc = record.exc if record is not None and record.exc is not None else (ev.tracebacks[-1] if ev.tracebacks else None)
+    if step is None or step <= 0 or exc is None or not exc.type:
+        return None
+    return f"{exc.type}@step={step}"
 
 
 def _strip_kind(reason: str, kind: str) -> str:
@@ -177,7 +207,13 @@ class ClassifiedRetryPolicy(RetryPolicy):
             return RetryDecision.default()
         budget = f" (try {try_number} of {max_tries + 1})" if max_tries > 0 else f" (try {try_number})"
         exhausted = max_tries > 0 and try_number > max_tries
-        unknowns_before = _count_unknowns(context, try_number, kind)
+        signature = failure_signature(exception)
+        unknowns_before, same_as = _record_try(context, try_number, kind, signature)
+        if kind == "infra" and same_as is not None:
+            reason = (f"gangflow: infra failure recurred as try {same_as}'s did ({signature}): a failure that repeats "
+                      f"at the same step after a resume is deterministic, treated as user, not retrying: {why}")
+            log.error("%s", reason)
+            return RetryDecision.fail(reason)
         if kind == "user" or (kind == "unknown" and unknowns_before >= self.unknown_retries):
             if kind == "user":
                 reason = f"gangflow: user failure, not retrying: {why}"

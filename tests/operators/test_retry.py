@@ -407,3 +407,56 @@ def test_dag_test_honours_the_policy(migrated_airflow):
     assert "gangflow: user failure, not retrying: UserError: bad config: train.lr=-1" in result.output
     assert "gangflow: infra failure, retrying in 0s (try 1 of 4): InfraError: object store unreachable" in result.output
     assert "treated as user, not retrying" in result.output
+
+
+def _gang_failure_at(step: int | None, message: str = "NCCL communicator was aborted on rank 1"):
+    """An InfraFailure as the training task raises it: the classifier's verdict on evidence whose
+    error record (written by the trainer's error handler) names the exception and its step."""
+    from operators.exceptions import InfraFailure
+    from trainer.errors import error_record
+
+    try:
+        raise RuntimeError(message)
+    except RuntimeError as exc:
+        record = error_record(exc, rank=1, step=step)
+    evidence = {"exit_code": 1, "rank": 1, "error_file": {"message": record}, "log_tail": ""}
+    verdict = classify(evidence)
+    assert verdict.kind == "infra", verdict  # the classifier reads it as infrastructure
+    return InfraFailure(verdict, evidence=evidence)
+
+
+def test_an_infra_failure_that_recurs_at_the_same_step_is_treated_as_user(tmp_path, monkeypatch):
+    """Recurrence: try 2 resumed from an earlier checkpoint and failed with the same exception at
+    the same step as try 1: deterministic, so the rest of the budget is not burnt on it. Before,
+    every such try was retried until `retries` ran out."""
+    monkeypatch.setenv("GANGFLOW_HOME", str(tmp_path))
+    first = POLICY.evaluate(_gang_failure_at(57), try_number=1, max_tries=5, context=_context(1))
+    assert first.action is RetryAction.RETRY
+    second = POLICY.evaluate(_gang_failure_at(57), try_number=2, max_tries=5, context=_context(2))
+    assert second.action is RetryAction.FAIL, second.reason
+    assert "recurred as try 1's did (RuntimeError@step=57)" in second.reason and "treated as user" in second.reason
+
+
+def test_infra_failures_at_other_steps_or_without_a_step_keep_being_retried(tmp_path, monkeypatch):
+    monkeypatch.setenv("GANGFLOW_HOME", str(tmp_path))
+    for try_number, step in enumerate((57, 112, 131), start=1):  # a flaky fabric strikes wherever the loop is
+        decision = POLICY.evaluate(_gang_failure_at(step), try_number=try_number, max_tries=5, context=_context(try_number))
+        assert decision.action is RetryAction.RETRY, decision.reason
+    killed = InfraFailure(classify({"exit_code": -9, "signal": "SIGKILL"}), evidence={"exit_code": -9, "signal": "SIGKILL"})
+    for try_number in (1, 2):  # no step, no exception: nothing to compare, so no recurrence is claimed
+        decision = POLICY.evaluate(killed, try_number=try_number, max_tries=5, context=_context(try_number, task_id="other"))
+        assert decision.action is RetryAction.RETRY, decision.reason
+    # without a context there is no record of earlier tries: no recurrence is claimed either
+    assert POLICY.evaluate(_gang_failure_at(57), try_number=3, max_tries=5).action is RetryAction.RETRY
+
+
+def test_the_ledger_of_the_old_format_is_still_read(tmp_path, monkeypatch):
+    """Ledgers written before signatures existed ({"1": "unknown"}) keep counting unknowns."""
+    monkeypatch.setenv("GANGFLOW_HOME", str(tmp_path))
+    from operators.retry import _ledger
+
+    path = _ledger(_context(2))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"1": "unknown"}))
+    decision = POLICY.evaluate(UnknownFailure(classify({"exit_code": 1})), try_number=2, max_tries=5, context=_context(2))
+    assert decision.action is RetryAction.FAIL and "treated as user" in decision.reason
