@@ -45,7 +45,7 @@ def finish(proc: subprocess.Popen, log: Path, timeout: float = 900) -> tuple[dic
     try:
         summary = json.loads(last)
     except ValueError:
-        pytest.fail(f"demo's last line is not JSON (exit {code}):\n{output[-4000:]}")
+        pytest.fail(f"the last line of {log.name} is not JSON (exit {code}):\n{output[-6000:]}")
     return summary, output, code
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from pipeline_runs import PROJECT_ROOT, pipeline_env, setup_state
+from pipeline_runs import finish as finish_run
 
 from operators.kubernetes.drill.audit_hook import read
 
@@ -52,13 +53,7 @@ def start_drill(home: Path, keep: Path, log: Path, conf: dict | None = None, **e
 
 
 def finish(proc: subprocess.Popen, log: Path, keep: Path, timeout: float = 1200) -> dict:
-    code = proc.wait(timeout)
-    output = log.read_text()
-    last = output.strip().splitlines()[-1] if output.strip() else ""
-    try:
-        summary = json.loads(last)
-    except ValueError:
-        pytest.fail(f"the drill's last line is not JSON (exit {code}):\n{output[-6000:]}")
+    summary, output, code = finish_run(proc, log, timeout)  # the drill ends with a JSON summary line, as demo does
     report_path = keep / "report.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
     return {"code": code, "summary": summary, "output": output, "report": report}
