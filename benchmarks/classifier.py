@@ -2,7 +2,7 @@
 
     python benchmarks/classifier.py                 # train and dev
     python benchmarks/classifier.py --show-errors   # ... and list the misses (train/dev only)
-    python benchmarks/classifier.py --calibrate     # precedent threshold sweep: train base, dev queries
+    python benchmarks/classifier.py --calibrate     # precedent knobs sweep (threshold, k, infra margin): dev and train
     python benchmarks/classifier.py --test          # ... and the frozen test split (run once, at the end)
     python benchmarks/classifier.py --rule-table    # print docs/failures.md's rule table (markdown) and exit
 
@@ -47,22 +47,22 @@ def note(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def judge(case, base, threshold: float):
-    """(verdict, source): source is 'rule', 'precedent' or 'none'."""
+def judge(case, base, threshold: float, **knobs):
+    """(verdict, source): source is 'rule', 'precedent' or 'none'. `knobs`: k, infra_margin."""
     verdict = classify(case.evidence, precedents=False)
     if verdict.kind != "unknown" or base is None:
         return verdict, ("rule" if verdict.kind != "unknown" else "none")
-    found = base.verdict(Evidence.parse(case.evidence), threshold, exclude={case.id})
+    found = base.verdict(Evidence.parse(case.evidence), threshold, exclude={case.id}, **knobs)
     return (found, "precedent") if found else (verdict, "none")
 
 
-def score(cases, base, threshold: float) -> tuple[dict, list]:
+def score(cases, base, threshold: float, **knobs) -> tuple[dict, list]:
     confusion = {label: dict.fromkeys(KINDS, 0) for label in ("infra", "user")}
     sources = {"rule": [0, 0], "precedent": [0, 0], "none": [0, 0]}  # [correct, total]
     hard = [0, 0]
     misses = []
     for case in cases:
-        verdict, source = judge(case, base, threshold)
+        verdict, source = judge(case, base, threshold, **knobs)
         confusion[case.label][verdict.kind] += 1
         ok = verdict.kind == case.label
         sources[source][0] += ok
@@ -122,18 +122,28 @@ def print_misses(name: str, misses) -> None:
 
 
 def calibrate(train, dev) -> list[dict]:
-    base = precedent_mod.PrecedentBase(train)
-    pending = [c for c in dev if classify(c.evidence, precedents=False).kind == "unknown"]
+    """The precedent knobs' trade-off: dev with a train-only base, train with the shipped base (leave-one-out).
+
+    k: how many nearest cases vote; infra_margin: how many times the user votes' weight an infra
+    verdict needs (inf: no user case among the k at all), else the verdict stays unknown.
+    """
+    bases = {"train": precedent_mod.PrecedentBase(train + dev), "dev": precedent_mod.PrecedentBase(train)}
     rows = []
-    for step in range(1, 19):
-        threshold = round(step * 0.05, 2)
-        r, _ = score(dev, base, threshold)
-        decided = [c for c in pending if base.verdict(Evidence.parse(c.evidence), threshold) is not None]
-        rows.append({"threshold": threshold, "accuracy": r["accuracy"], "unknown_rate": r["unknown_rate"],
-                     "user_bugs_retried_as_infra": r["user_bugs_retried_as_infra"],
-                     "precedent": r["by_source"]["precedent"], "decided": len(decided)})  # fmt: skip
-        note(f"threshold {threshold:.2f}: dev accuracy {r['accuracy']} unknown {r['unknown_rate']} "
-             f"user->infra {r['user_bugs_retried_as_infra']} precedent {r['by_source']['precedent']}")
+    note("k  margin threshold | dev: accuracy unknown user->infra user->unknown precedent | train: same")
+    for k in (3, 5):
+        for margin in (1.0, 2.0, float("inf")):
+            for threshold in (0.05, 0.10, 0.15, 0.20, 0.30):
+                row: dict = {"k": k, "infra_margin": margin if margin != float("inf") else "inf", "threshold": threshold}
+                cells = []
+                for name, cases in (("dev", dev), ("train", train)):
+                    r, _ = score(cases, bases[name], threshold, k=k, infra_margin=margin)
+                    p = r["by_source"]["precedent"]
+                    row[name] = {key: r[key] for key in ("accuracy", "unknown_rate", "user_bugs_retried_as_infra",
+                                                         "user_bugs_retried_once_as_unknown")} | {"precedent": p}  # fmt: skip
+                    cells.append(f"{r['accuracy']:.3f} {r['unknown_rate']:.3f} {r['user_bugs_retried_as_infra']:>2} "
+                                 f"{r['user_bugs_retried_once_as_unknown']:>2} {p['correct']:>2}/{p['n']:<2}")  # fmt: skip
+                rows.append(row)
+                note(f"{k}  {row['infra_margin']!s:>6} {threshold:.2f}      | " + " | ".join(cells))
     return rows
 
 
@@ -173,7 +183,7 @@ def rule_table() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--test", action="store_true", help="also score the frozen test split (verifies its hash)")
-    parser.add_argument("--calibrate", action="store_true", help="sweep the precedent threshold (train base, dev queries)")
+    parser.add_argument("--calibrate", action="store_true", help="sweep the precedent threshold, k and infra margin (dev: train base; train: shipped base)")
     parser.add_argument("--show-errors", action="store_true", help="list the misses of train and dev (never test)")
     parser.add_argument("--corpus", type=Path, default=CORPUS_DIR, help="corpus folder (default: the package's)")
     parser.add_argument("--rule-table", action="store_true", help="print the rule table (markdown) and exit")
@@ -190,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     except CorpusError as exc:
         print(f"benchmarks/classifier.py: {exc}", file=sys.stderr)
         return 2
-    out: dict = {"threshold": precedent_mod.THRESHOLD, "k": precedent_mod.K, "splits": {}}
+    out: dict = {"threshold": precedent_mod.THRESHOLD, "k": precedent_mod.K, "infra_margin": precedent_mod.INFRA_MARGIN, "splits": {}}
     if args.calibrate:
         out["calibration"] = calibrate(train, dev)
     shipped = precedent_mod.PrecedentBase(train + dev)

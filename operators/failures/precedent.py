@@ -4,9 +4,10 @@ The base is the public corpus's train and dev cases (never the test split's): ea
 evidence text, TF-IDF weighted (words, numbers, hex ids and folders masked), compared by
 cosine similarity. The `K` nearest cases at or above `THRESHOLD` vote, weighted by similarity;
 the reason cites the nearest case of the winning label: "like <url>: <why>". Below the
-threshold there is no precedent and the verdict stays `unknown`.
+threshold, on a tie, or when infra wins by less than `INFRA_MARGIN` times the user votes, there
+is no precedent and the verdict stays `unknown`.
 
-`THRESHOLD` is calibrated on the dev split with a train-only base
+`THRESHOLD`, `K` and `INFRA_MARGIN` are calibrated on the dev split with a train-only base
 (`benchmarks/classifier.py --calibrate`); see docs/failures.md for the figures.
 scikit-learn is imported only on the first lookup: DAG parsing and the trainer never pay for it.
 """
@@ -22,10 +23,14 @@ from operators.failures.cases import CORPUS_DIR, Case, CorpusError, load_split, 
 from operators.failures.evidence import Evidence, one_line
 from operators.failures.verdict import Verdict, clip
 
-__all__ = ["K", "THRESHOLD", "PrecedentBase", "default_base", "lookup"]
+__all__ = ["INFRA_MARGIN", "K", "THRESHOLD", "PrecedentBase", "default_base", "lookup"]
 
-THRESHOLD = 0.15  # calibrated on dev (train-only base): the highest value of the best-accuracy plateau
-K = 3
+THRESHOLD = 0.10  # calibrated on dev (train-only base) with K and INFRA_MARGIN: see docs/failures.md
+K = 5
+# An infra verdict by precedent needs this many times the similarity weight of the user votes
+# among the K nearest; a closer contest stays `unknown`. A wrong `infra` retries a user bug until
+# the budget is spent, a wrong `unknown` once: the weak infra precedents are the costly ones.
+INFRA_MARGIN = 2.0
 BASE_SPLITS = ("train", "dev")
 MAX_TEXT = 16 * 1024
 
@@ -80,17 +85,26 @@ class PrecedentBase:
                 break
         return found
 
-    def verdict(self, evidence: Evidence, threshold: float = THRESHOLD, exclude: Collection[str] = ()) -> Verdict | None:
-        near = [p for p in self.nearest(evidence, K, exclude) if p.similarity >= threshold]
+    def verdict(
+        self,
+        evidence: Evidence,
+        threshold: float = THRESHOLD,
+        exclude: Collection[str] = (),
+        *,
+        k: int = K,
+        infra_margin: float = INFRA_MARGIN,
+    ) -> Verdict | None:
+        near = [p for p in self.nearest(evidence, k, exclude) if p.similarity >= threshold]
         if not near:
             return None
-        votes: dict[str, float] = {}
+        votes = {"infra": 0.0, "user": 0.0}
         for p in near:
             votes[p.case.label] = votes.get(p.case.label, 0.0) + p.similarity
-        ranked = sorted(votes.items(), key=lambda kv: kv[1], reverse=True)
-        if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+        if votes["infra"] == votes["user"]:
             return None  # a tie is no precedent
-        kind = ranked[0][0]
+        kind = "infra" if votes["infra"] > votes["user"] else "user"
+        if kind == "infra" and votes["infra"] < infra_margin * votes["user"]:
+            return None  # the user precedents are too close to call it infra: stays unknown (retried once)
         best = next(p for p in near if p.case.label == kind)
         reason = f"{kind}: like {best.case.url}: {one_line(best.case.why, 200)} (similarity {best.similarity:.2f})"
         return Verdict(kind, kind != "user", clip(reason), rule="precedent")

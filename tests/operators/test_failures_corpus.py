@@ -114,6 +114,32 @@ def test_precedent_decides_above_the_threshold_and_cites_the_case(synthetic):
     assert base.verdict(similar, threshold=0.2, exclude={"acme__train-1"}) is None  # leave-one-out
 
 
+def test_a_weak_infra_precedent_stays_unknown_a_weak_user_one_decides(tmp_path):
+    """Infra by precedent needs INFRA_MARGIN x the user votes: a wrong infra retries a user bug to exhaustion."""
+    from operators.failures.precedent import INFRA_MARGIN
+
+    rows = [
+        case(1, "infra", "upload to the bucket timed out after the write stalled", "acme/a"),
+        case(2, "infra", "upload to the bucket timed out while the write stalled", "acme/a"),
+        case(3, "user", "upload to the bucket timed out: the write was too large for one request", "acme/a"),
+        case(4, "user", "the plumbus config has no wibble value for the dataset", "acme/a"),
+        case(5, "user", "the plumbus config has no wibble value for the loader", "acme/a"),
+        case(6, "infra", "the plumbus config could not be read: connection reset", "acme/a"),
+    ]
+    base = PrecedentBase(load_cases([write(tmp_path, "acme/a", rows)]))
+    weak = Evidence.parse({"log_tail": "upload timed out: write too large"})
+    near = base.nearest(weak, 3)
+    infra = sum(p.similarity for p in near if p.case.label == "infra")
+    user = sum(p.similarity for p in near if p.case.label == "user")
+    assert user < infra < INFRA_MARGIN * user  # infra wins the vote, but not by the margin
+    assert base.verdict(weak, threshold=0.05, k=3) is None
+    assert base.verdict(weak, threshold=0.05, k=3, infra_margin=1.0).kind == "infra"  # the plain majority
+    clear = Evidence.parse({"log_tail": "upload to the bucket timed out"})
+    assert base.verdict(clear, threshold=0.05, k=3).kind == "infra"  # two close infra cases outweigh one user case
+    config = Evidence.parse({"log_tail": "the plumbus config has no wibble value"})
+    assert base.verdict(config, threshold=0.05, k=3).kind == "user"  # user needs no margin
+
+
 def run_benchmark(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "benchmarks/classifier.py", *args], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=300
