@@ -169,6 +169,9 @@ _REQUEST_REFUSED = _rx(
 _BAD_DATA = _rx(
     r"NVJPEG error", r"\bNonMatchingChecksumError\b", r"Checksums didn't match", r"image file is truncated",
     r"cannot identify image file", r"\bUnidentifiedImageError\b", r"\bDecompressionBombError\b",
+    # torch.load on a truncated or half-written file (a checkpoint, downloaded weights): replace the file
+    r"unexpected EOF, expected \d+ more bytes\. The file might be corrupted",
+    r"PytorchStreamReader failed reading (?:zip archive|file \S+): (?:failed finding central directory|invalid header or archive is corrupted|file read failed)",
 )  # fmt: skip
 # Work on one rank (tokenizing, mapping, evaluating: a progress bar) before a collective timeout.
 _SINGLE_RANK_WORK = _rx(r"\d+%\|", r"Running tokenizer", r"\bTokeniz\w+", r"\bpreprocess\w*", r"\bMap\b[^\n]{0,40}examples")
@@ -709,7 +712,7 @@ RULES: tuple[Rule, ...] = (
     Rule("tls-certificate", "user", 4, _text_rule(_TLS_CERTIFICATE, "the client does not trust the server's TLS certificate (CA bundle, proxy)"), summary="certificate verify failed, self-signed certificate"),  # fmt: skip
     Rule("launch-config-error", "user", 4, _text_rule(_LAUNCH_CONFIG, "the launch is misconfigured"), summary="address already in use, ssh between nodes"),  # fmt: skip
     Rule("request-refused", "user", 4, _request_refused, summary="AccessDenied, 403, NoSuchBucket (not a throttling 403)"),
-    Rule("bad-data", "user", 4, _text_rule(_BAD_DATA, "the data is broken"), summary="corrupt images, checksum mismatch"),  # fmt: skip
+    Rule("bad-data", "user", 4, _text_rule(_BAD_DATA, "the data is broken"), summary="corrupt images, checksum mismatch, truncated torch.load file"),  # fmt: skip
     # 5. Infrastructure log patterns.
     Rule("gpu-hardware", "infra", 5, _gpu_hardware, summary="NVRM Xid (hardware), ECC, unspecified launch failure"),
     Rule("gpu-node-fault", "infra", 5, _text_rule(_GPU_NODE, "the node's GPU stack is broken"), summary="NVML init failure, driver/library mismatch, GSP timeout"),  # fmt: skip

@@ -114,6 +114,9 @@ def test_a_collective_timeout_does_not_hide_a_later_decisive_rule_in_the_same_lo
         ("botocore.exceptions.NoCredentialsError: Unable to locate credentials", "user", "user-exception-line"),
         ("fatal error: Unable to locate credentials", "user", "request-refused"),
         ("botocore.exceptions.NoRegionError: You must specify a region.", "user", "user-exception-line"),
+        # torch.load on a truncated file (a half-written checkpoint, a cut download): every read fails the same way
+        ("RuntimeError: unexpected EOF, expected 91234 more bytes. The file might be corrupted.", "user", "bad-data"),
+        ("RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory", "user", "bad-data"),
         # TensorFlow's status types: a wrong program vs. a peer that went away
         ("tensorflow.python.framework.errors_impl.InvalidArgumentError: logits and labels must be broadcastable: logits_size=[32,10] labels_size=[32,5]", "user", "user-exception-line"),
         ("tensorflow.python.framework.errors_impl.UnavailableError: Socket closed", "infra", "infra-exception"),
