@@ -113,6 +113,8 @@ _ENVIRONMENT = _rx(
     r"is not compatible with the current PyTorch installation", r"requires? (?:a )?(?:newer|higher|more recent) version",
     r"(?:built|compiled) (?:with|against|for) [^\n]{0,60}(?:but|while) [^\n]{0,60}(?:installed|found|loaded|running)",
     r"unsupported (?:GPU|device|compute capability|architecture)", r"\bsm_\d+ is not compatible",
+    # SIGILL: the binary uses CPU instructions (AVX, AVX2, AVX-512) this machine type lacks
+    r"(?m:^.{0,80}\bIllegal instruction(?: \(core dumped\))?\s*$)", r"Fatal Python error: Illegal instruction",
 )  # fmt: skip
 # The node's GPU stack is broken: driver/library mismatch, NVML, GSP firmware, fabric manager,
 # a GPU the device plugin marked unhealthy, a driver that cannot build for the node's kernel.
@@ -700,7 +702,7 @@ RULES: tuple[Rule, ...] = (
     Rule("host-oom", "user", 4, _text_rule(_HOST_OOM, "the kernel's OOM killer: the job needs more memory than it asked for"), summary="oom-killer, memory cgroup out of memory"),  # fmt: skip
     Rule("single-rank-work-timeout", "user", 4, _single_rank_work_timeout, summary="collective timeout after one rank's long preprocessing"),  # fmt: skip
     Rule("import-error", "user", 4, _import_error, summary="ModuleNotFoundError / ImportError / SyntaxError"),
-    Rule("environment-mismatch", "user", 4, _text_rule(_ENVIRONMENT, "the image's software does not fit (versions, build, architecture)"), summary="version mismatch, failed extension build, missing library"),  # fmt: skip
+    Rule("environment-mismatch", "user", 4, _text_rule(_ENVIRONMENT, "the image's software does not fit (versions, build, architecture)"), summary="version mismatch, failed extension build, missing library, illegal CPU instruction"),  # fmt: skip
     Rule("illegal-memory-access", "user", 4, _illegal_memory_access, summary="CUDA illegal memory access, no Xid/ECC"),
     Rule("invalid-device", "user", 4, _text_rule(_INVALID_DEVICE, "a GPU index that does not exist (device ordinal)"), summary="CUDA invalid device ordinal"),  # fmt: skip
     Rule("checkpoint-mismatch", "user", 4, _text_rule(_CHECKPOINT_MISMATCH, "the checkpoint does not fit the model"), summary="state_dict missing/unexpected keys, size mismatch"),  # fmt: skip

@@ -117,6 +117,10 @@ def test_a_collective_timeout_does_not_hide_a_later_decisive_rule_in_the_same_lo
         # torch.load on a truncated file (a half-written checkpoint, a cut download): every read fails the same way
         ("RuntimeError: unexpected EOF, expected 91234 more bytes. The file might be corrupted.", "user", "bad-data"),
         ("RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory", "user", "bad-data"),
+        # SIGILL: a build that needs CPU instructions (AVX2, AVX-512) the node does not have
+        ("python train.py --config base.yaml\nIllegal instruction (core dumped)", "user", "environment-mismatch"),
+        ("Fatal Python error: Illegal instruction\n\nCurrent thread 0x00007f3a (most recent call first):", "user", "environment-mismatch"),
+        ("W0101 kernel: traps: python[4242] trap invalid opcode ip:7f3a sp:7ffd error:0 in libtorch_cpu.so", "unknown", ""),
         # TensorFlow's status types: a wrong program vs. a peer that went away
         ("tensorflow.python.framework.errors_impl.InvalidArgumentError: logits and labels must be broadcastable: logits_size=[32,10] labels_size=[32,5]", "user", "user-exception-line"),
         ("tensorflow.python.framework.errors_impl.UnavailableError: Socket closed", "infra", "infra-exception"),
