@@ -3,6 +3,7 @@
     python benchmarks/classifier.py                 # train and dev
     python benchmarks/classifier.py --show-errors   # ... and list the misses (train/dev only)
     python benchmarks/classifier.py --calibrate     # precedent knobs sweep (threshold, k, infra margin): dev and train
+    python benchmarks/classifier.py --leave-project-out  # ... and train scored with no precedent from the case's own project
     python benchmarks/classifier.py --test          # ... and the frozen test split (run once, at the end)
     python benchmarks/classifier.py --rule-table    # print docs/failures.md's rule table (markdown) and exit
 
@@ -47,12 +48,16 @@ def note(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def judge(case, base, threshold: float, **knobs):
-    """(verdict, source): source is 'rule', 'precedent' or 'none'. `knobs`: k, infra_margin."""
+def judge(case, base, threshold: float, *, leave_project_out: bool = False, **knobs):
+    """(verdict, source): source is 'rule', 'precedent' or 'none'. `knobs`: k, infra_margin.
+
+    The case itself is never its own precedent; with `leave_project_out`, neither is any case
+    of its project (as for a test project, whose siblings are never in the base)."""
     verdict = classify(case.evidence, precedents=False)
     if verdict.kind != "unknown" or base is None:
         return verdict, ("rule" if verdict.kind != "unknown" else "none")
-    found = base.verdict(Evidence.parse(case.evidence), threshold, exclude={case.id}, **knobs)
+    exclude = {c.id for c in base.cases if c.file == case.file} if leave_project_out else {case.id}
+    found = base.verdict(Evidence.parse(case.evidence), threshold, exclude=exclude | {case.id}, **knobs)
     return (found, "precedent") if found else (verdict, "none")
 
 
@@ -185,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test", action="store_true", help="also score the frozen test split (verifies its hash)")
     parser.add_argument("--calibrate", action="store_true", help="sweep the precedent threshold, k and infra margin (dev: train base; train: shipped base)")
     parser.add_argument("--show-errors", action="store_true", help="list the misses of train and dev (never test)")
+    parser.add_argument("--leave-project-out", action="store_true",
+                        help="also score train with no case of its own project as a precedent (as test projects are)")
     parser.add_argument("--corpus", type=Path, default=CORPUS_DIR, help="corpus folder (default: the package's)")
     parser.add_argument("--rule-table", action="store_true", help="print the rule table (markdown) and exit")
     args = parser.parse_args(argv)
@@ -205,14 +212,16 @@ def main(argv: list[str] | None = None) -> int:
         out["calibration"] = calibrate(train, dev)
     shipped = precedent_mod.PrecedentBase(train + dev)
     train_only = precedent_mod.PrecedentBase(train)
-    plan = [("train", train, shipped), ("dev", dev, train_only)]
+    plan = [("train", train, shipped, False), ("dev", dev, train_only, False)]
+    if args.leave_project_out:
+        plan.insert(1, ("train_leave_project_out", train, shipped, True))
     if test is not None:
-        plan.append(("test", test, shipped))
-    for name, cases, base in plan:
-        result, misses = score(cases, base, precedent_mod.THRESHOLD)
+        plan.append(("test", test, shipped, False))
+    for name, cases, base, lpo in plan:
+        result, misses = score(cases, base, precedent_mod.THRESHOLD, leave_project_out=lpo)
         out["splits"][name] = result
         print_table(name, result)
-        if args.show_errors and name != "test":
+        if args.show_errors and name in ("train", "dev"):
             print_misses(name, misses)
     if test is not None:
         t = out["splits"]["test"]

@@ -161,6 +161,14 @@ def test_benchmark_reports_each_split_and_refuses_a_changed_test_split(synthetic
     assert proc.returncode == 2 and "the test split changed" in proc.stderr and proc.stdout == ""
 
 
+def test_benchmark_can_score_train_without_a_cases_own_project_as_precedent(synthetic):
+    proc = run_benchmark("--corpus", str(synthetic), "--leave-project-out")
+    assert proc.returncode == 0, proc.stderr
+    splits = json.loads(proc.stdout.strip().splitlines()[-1])["splits"]
+    assert set(splits) == {"train", "train_leave_project_out", "dev"}
+    assert splits["train_leave_project_out"]["n"] == splits["train"]["n"] == 3
+
+
 # -- the real corpus (train and dev only) ---------------------------------------------------------
 
 REAL_SPLIT = corpus.CORPUS_DIR / corpus.SPLIT_FILE
