@@ -45,7 +45,7 @@ import torch
 
 from trainer.config import CheckpointConfig
 from trainer.errors import CheckpointError
-from trainer.storage import Storage, fsync_dir, write_file
+from trainer.storage import Storage, fsync_dir, write_folder
 
 FORMAT = "gangflow-checkpoint/1"
 MANIFEST = "manifest.json"
@@ -122,16 +122,8 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> 
 REQUIRED = ("model.safetensors", "optimizer.safetensors", "state.json")
 
 
-def _fsync_dir(path: Path) -> None:
-    fsync_dir(path)
-
-
-def _write_file(path: Path, data: bytes) -> dict[str, Any]:
-    write_file(path, data)
-    return _entry(data)
-
-
-def _entry(data: bytes) -> dict[str, Any]:
+def file_entry(data: bytes) -> dict[str, Any]:
+    """A manifest's (and a model card's) record of one file."""
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
@@ -273,7 +265,7 @@ class Checkpointer:
             "optimizer.safetensors": safetensors.torch.save(snap.optimizer),
             "state.json": json.dumps(snap.state).encode(),
         }
-        files = {name: _entry(data) for name, data in blobs.items()}
+        files = {name: file_entry(data) for name, data in blobs.items()}
         manifest = json.dumps({"format": FORMAT, "step": snap.step, "files": files, "time": time.time()}, indent=1).encode()
         name = f"step-{snap.step}"
         if self.store.local:
@@ -289,11 +281,9 @@ class Checkpointer:
         root.mkdir(parents=True, exist_ok=True)
         tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
-        for file, data in blobs.items():
-            write_file(tmp / file, data)
-        self._in_flight(name)
-        write_file(tmp / MANIFEST, manifest)  # last: marks completeness
-        fsync_dir(tmp)
+        # The manifest last (it marks completeness); every file and the folder are fsynced, together,
+        # before the rename commits.
+        write_folder(tmp, {**blobs, MANIFEST: manifest}, before_last=lambda: self._in_flight(name))
         final = root / name
         trash = None
         if final.exists():  # re-saving a step (e.g. after a resume at it): move the old one away first

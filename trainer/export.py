@@ -22,8 +22,8 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from trainer.checkpoint import _fsync_dir, _write_file, cpu_copy
-from trainer.storage import Storage
+from trainer.checkpoint import cpu_copy, file_entry
+from trainer.storage import Storage, fsync_dir, write_folder
 from trainer.allowlist import ModelNotAllowed, card_model, card_weights_file, factory_for_card
 
 FINAL = "final"
@@ -33,9 +33,10 @@ CARD_FORMAT = "gangflow-model-card/1"
 
 
 def _write_files(folder: Path, model: torch.nn.Module, card: dict[str, Any]) -> None:
-    weights = _write_file(folder / WEIGHTS, safetensors.torch.save(cpu_copy(model.state_dict())))
-    card = {"format": CARD_FORMAT, **card, "weights": {"file": WEIGHTS, **weights}}
-    _write_file(folder / CARD, (json.dumps(card, indent=2) + "\n").encode())
+    """The weights and the card in `folder`, both fsynced, and the folder too."""
+    weights = safetensors.torch.save(cpu_copy(model.state_dict()))
+    card = {"format": CARD_FORMAT, **card, "weights": {"file": WEIGHTS, **file_entry(weights)}}
+    write_folder(folder, {WEIGHTS: weights, CARD: (json.dumps(card, indent=2) + "\n").encode()})
 
 
 def write_final(run_dir: str | Path | Storage, model: torch.nn.Module, card: dict[str, Any],
@@ -62,14 +63,13 @@ def write_final(run_dir: str | Path | Storage, model: torch.nn.Module, card: dic
     tmp = run_dir / f".final-tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     _write_files(tmp, model, card)
-    _fsync_dir(tmp)
     final = run_dir / FINAL
     old = None
     if final.exists():
         old = run_dir / f".final-old-{uuid.uuid4().hex[:8]}"
         final.rename(old)
     tmp.rename(final)
-    _fsync_dir(run_dir)
+    fsync_dir(run_dir)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     if then is not None:

@@ -16,6 +16,8 @@ import os
 import posixpath
 import shutil
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,39 @@ def write_file(path: str | os.PathLike, data: bytes) -> None:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+_fsync_pool: ThreadPoolExecutor | None = None
+
+
+def write_folder(folder: str | os.PathLike, files: dict[str, bytes], *, before_last: Callable[[], None] | None = None) -> None:
+    """Write `files` into an existing local `folder` in order, then make the files and the folder
+    durable with their fsyncs issued together. A journaling filesystem commits concurrent fsyncs
+    in one journal transaction, so four files and a folder cost about one fsync and a half here,
+    not five; nothing returns before all of them are on disk (for a folder renamed into place
+    afterwards). `before_last` runs after every file but the last is written."""
+    global _fsync_pool
+    fds: list[int] = []
+    try:
+        names = list(files)
+        for i, name in enumerate(names):
+            if i == len(names) - 1 and before_last is not None:
+                before_last()
+            fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fds.append(fd)
+            view = memoryview(files[name])
+            while view:
+                view = view[os.write(fd, view):]
+        fds.append(os.open(folder, os.O_RDONLY))
+        if _fsync_pool is None:
+            _fsync_pool = ThreadPoolExecutor(8, thread_name_prefix="gangflow-fsync")
+        futures = [_fsync_pool.submit(os.fsync, fd) for fd in fds]
+        wait(futures)  # all of them, so that no fsync is still running when its fd is closed
+        for future in futures:
+            future.result()
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 class Storage:

@@ -204,3 +204,32 @@ def test_s3_checkpoints_commit_with_manifest_last_prune_and_fall_back(s3, tmp_pa
     assert "checkpoint step-30 is corrupt (model.safetensors has 7 bytes" in logs[0]
     assert [s for s, _ in ck.committed()] == [20]
     assert any(p.rsplit("/", 1)[-1].startswith("corrupt-step-30") for p in fs.ls(root.removeprefix("s3://"), refresh=True))
+
+
+def test_commit_is_durable_before_the_rename_and_after_it(tmp_path, monkeypatch):
+    """Every file of the checkpoint and its folder are fsynced before the rename that commits it,
+    and the parent after: a power cut can lose the newest checkpoint, never expose a torn one."""
+    events = []
+    real_fsync, real_rename = os.fsync, type(tmp_path).rename
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def rename(self, target):
+        events.append(("rename", str(self), str(target)))
+        return real_rename(self, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(type(tmp_path), "rename", rename)
+    ck = _ckpt(tmp_path, async_save=False)
+    ck.save(_state(10)[2])
+    ck.close()
+    renames = [i for i, e in enumerate(events) if e[0] == "rename"]
+    assert len(renames) == 1, events
+    (_, tmp, final), at = events[renames[0]], renames[0]
+    synced_before = {e[1] for e in events[:at] if e[0] == "fsync"}
+    expected = {os.path.join(tmp, name) for name in ("model.safetensors", "optimizer.safetensors", "state.json", "manifest.json")}
+    assert expected | {tmp} <= synced_before, sorted(synced_before)
+    assert ("fsync", str(tmp_path / "checkpoints")) in events[at + 1 :]
+    assert final.endswith("step-10")
