@@ -115,8 +115,9 @@ def test_precedent_decides_above_the_threshold_and_cites_the_case(synthetic):
 
 
 def test_a_weak_infra_precedent_stays_unknown_a_weak_user_one_decides(tmp_path):
-    """Infra by precedent needs INFRA_MARGIN x the user votes: a wrong infra retries a user bug to exhaustion."""
-    from operators.failures.precedent import INFRA_MARGIN
+    """With an infra margin (the knob; the shipped INFRA_MARGIN is the plain majority, chosen by
+    cross-validation), infra by precedent needs that many times the user votes' weight."""
+    margin = 2.0
 
     rows = [
         case(1, "infra", "upload to the bucket timed out after the write stalled", "acme/a"),
@@ -131,13 +132,13 @@ def test_a_weak_infra_precedent_stays_unknown_a_weak_user_one_decides(tmp_path):
     near = base.nearest(weak, 3)
     infra = sum(p.similarity for p in near if p.case.label == "infra")
     user = sum(p.similarity for p in near if p.case.label == "user")
-    assert user < infra < INFRA_MARGIN * user  # infra wins the vote, but not by the margin
-    assert base.verdict(weak, threshold=0.05, k=3) is None
+    assert user < infra < margin * user  # infra wins the vote, but not by the margin
+    assert base.verdict(weak, threshold=0.05, k=3, infra_margin=margin) is None
     assert base.verdict(weak, threshold=0.05, k=3, infra_margin=1.0).kind == "infra"  # the plain majority
     clear = Evidence.parse({"log_tail": "upload to the bucket timed out"})
-    assert base.verdict(clear, threshold=0.05, k=3).kind == "infra"  # two close infra cases outweigh one user case
+    assert base.verdict(clear, threshold=0.05, k=3, infra_margin=margin).kind == "infra"  # two close infra cases outweigh one user case
     config = Evidence.parse({"log_tail": "the plumbus config has no wibble value"})
-    assert base.verdict(config, threshold=0.05, k=3).kind == "user"  # user needs no margin
+    assert base.verdict(config, threshold=0.05, k=3, infra_margin=margin).kind == "user"  # user needs no margin
 
 
 def run_benchmark(*args: str) -> subprocess.CompletedProcess[str]:
