@@ -13,10 +13,12 @@ Layout of `DIR/checkpoints/` (DIR: a local folder or an fsspec URL, see trainer.
     corrupt-step-250-<time>/   a committed checkpoint that failed verification (kept to inspect)
 
 Saving: on the loop thread, `save()` copies the state to CPU (cheap: it is a copy, not a
-serialization); rank 0 then serializes and commits -- in a background thread when
-`checkpoint.async_save` (one write in flight at most: the next save waits for it) -- and prunes
-to `keep_last`. Local disk: write to `.tmp-step-N-*`, fsync every file and the folder, rename to
-`step-N`, fsync the parent. Object storage (no rename): write the files under `step-N/`, then
+serialization); rank 0 then commits it -- from a background thread when `checkpoint.async_save`
+(one write in flight at most: the next save waits for it) -- and prunes to `keep_last`. Local
+disk: the safetensors files are encoded without copying the tensors and handed to a writer
+process (trainer.checkpoint_commit: it keeps the hashing, writing and committing off the
+training process's GIL), which writes `.tmp-step-N-*`, fsyncs every file and the folder, renames
+it to `step-N` and fsyncs the parent. Object storage (no rename): write the files under `step-N/`, then
 the manifest LAST; a `step-N/` without a manifest is invisible to readers and removed at the
 next start. Loading: the newest `step-N` whose manifest is well-formed and whose checksums
 verify; a corrupt or malformed one is logged, moved aside, and the previous one is used.
@@ -29,10 +31,8 @@ import base64
 import hashlib
 import json
 import random
-import re
-import shutil
+import struct
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,11 +45,12 @@ import torch
 
 from trainer.config import CheckpointConfig
 from trainer.errors import CheckpointError
-from trainer.storage import Storage, fsync_dir, write_folder
+from trainer.checkpoint_commit import FORMAT, MANIFEST, WriterProcess, file_entry, manifest_bytes, prune_local
+from trainer.checkpoint_commit import STEP_DIR as _STEP_DIR
+from trainer.storage import Storage
 
-FORMAT = "gangflow-checkpoint/1"
-MANIFEST = "manifest.json"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+__all__ = ["FORMAT", "MANIFEST", "Checkpointer", "CorruptCheckpoint", "Loaded", "Snapshot", "cpu_copy", "file_entry",
+           "flatten_optimizer", "rng_state", "safetensors_parts", "set_rng_state", "unflatten_optimizer"]
 
 
 class CorruptCheckpoint(Exception):
@@ -122,9 +123,30 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> 
 REQUIRED = ("model.safetensors", "optimizer.safetensors", "state.json")
 
 
-def file_entry(data: bytes) -> dict[str, Any]:
-    """A manifest's (and a model card's) record of one file."""
-    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+# safetensors' dtype names (its format spec); any other dtype is encoded by the library itself.
+_SAFETENSORS_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
+    torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+}  # fmt: skip
+
+
+def safetensors_parts(tensors: dict[str, torch.Tensor]) -> list[bytes | memoryview]:
+    """The safetensors file of `tensors` (contiguous CPU tensors, as `cpu_copy` makes them) as
+    buffers to write in order: the header, then each tensor's own memory, not a copy of it."""
+    header: dict[str, Any] = {}
+    parts: list[bytes | memoryview] = []
+    offset = 0
+    for key, tensor in tensors.items():
+        dtype = _SAFETENSORS_DTYPES.get(tensor.dtype)
+        if dtype is None or tensor.device.type != "cpu" or not tensor.is_contiguous():
+            return [safetensors.torch.save(tensors)]
+        raw = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+        header[key] = {"dtype": dtype, "shape": list(tensor.shape), "data_offsets": [offset, offset + raw.nbytes]}
+        offset += raw.nbytes
+        parts.append(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the format pads its header to 8 bytes
+    return [struct.pack("<Q", len(text)) + text, *parts]
 
 
 def _read_verified(folder: Storage, name: str, entry: dict[str, Any]) -> bytes:
@@ -211,6 +233,7 @@ class Checkpointer:
         self.blocked_s = 0.0  # loop time spent in save() (the stall)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="gangflow-ckpt") if cfg.async_save and rank == 0 else None
         self._pending: Future | None = None
+        self._writer: WriterProcess | None = None  # rank 0, local disk: started at the first write
 
     def _location(self, name: str) -> Path | str:
         return self.store.local_path(name) if self.store.local else self.store.uri(name)
@@ -244,6 +267,8 @@ class Checkpointer:
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
+            if self._writer is not None:
+                self._writer.close()
 
     def _commit(self, snap: Snapshot, *, blocking: bool) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -259,40 +284,26 @@ class Checkpointer:
         return info
 
     def write(self, snap: Snapshot) -> dict[str, Any]:
-        """Write, commit (local: rename; object storage: manifest last), prune. Returns {step, path, bytes}."""
-        blobs = {
-            "model.safetensors": safetensors.torch.save(snap.model),
-            "optimizer.safetensors": safetensors.torch.save(snap.optimizer),
-            "state.json": json.dumps(snap.state).encode(),
+        """Write, commit (local: the writer process renames; object storage: manifest last), prune.
+        Returns {step, path, bytes}."""
+        files = {
+            "model.safetensors": safetensors_parts(snap.model),
+            "optimizer.safetensors": safetensors_parts(snap.optimizer),
+            "state.json": [json.dumps(snap.state).encode()],
         }
-        files = {name: file_entry(data) for name, data in blobs.items()}
-        manifest = json.dumps({"format": FORMAT, "step": snap.step, "files": files, "time": time.time()}, indent=1).encode()
         name = f"step-{snap.step}"
         if self.store.local:
-            self._write_local(name, blobs, manifest)
+            if self._writer is None:
+                self._writer = WriterProcess()
+            in_flight = (lambda: self._in_flight(name)) if self.at_save is not None else None
+            written = self._writer.commit(self.store.local_path(), snap.step, files, keep_last=self.cfg.keep_last,
+                                          before_commit=in_flight)
         else:
-            self._write_remote(name, blobs, manifest)
-        self.prune()
-        return {"step": snap.step, "path": str(self._location(name)), "bytes": sum(f["bytes"] for f in files.values())}
-
-    def _write_local(self, name: str, blobs: dict[str, bytes], manifest: bytes) -> None:
-        """Temporary folder, fsync every file and the folder, atomic rename, fsync the parent."""
-        root = self.store.local_path()
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-        # The manifest last (it marks completeness); every file and the folder are fsynced, together,
-        # before the rename commits.
-        write_folder(tmp, {**blobs, MANIFEST: manifest}, before_last=lambda: self._in_flight(name))
-        final = root / name
-        trash = None
-        if final.exists():  # re-saving a step (e.g. after a resume at it): move the old one away first
-            trash = root / f".trash-{name}-{uuid.uuid4().hex[:8]}"
-            final.rename(trash)
-        tmp.rename(final)
-        fsync_dir(root)
-        if trash is not None:
-            shutil.rmtree(trash, ignore_errors=True)
+            blobs = {file: b"".join(parts) for file, parts in files.items()}
+            self._write_remote(name, blobs, manifest_bytes(snap.step, blobs))
+            self.prune()
+            written = sum(len(data) for data in blobs.values())
+        return {"step": snap.step, "path": str(self._location(name)), "bytes": written}
 
     def _write_remote(self, name: str, blobs: dict[str, bytes], manifest: bytes) -> None:
         """Object storage has no rename: the files, then the manifest LAST. A re-save of the same
@@ -309,18 +320,13 @@ class Checkpointer:
             self.at_save(int(name.removeprefix("step-")))
 
     def prune(self) -> None:
+        if self.store.local:
+            prune_local(self.store.local_path(), self.cfg.keep_last)
+            return
         for _, path in self.committed()[self.cfg.keep_last :]:
             name = Path(str(path)).name
-            if self.store.local:
-                trash = self.store.local_path(f".trash-{name}-{uuid.uuid4().hex[:8]}")
-                try:
-                    Path(path).rename(trash)  # gone from view at once; delete at leisure
-                except OSError:
-                    continue
-                shutil.rmtree(trash, ignore_errors=True)
-            else:
-                self.store.remove(name, MANIFEST)  # invisible at once
-                self.store.remove(name)
+            self.store.remove(name, MANIFEST)  # invisible at once
+            self.store.remove(name)
 
     def cleanup_stale(self) -> None:
         """Remove leftovers of interrupted writes and deletions (rank 0, before training): local

@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors.torch
 import torch
 
 from trainer.checkpoint import (
@@ -17,10 +22,14 @@ from trainer.checkpoint import (
     cpu_copy,
     flatten_optimizer,
     rng_state,
+    safetensors_parts,
     set_rng_state,
     unflatten_optimizer,
 )
+from trainer.checkpoint_commit import commit_local
 from trainer.config import CheckpointConfig
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _state(step: int):
@@ -208,7 +217,8 @@ def test_s3_checkpoints_commit_with_manifest_last_prune_and_fall_back(s3, tmp_pa
 
 def test_commit_is_durable_before_the_rename_and_after_it(tmp_path, monkeypatch):
     """Every file of the checkpoint and its folder are fsynced before the rename that commits it,
-    and the parent after: a power cut can lose the newest checkpoint, never expose a torn one."""
+    and the parent after: a power cut can lose the newest checkpoint, never expose a torn one.
+    (commit_local is what the writer process runs; here it runs in-process to watch its calls.)"""
     events = []
     real_fsync, real_rename = os.fsync, type(tmp_path).rename
 
@@ -222,14 +232,118 @@ def test_commit_is_durable_before_the_rename_and_after_it(tmp_path, monkeypatch)
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(type(tmp_path), "rename", rename)
-    ck = _ckpt(tmp_path, async_save=False)
-    ck.save(_state(10)[2])
-    ck.close()
+    root = tmp_path / "checkpoints"
+    commit_local(root, 10, {"model.safetensors": b"m" * 1000, "optimizer.safetensors": b"o", "state.json": b"{}"})
     renames = [i for i, e in enumerate(events) if e[0] == "rename"]
     assert len(renames) == 1, events
     (_, tmp, final), at = events[renames[0]], renames[0]
     synced_before = {e[1] for e in events[:at] if e[0] == "fsync"}
     expected = {os.path.join(tmp, name) for name in ("model.safetensors", "optimizer.safetensors", "state.json", "manifest.json")}
     assert expected | {tmp} <= synced_before, sorted(synced_before)
-    assert ("fsync", str(tmp_path / "checkpoints")) in events[at + 1 :]
-    assert final.endswith("step-10")
+    assert ("fsync", str(root)) in events[at + 1 :]
+    assert final == str(root / "step-10")
+    assert Checkpointer.verify(root / "step-10")["step"] == 10
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int8,
+                                   torch.uint8, torch.bool])  # fmt: skip
+def test_safetensors_encoding_reads_back_exactly_with_the_library(dtype):
+    torch.manual_seed(0)
+    tensors = {
+        "w": (torch.randn(3, 5) * 100).to(dtype), "scalar": torch.tensor(7).to(dtype), "empty": torch.zeros(0, 4, dtype=dtype),
+        "layer.0/momentum_buffer": (torch.randn(17) * 10).to(dtype),
+    }  # fmt: skip
+    data = b"".join(safetensors_parts(tensors))
+    back = safetensors.torch.load(data)
+    assert set(back) == set(tensors)
+    for key, tensor in tensors.items():
+        assert back[key].dtype == dtype and back[key].shape == tensor.shape and torch.equal(back[key], tensor), key
+
+
+def test_an_unusual_dtype_falls_back_to_the_library_encoder():
+    tensors = {"c": torch.randn(2, 2, dtype=torch.complex64)}
+    parts = safetensors_parts(tensors)
+    assert len(parts) == 1 and parts[0] == safetensors.torch.save(tensors)
+
+
+def test_local_commits_run_in_a_writer_process_that_ends_with_its_parent(tmp_path):
+    """The rank's saves are committed by one writer process (not a thread of the rank); it exits
+    when the rank closes the checkpointer, and when the rank dies without closing it."""
+    code = f"""
+import os, sys, torch
+from trainer.checkpoint import Checkpointer, Snapshot
+from trainer.config import CheckpointConfig
+ck = Checkpointer({str(tmp_path / "checkpoints")!r}, CheckpointConfig(async_save=True, keep_last=2))
+for step in (1, 2, 3):
+    ck.save(Snapshot(step, {{"w": torch.ones(4) * step}}, {{}}, {{"step": step}}))
+ck.wait()
+print("writer", ck._writer._proc.pid, flush=True)
+if sys.argv[1] == "close":
+    ck.close()
+    print("closed", ck._writer._proc, flush=True)
+os._exit(0)  # no close, no atexit: as if killed
+"""
+    for how in ("close", "die"):
+        out = subprocess.run([sys.executable, "-c", code, how], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert out.returncode == 0, out.stderr
+        pid = int(out.stdout.split()[1])
+        assert _gone_within(pid, 5), f"{how}: writer {pid} still running"
+        if how == "close":
+            assert "closed None" in out.stdout
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-2", "step-3"]
+    assert Checkpointer.verify(tmp_path / "checkpoints" / "step-3")["step"] == 3
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().split(") ", 1)[1].startswith("Z"):
+                    return True  # a zombie: exited, not yet reaped by init
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_writer_killed_between_saves_or_during_one_is_replaced(tmp_path):
+    """The OOM killer may pick the writer: the next commit starts a new one (and a commit it was
+    in the middle of is made again), so a long run does not fail for it."""
+    import signal
+
+    ck = _ckpt(tmp_path, async_save=False, keep_last=5)
+    ck.save(_state(1)[2])
+    first = ck._writer._proc.pid
+    os.kill(first, signal.SIGKILL)
+    ck._writer._proc.wait()
+    ck.save(_state(2)[2])  # between saves: a new writer
+    second = ck._writer._proc.pid
+    assert second != first
+
+    killed = []
+
+    def kill_writer_mid_commit():  # after the data files are written, before the manifest
+        if not killed:
+            killed.append(ck._writer._proc.pid)
+            os.kill(ck._writer._proc.pid, signal.SIGKILL)
+
+    ck.at_save = lambda step: kill_writer_mid_commit()
+    ck.save(_state(3)[2])
+    ck.close()
+    assert killed == [second]
+    assert [s for s, _ in ck.committed()] == [3, 2, 1]
+    for step in (1, 2, 3):
+        ck.verify(tmp_path / "checkpoints" / f"step-{step}")
+
+
+def test_a_commit_the_disk_refuses_fails_with_the_path_and_the_cause(tmp_path):
+    from trainer.errors import CheckpointError
+
+    (tmp_path / "checkpoints").write_text("a file where the folder should be")
+    ck = _ckpt(tmp_path, async_save=True)
+    ck.save(_state(1)[2])
+    with pytest.raises(CheckpointError, match=r"writing checkpoint step-1 to .*checkpoints failed: .*(File exists|Not a directory)"):
+        ck.wait()
+    ck.close()

@@ -1,0 +1,292 @@
+"""Committing checkpoints to local disk, in a writer process beside the training process.
+
+Why a process: a thread that hashes, writes, commits and prunes a checkpoint holds the GIL the
+training loop needs between its ops. On a fast loop that costs it several percent
+(`checkpoint_loop_cost_fraction` in benchmarks/trainer.py); torch.distributed.checkpoint's
+`async_save` offers a process for the same reason (`AsyncCheckpointerType.PROCESS`).
+
+This module imports the standard library and trainer.storage only (never torch), so the writer
+(`python -m trainer.checkpoint_commit`, started by rank 0 at its first save) is up in tens of
+milliseconds. The rank sends each file's bytes as it will be on disk (trainer.checkpoint
+encodes the safetensors files without copying the tensors); the writer hashes them, writes the
+folder, commits it and prunes. One job at a time, over the writer's stdin and stdout:
+
+    rank   -> writer   <u32 length><header JSON: root, step, keep_last, handshake, files
+                       [[name, bytes], ...]>, then every file's bytes in that order (one writev)
+    writer -> rank     b"written\\n"      every data file is written; the commit is not
+    rank   -> writer   b"commit\\n"       (only with handshake: the rank's kill@save fault
+                                         strikes between these two)
+    writer -> rank     b"committed <JSON>\\n" or b"error <message>\\n"
+
+Each time the rank's thread waits on the pipe it gives up the GIL, and it must win it back from
+the training loop to go on (up to the interpreter's 5 ms switch interval): hence one writev for
+a whole job, and the handshake only when a fault is armed.
+
+The writer exits when its parent is gone (end of input, or reparented: a forked DataLoader
+worker may keep the pipe open), whatever it is doing: a folder it has not renamed stays a
+`.tmp-*` folder, removed at the next start. It ignores SIGTERM and SIGINT: a preempted rank
+commits its final checkpoint through it, and it ends when the rank does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainer.storage import fsync_dir, write_folder
+
+FORMAT = "gangflow-checkpoint/1"
+MANIFEST = "manifest.json"
+STEP_DIR = re.compile(r"^step-(\d+)$")
+_HEADER = struct.Struct("<I")
+_PARENT_POLL_S = 1.0
+
+
+class WriterError(OSError):
+    """The writer process failed a commit, or died; the message says which and why."""
+
+
+class _WriterDied(WriterError):
+    """The writer process ended in the middle of a commit."""
+
+
+def file_entry(data: bytes) -> dict[str, Any]:
+    """A manifest's (and a model card's) record of one file."""
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def manifest_bytes(step: int, files: dict[str, bytes]) -> bytes:
+    entries = {name: file_entry(data) for name, data in files.items()}
+    return json.dumps({"format": FORMAT, "step": step, "files": entries, "time": time.time()}, indent=1).encode()
+
+
+def commit_local(root: Path, step: int, files: dict[str, bytes], *, before_commit: Callable[[], None] | None = None) -> int:
+    """Write `files` and their manifest to `root/.tmp-step-N-*`, the manifest last, fsync every
+    file and the folder, rename it to `step-N` (an existing one is moved away first) and fsync
+    `root`. `before_commit` runs when the data files are written and the manifest is not.
+    Returns the bytes of the data files."""
+    name = f"step-{step}"
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    write_folder(tmp, {**files, MANIFEST: manifest_bytes(step, files)}, before_last=before_commit)
+    final = root / name
+    trash = None
+    if final.exists():  # re-saving a step (e.g. after a resume at it): move the old one away first
+        trash = root / f".trash-{name}-{uuid.uuid4().hex[:8]}"
+        final.rename(trash)
+    tmp.rename(final)
+    fsync_dir(root)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+    return sum(len(data) for data in files.values())
+
+
+def committed_steps(root: Path) -> list[int]:
+    """Steps of the committed folders below `root`, newest first (not verified)."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    steps = [int(m.group(1)) for m in map(STEP_DIR.match, names) if m and (root / m.group(0)).is_dir()]
+    return sorted(steps, reverse=True)
+
+
+def prune_local(root: Path, keep_last: int) -> None:
+    """Keep the newest `keep_last` committed folders: older ones are renamed out of view at once,
+    then deleted."""
+    for step in committed_steps(root)[keep_last:]:
+        trash = root / f".trash-step-{step}-{uuid.uuid4().hex[:8]}"
+        try:
+            (root / f"step-{step}").rename(trash)
+        except OSError:
+            continue
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+# --- the rank's side ------------------------------------------------------------------------------
+
+
+def _nbytes(part: bytes | memoryview) -> int:
+    return part.nbytes if isinstance(part, memoryview) else len(part)
+
+
+def _write_all(fd: int, parts: list[bytes | memoryview]) -> None:
+    """Every byte of `parts`, in order, in as few writev calls as the kernel allows (no copy)."""
+    views = [memoryview(p).cast("B") for p in parts if _nbytes(p)]
+    while views:
+        done = os.writev(fd, views[:512])  # IOV_MAX is 1024 on Linux
+        while views and done >= views[0].nbytes:
+            done -= views[0].nbytes
+            views.pop(0)
+        if done:
+            views[0] = views[0][done:]
+
+
+class WriterProcess:
+    """Rank 0's handle on its writer process, started at the first commit. Not thread-safe: the
+    checkpointer calls it from one thread at a time (one write in flight)."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    def _started(self) -> subprocess.Popen:
+        if self._proc is None or self._proc.poll() is not None:
+            try:
+                self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                              env={**os.environ, "GANGFLOW_CHECKPOINT_WRITER_PARENT": str(os.getpid())})
+            except OSError as exc:
+                raise WriterError(exc.errno, f"cannot start the checkpoint writer process ({exc.strerror or exc})") from exc
+        return self._proc
+
+    def commit(self, root: Path, step: int, files: dict[str, Sequence[bytes | memoryview]], *, keep_last: int,
+               before_commit: Callable[[], None] | None = None) -> int:
+        """Commit `files` (each a sequence of buffers, written in order) as `root/step-N`, then prune
+        to `keep_last`. Returns the bytes written; WriterError when it failed. A writer that died
+        (the OOM killer's choice, say) is replaced and the commit tried once more."""
+        with self._lock:
+            try:
+                return self._commit(root, step, files, keep_last, before_commit)
+            except _WriterDied as exc:
+                print(f"gangflow: {exc}; starting a new writer and committing step-{step} again", file=sys.stderr, flush=True)
+                return self._commit(root, step, files, keep_last, before_commit)
+
+    def _commit(self, root: Path, step: int, files: dict[str, Sequence[bytes | memoryview]], keep_last: int,
+                before_commit: Callable[[], None] | None) -> int:
+        proc = self._started()
+        handshake = before_commit is not None
+        header = json.dumps({"root": str(root), "step": step, "keep_last": keep_last, "handshake": handshake,
+                             "files": [[name, sum(map(_nbytes, parts))] for name, parts in files.items()]}).encode()
+        fd = proc.stdin.fileno()
+        try:
+            _write_all(fd, [_HEADER.pack(len(header)) + header, *(part for parts in files.values() for part in parts)])
+            if handshake:
+                self._expect(proc, b"written")
+                before_commit()
+                _write_all(fd, [b"commit\n"])
+            return int(json.loads(self._expect(proc, b"committed"))["bytes"])
+        except (BrokenPipeError, ValueError) as exc:
+            raise self._died(proc, exc) from None
+
+    def _expect(self, proc: subprocess.Popen, word: bytes) -> bytes:
+        line = proc.stdout.readline()
+        if line.startswith(word):
+            return line[len(word):].strip()
+        if line.startswith(b"error "):
+            raise WriterError(line[6:].decode(errors="replace").strip())
+        raise self._died(proc, None)
+
+    @staticmethod
+    def _died(proc: subprocess.Popen, exc: Exception | None) -> WriterError:
+        try:
+            code = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        return _WriterDied(f"the checkpoint writer process exited with code {code} in the middle of a commit"
+                           + (f" ({type(exc).__name__}: {exc})" if exc else ""))
+
+    def close(self, timeout: float = 10.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+# --- the writer's side ----------------------------------------------------------------------------
+
+
+class _ParentGone(Exception):
+    pass
+
+
+class _Input:
+    """The writer's stdin, read so that a parent that died (or forked a child that holds the pipe)
+    ends the wait within a second."""
+
+    def __init__(self, fd: int, parent: int) -> None:
+        self.fd, self.parent = fd, parent
+
+    def _ready(self) -> None:
+        while not select.select([self.fd], [], [], _PARENT_POLL_S)[0]:
+            if os.getppid() != self.parent:
+                raise _ParentGone
+
+    def exact(self, n: int) -> bytes:
+        chunks, left = [], n
+        while left:
+            self._ready()
+            chunk = os.read(self.fd, min(left, 1 << 20))
+            if not chunk:
+                raise _ParentGone
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    def line(self) -> bytes:
+        out = b""
+        while not out.endswith(b"\n"):
+            out += self.exact(1)
+        return out
+
+
+def serve(inp: _Input, out: Any) -> None:
+    def reply(text: bytes) -> None:
+        out.write(text + b"\n")
+        out.flush()
+
+    def handshake() -> None:
+        reply(b"written")
+        if inp.line() != b"commit\n":
+            raise _ParentGone
+
+    while True:
+        job = json.loads(inp.exact(_HEADER.unpack(inp.exact(_HEADER.size))[0]))
+        files = {name: inp.exact(size) for name, size in job["files"]}
+        try:
+            written = commit_local(Path(job["root"]), int(job["step"]), files,
+                                   before_commit=handshake if job.get("handshake") else None)
+            prune_local(Path(job["root"]), int(job["keep_last"]))
+        except OSError as exc:
+            reply(b"error " + f"{type(exc).__name__}: {exc}".replace("\n", " ").encode())
+            continue
+        reply(b"committed " + json.dumps({"bytes": written}).encode())
+
+
+def main() -> int:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = int(os.environ.get("GANGFLOW_CHECKPOINT_WRITER_PARENT", os.getppid()))
+    try:
+        serve(_Input(sys.stdin.fileno(), parent), sys.stdout.buffer)
+    except _ParentGone:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
