@@ -54,6 +54,7 @@ MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
 _HEADER = struct.Struct("<I")
 _PARENT_POLL_S = 1.0
+WRITER_STARTS = 3  # writers one commit may use up: more deaths than that is not a fluke
 
 
 class WriterError(OSError):
@@ -108,7 +109,7 @@ def committed_steps(root: Path) -> list[int]:
 
 def prune_local(root: Path, keep_last: int) -> None:
     """Keep the newest `keep_last` committed folders: older ones are renamed out of view at once,
-    then deleted."""
+    then deleted; so is what an interrupted prune (a writer killed in it) left out of view."""
     for step in committed_steps(root)[keep_last:]:
         trash = root / f".trash-step-{step}-{uuid.uuid4().hex[:8]}"
         try:
@@ -116,6 +117,8 @@ def prune_local(root: Path, keep_last: int) -> None:
         except OSError:
             continue
         shutil.rmtree(trash, ignore_errors=True)
+    for leftover in root.glob(".trash-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 # --- the rank's side ------------------------------------------------------------------------------
@@ -158,13 +161,19 @@ class WriterProcess:
                before_commit: Callable[[], None] | None = None) -> int:
         """Commit `files` (each a sequence of buffers, written in order) as `root/step-N`, then prune
         to `keep_last`. Returns the bytes written; WriterError when it failed. A writer that died
-        (the OOM killer's choice, say) is replaced and the commit tried once more."""
+        (the OOM killer's choice, say) is replaced and the commit made again, up to
+        `WRITER_STARTS` writers per commit."""
         with self._lock:
-            try:
-                return self._commit(root, step, files, keep_last, before_commit)
-            except _WriterDied as exc:
-                print(f"gangflow: {exc}; starting a new writer and committing step-{step} again", file=sys.stderr, flush=True)
-                return self._commit(root, step, files, keep_last, before_commit)
+            for attempt in range(1, WRITER_STARTS + 1):
+                try:
+                    return self._commit(root, step, files, keep_last, before_commit)
+                except _WriterDied as exc:
+                    if attempt == WRITER_STARTS:
+                        raise WriterError(f"{exc}; {WRITER_STARTS} writers died committing step-{step}") from None
+                    print(f"gangflow: {exc}; starting a new writer and committing step-{step} again", file=sys.stderr, flush=True)
+                    for stale in root.glob(f".tmp-step-{step}-*"):  # the dead writer's half-written folder
+                        shutil.rmtree(stale, ignore_errors=True)
+            raise AssertionError("unreachable")
 
     def _commit(self, root: Path, step: int, files: dict[str, Sequence[bytes | memoryview]], keep_last: int,
                 before_commit: Callable[[], None] | None) -> int:

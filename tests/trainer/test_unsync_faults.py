@@ -8,6 +8,7 @@ under torchrun (2 ranks, gloo) and resume it.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -179,4 +180,78 @@ def test_kill_at_time_drill_on_rank_1_resumes_and_matches(h, drill_reference, tm
     resumed = int(match.group(1)) if match else 0
     assert resumed % INTERVAL == 0 and resumed <= fired["step"]
     assert fired["step"] - resumed <= 2 * INTERVAL, (fired, resumed)
+    assert _final(run_dir) == _final(drill_reference)
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """pid -> command line of every live process below `root` (from /proc)."""
+    parents, cmdlines = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                parents[int(entry)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdlines[int(entry)] = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+    found, frontier = {}, {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier and pid not in found}
+        found.update({pid: cmdlines.get(pid, "") for pid in frontier})
+    return found
+
+
+@pytest.mark.slow
+def test_writer_process_killed_at_random_moments_costs_nothing(h, drill_reference, tmp_path):
+    """Rude faults on the checkpoint writer process (what the OOM killer might pick): SIGKILL it
+    again and again during a 2-rank run, alternately at a random moment and in the middle of a
+    write (while a `.tmp-step-*` folder exists). The run still succeeds, no half-written folder is
+    left, every committed checkpoint verifies, and the final weights are bitwise equal to an
+    uninterrupted run."""
+    import random
+    import signal
+    import threading
+
+    from trainer.checkpoint import Checkpointer
+
+    rng = random.Random(20261201)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(h.command(run_dir, DRILL), cwd=h.ROOT, env=h.trainer_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    killed: list[int] = []
+
+    def writing() -> bool:
+        try:
+            return any(name.startswith(".tmp-step-") for name in os.listdir(run_dir / "checkpoints"))
+        except FileNotFoundError:
+            return False
+
+    def assassin() -> None:
+        mid_write = False
+        while proc.poll() is None:
+            time.sleep(rng.uniform(0.3, 0.8))  # apart enough that one commit sees at most one kill
+            mid_write = not mid_write
+            deadline = time.monotonic() + 1.0
+            while mid_write and not writing() and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.001)
+            for pid, cmdline in _descendants(proc.pid).items():
+                if "trainer.checkpoint_commit" in cmdline:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
+                    except ProcessLookupError:
+                        pass
+
+    thread = threading.Thread(target=assassin, daemon=True)
+    thread.start()
+    out, _ = proc.communicate(timeout=300)
+    thread.join(timeout=5)
+    assert proc.returncode == 0, out[-4000:]
+    assert len(set(killed)) >= 2, f"the writer was killed {len(set(killed))} times: make the drill longer\n{out[-2000:]}"
+    assert "starting a new writer and committing step-" in out, "no kill landed in the middle of a commit"
+    for name in sorted(p.name for p in (run_dir / "checkpoints").iterdir()):
+        assert name.startswith("step-"), name  # nothing half-written left behind
+        Checkpointer.verify(run_dir / "checkpoints" / name)
     assert _final(run_dir) == _final(drill_reference)
