@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer.storage import fsync_dir, write_folder
+from trainer.storage import publish_folder, write_folder
 
 FORMAT = "gangflow-checkpoint/1"
 MANIFEST = "manifest.json"
@@ -85,15 +85,7 @@ def commit_local(root: Path, step: int, files: dict[str, bytes], *, before_commi
     tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     write_folder(tmp, {**files, MANIFEST: manifest_bytes(step, files)}, before_last=before_commit)
-    final = root / name
-    trash = None
-    if final.exists():  # re-saving a step (e.g. after a resume at it): move the old one away first
-        trash = root / f".trash-{name}-{uuid.uuid4().hex[:8]}"
-        final.rename(trash)
-    tmp.rename(final)
-    fsync_dir(root)
-    if trash is not None:
-        shutil.rmtree(trash, ignore_errors=True)
+    publish_folder(tmp, root / name, aside=f".trash-{name}")  # a re-save (e.g. after a resume at it) replaces
     return sum(len(data) for data in files.values())
 
 

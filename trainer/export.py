@@ -23,7 +23,7 @@ import safetensors.torch
 import torch
 
 from trainer.checkpoint import cpu_copy, file_entry
-from trainer.storage import Storage, fsync_dir, write_folder
+from trainer.storage import Storage, publish_folder, write_folder
 from trainer.allowlist import ModelNotAllowed, card_model, card_weights_file, factory_for_card
 
 FINAL = "final"
@@ -64,14 +64,7 @@ def write_final(run_dir: str | Path | Storage, model: torch.nn.Module, card: dic
     tmp.mkdir(parents=True)
     _write_files(tmp, model, card)
     final = run_dir / FINAL
-    old = None
-    if final.exists():
-        old = run_dir / f".final-old-{uuid.uuid4().hex[:8]}"
-        final.rename(old)
-    tmp.rename(final)
-    fsync_dir(run_dir)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    publish_folder(tmp, final, aside=".final-old")
     if then is not None:
         then(final)
     return final

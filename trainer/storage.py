@@ -81,6 +81,20 @@ def write_folder(folder: str | os.PathLike, files: dict[str, bytes], *, before_l
             os.close(fd)
 
 
+def publish_folder(tmp: Path, final: Path, *, aside: str) -> None:
+    """Make the complete, fsynced folder `tmp` visible as `final` by a rename, and durable by an
+    fsync of the parent. A `final` already there (a re-save) is first renamed to `<aside>-<id>`
+    beside it and deleted after: readers see the old folder or the new one, never neither."""
+    old = None
+    if final.exists():
+        old = final.with_name(f"{aside}-{uuid.uuid4().hex[:8]}")
+        final.rename(old)
+    tmp.rename(final)
+    fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 class Storage:
     """A folder on local disk or on an fsspec filesystem; paths below it are '/'-separated."""
 
