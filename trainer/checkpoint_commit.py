@@ -133,8 +133,7 @@ def _write_all(fd: int, parts: list[bytes | memoryview]) -> None:
 
 
 class WriterProcess:
-    """Rank 0's handle on its writer process, started at the first commit. Not thread-safe: the
-    checkpointer calls it from one thread at a time (one write in flight)."""
+    """Rank 0's handle on its writer process, started at the first commit; one commit at a time."""
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen | None = None
@@ -156,16 +155,17 @@ class WriterProcess:
         (the OOM killer's choice, say) is replaced and the commit made again, up to
         `WRITER_STARTS` writers per commit."""
         with self._lock:
-            for attempt in range(1, WRITER_STARTS + 1):
+            for _ in range(WRITER_STARTS - 1):
                 try:
                     return self._commit(root, step, files, keep_last, before_commit)
                 except _WriterDied as exc:
-                    if attempt == WRITER_STARTS:
-                        raise WriterError(f"{exc}; {WRITER_STARTS} writers died committing step-{step}") from None
                     print(f"gangflow: {exc}; starting a new writer and committing step-{step} again", file=sys.stderr, flush=True)
                     for stale in root.glob(f".tmp-step-{step}-*"):  # the dead writer's half-written folder
                         shutil.rmtree(stale, ignore_errors=True)
-            raise AssertionError("unreachable")
+            try:
+                return self._commit(root, step, files, keep_last, before_commit)
+            except _WriterDied as exc:
+                raise WriterError(f"{exc}; {WRITER_STARTS} writers died committing step-{step}") from None
 
     def _commit(self, root: Path, step: int, files: dict[str, Sequence[bytes | memoryview]], keep_last: int,
                 before_commit: Callable[[], None] | None) -> int:

@@ -347,3 +347,24 @@ def test_a_commit_the_disk_refuses_fails_with_the_path_and_the_cause(tmp_path):
     with pytest.raises(CheckpointError, match=r"writing checkpoint step-1 to .*checkpoints failed: .*(File exists|Not a directory)"):
         ck.wait()
     ck.close()
+
+
+def test_a_writer_that_keeps_dying_fails_the_save_after_three(tmp_path):
+    """More deaths than WRITER_STARTS in one commit is not a fluke: the save fails, saying so."""
+    import signal
+
+    from trainer.errors import CheckpointError
+
+    ck = _ckpt(tmp_path, async_save=False)
+    pids = []
+
+    def kill_writer():  # every writer, in the middle of the commit
+        pids.append(ck._writer._proc.pid)
+        os.kill(pids[-1], signal.SIGKILL)
+
+    ck.at_save = lambda step: kill_writer()
+    with pytest.raises(CheckpointError, match=r"exited with code -9 in the middle of a commit.*; 3 writers died committing step-1"):
+        ck.save(_state(1)[2])
+    assert len(set(pids)) == 3
+    assert ck.committed() == [] and not list((tmp_path / "checkpoints").glob(".tmp-*"))[1:]  # at most the last one's
+    ck.close()
