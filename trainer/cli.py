@@ -32,7 +32,7 @@ PARAM_HELP = {
     "train.device": "auto (CUDA if present) | cpu | cuda",
     "checkpoint.every_steps": "commit a checkpoint every N steps (and always at the end)",
     "checkpoint.keep_last": "committed checkpoints to keep",
-    "checkpoint.async_save": "write checkpoints in a background thread (commit stays atomic)",
+    "checkpoint.async_save": "commit checkpoints from a background thread: the loop does not wait (commit stays atomic)",
     "checkpoint.grace_period_s": "after SIGTERM, exit 75 at the latest after this many seconds",
     "tracking.mlflow_uri": 'MLflow tracking URI ("" = env MLFLOW_TRACKING_URI, or metrics.jsonl only)',
     "tracking.experiment": "MLflow experiment of a new run (ignored with env MLFLOW_RUN_ID)",

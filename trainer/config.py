@@ -173,7 +173,7 @@ class CheckpointConfig(_Section):
     SECTION = "checkpoint"
     every_steps: int = 100
     keep_last: int = 2
-    async_save: bool = True  # write in a background thread; the commit stays atomic
+    async_save: bool = True  # commit from a background thread (the loop goes on); the commit stays atomic
     grace_period_s: float = 25.0  # after SIGTERM: hard exit (75) if the final checkpoint takes longer
 
     def validate(self) -> None:
