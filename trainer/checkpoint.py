@@ -45,7 +45,7 @@ import torch
 
 from trainer.config import CheckpointConfig
 from trainer.errors import CheckpointError
-from trainer.checkpoint_commit import FORMAT, MANIFEST, WriterProcess, file_entry, manifest_bytes, prune_local
+from trainer.checkpoint_commit import FORMAT, MANIFEST, WriterProcess, committed_steps, file_entry, manifest_bytes, prune_local
 from trainer.checkpoint_commit import STEP_DIR as _STEP_DIR
 from trainer.storage import Storage
 
@@ -342,17 +342,13 @@ class Checkpointer:
     def committed(self) -> list[tuple[int, Path | str]]:
         """Committed checkpoints, newest first (by name; not yet verified). On object storage a
         folder counts only once its manifest exists."""
+        if self.store.local:  # the writer process lists the same folders when it prunes
+            return [(step, self._location(f"step-{step}")) for step in committed_steps(self.store.local_path())]
         found = []
         for name in self.store.listdir():
             m = _STEP_DIR.match(name)
-            if not m:
-                continue
-            if self.store.local:
-                if not self.store.local_path(name).is_dir():
-                    continue
-            elif not self.store.exists(name, MANIFEST):
-                continue
-            found.append((int(m.group(1)), self._location(name)))
+            if m and self.store.exists(name, MANIFEST):
+                found.append((int(m.group(1)), self._location(name)))
         return sorted(found, key=lambda item: item[0], reverse=True)
 
     @staticmethod
