@@ -58,10 +58,11 @@ def _process_start() -> float | None:
     try:
         with open("/proc/self/stat") as fh:
             ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as fh:
-            btime = next(int(line.split()[1]) for line in fh if line.startswith("btime"))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, StopIteration):
+        # The boot time from the clocks, not /proc/stat's `btime`: that is whole seconds, which put
+        # process_start up to a second early (measured: 0.38-0.41 s) and inflated `interpreter_s`.
+        boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
         return None
 
 
