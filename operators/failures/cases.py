@@ -6,6 +6,10 @@ One JSONL file per source project, `<owner>__<repo>.jsonl`, one case per line:
 `dev` and `test` and records `test_sha256`: the sha256 of the test projects' files,
 concatenated in sorted file-name order. Test cases are loaded only through `load_split_cases
 (..., "test")`, which refuses to run if that hash changed; the precedent base never holds them.
+
+A later hold-out (`holdout2`, optional): projects harvested after the test split had been scored
+several times, blind to the classifier, frozen the same way (`holdout2_sha256`) before it was
+scored once. It is a split like test: never a precedent, never read while writing rules.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CORPUS_DIR", "Case", "CorpusError", "Split", "load_cases", "load_split", "load_split_cases", "test_sha256"]
+__all__ = ["CORPUS_DIR", "Case", "CorpusError", "Split", "load_cases", "load_split", "load_split_cases", "split_sha256",
+           "test_sha256"]
 
 CORPUS_DIR = Path(__file__).with_name("corpus")
 SPLIT_FILE = "split.json"
 LABELS = ("infra", "user")
 SPLITS = ("train", "dev", "test")
+FROZEN = ("test", "holdout2")  # hashed in split.json; loaded only after the hash is checked
 _FIELDS = {"id": str, "project": str, "url": str, "label": str, "hard": bool, "why": str, "evidence": dict}
 
 
@@ -48,10 +54,19 @@ class Split:
     dev: tuple[str, ...]
     test: tuple[str, ...]
     test_sha256: str
+    holdout2: tuple[str, ...] = ()
+    holdout2_sha256: str | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return SPLITS + (("holdout2",) if self.holdout2 else ())
+
+    def frozen_sha256(self, name: str) -> str:
+        return self.test_sha256 if name == "test" else str(self.holdout2_sha256)
 
     def files(self, name: str, corpus_dir: Path = CORPUS_DIR) -> list[Path]:
-        if name not in SPLITS:
-            raise CorpusError(f"split={name!r}: accepted values are {', '.join(SPLITS)}")
+        if name not in self.names:
+            raise CorpusError(f"split={name!r}: accepted values are {', '.join(self.names)}")
         return sorted((corpus_dir / project_file(p) for p in getattr(self, name)), key=lambda p: p.name)
 
 
@@ -117,32 +132,45 @@ def load_split(corpus_dir: Path = CORPUS_DIR) -> Split:
         value = raw.get(name)
         if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
             raise CorpusError(f"{path}: field {name!r} must be a list of project names")
-    if not isinstance(raw.get("test_sha256"), str) or len(raw["test_sha256"]) != 64:
-        raise CorpusError(f"{path}: field 'test_sha256' must be a sha256 hex digest")
-    files = [project_file(p) for name in SPLITS for p in raw[name]]
+    names = SPLITS + (("holdout2",) if "holdout2" in raw else ())
+    if "holdout2" in raw:
+        value = raw["holdout2"]
+        if not isinstance(value, list) or not value or not all(isinstance(p, str) for p in value):
+            raise CorpusError(f"{path}: field 'holdout2' must be a non-empty list of project names")
+    for name in FROZEN:
+        if name in names and (not isinstance(raw.get(f"{name}_sha256"), str) or len(raw[f"{name}_sha256"]) != 64):
+            raise CorpusError(f"{path}: field '{name}_sha256' must be a sha256 hex digest")
+    files = [project_file(p) for name in names for p in raw[name]]
     if len(files) != len(set(files)):
         raise CorpusError(f"{path}: a project is in more than one split")
-    return Split(tuple(raw["train"]), tuple(raw["dev"]), tuple(raw["test"]), raw["test_sha256"].lower())
+    holdout = tuple(raw.get("holdout2", ()))
+    return Split(tuple(raw["train"]), tuple(raw["dev"]), tuple(raw["test"]), raw["test_sha256"].lower(),
+                 holdout, raw["holdout2_sha256"].lower() if holdout else None)
+
+
+def split_sha256(split: Split, name: str, corpus_dir: Path = CORPUS_DIR) -> str:
+    """sha256 of a split's project files, concatenated in sorted file-name order."""
+    digest = hashlib.sha256()
+    for path in split.files(name, corpus_dir):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def test_sha256(split: Split, corpus_dir: Path = CORPUS_DIR) -> str:
     """sha256 of the test projects' files, concatenated in sorted file-name order."""
-    digest = hashlib.sha256()
-    for path in split.files("test", corpus_dir):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
+    return split_sha256(split, "test", corpus_dir)
 
 
 test_sha256.__test__ = False  # not a pytest test, despite its name
 
 
 def load_split_cases(split: Split, name: str, corpus_dir: Path = CORPUS_DIR) -> list[Case]:
-    """The cases of one split; for `test`, only after checking the frozen hash."""
-    if name == "test":
-        actual = test_sha256(split, corpus_dir)
-        if actual != split.test_sha256:
+    """The cases of one split; for a frozen one (`test`, `holdout2`), only after checking its hash."""
+    if name in FROZEN:
+        actual, frozen = split_sha256(split, name, corpus_dir), split.frozen_sha256(name)
+        if actual != frozen:
             raise CorpusError(
-                f"the test split changed: sha256 of its files is {actual}, split.json froze {split.test_sha256}; "
-                "refusing to evaluate on a test set that is not the frozen one"
+                f"the {name} split changed: sha256 of its files is {actual}, split.json froze {frozen}; "
+                f"refusing to evaluate on a {name} set that is not the frozen one"
             )
     return load_cases(split.files(name, corpus_dir))

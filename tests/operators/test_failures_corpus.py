@@ -202,3 +202,58 @@ def test_the_corpus_ships_with_the_package():
     data = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     patterns = data["operators.failures"]
     assert "corpus/*.jsonl" in patterns and "corpus/*.json" in patterns
+
+
+# -- a later hold-out (holdout2): frozen like test, never a precedent ------------------------------
+
+
+def with_holdout(folder: Path) -> Path:
+    held = write(folder, "acme/held", [case(1, "infra", "quux frobnicator lost its lease", "acme/held")])
+    split = json.loads((folder / "split.json").read_text())
+    split |= {"holdout2": ["acme/held"], "holdout2_sha256": hashlib.sha256(held.read_bytes()).hexdigest()}
+    (folder / "split.json").write_text(json.dumps(split))
+    return held
+
+
+def test_holdout2_hash_is_verified_before_its_cases_load(synthetic):
+    held = with_holdout(synthetic)
+    split = load_split(synthetic)
+    assert [c.label for c in load_split_cases(split, "holdout2", synthetic)] == ["infra"]
+    with held.open("a") as fh:
+        fh.write(json.dumps(case(2, "user", "x", "acme/held")) + "\n")
+    with pytest.raises(CorpusError, match="the holdout2 split changed"):
+        load_split_cases(split, "holdout2", synthetic)
+    assert load_split_cases(split, "test", synthetic)  # the test split does not depend on it
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda s: s.pop("holdout2_sha256"), "holdout2_sha256"),
+    (lambda s: s.update(holdout2=[]), "non-empty list"),
+    (lambda s: s["holdout2"].append("acme/test"), "more than one split"),
+])  # fmt: skip
+def test_split_rejects_a_malformed_holdout2(synthetic, mutate, message):
+    with_holdout(synthetic)
+    split = json.loads((synthetic / "split.json").read_text())
+    mutate(split)
+    (synthetic / "split.json").write_text(json.dumps(split))
+    with pytest.raises(CorpusError, match=message):
+        load_split(synthetic)
+
+
+def test_a_split_without_holdout2_refuses_to_load_it(synthetic):
+    with pytest.raises(CorpusError, match="accepted values are train, dev, test"):
+        load_split_cases(load_split(synthetic), "holdout2", synthetic)
+
+
+def test_benchmark_scores_holdout2_with_the_shipped_base_and_refuses_a_changed_one(synthetic):
+    held = with_holdout(synthetic)
+    proc = run_benchmark("--corpus", str(synthetic), "--holdout2", "--show-errors")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(result["splits"]) == {"train", "dev", "holdout2"}
+    assert result["splits"]["holdout2"]["n"] == 1 and "goals_met_on_holdout2" in result
+    assert result["holdout2_sha256"] == hashlib.sha256(held.read_bytes()).hexdigest()
+    assert "[holdout2]" not in proc.stderr  # its misses are never printed
+    held.write_text(held.read_text().replace("lease", "lease!"))
+    proc = run_benchmark("--corpus", str(synthetic), "--holdout2")
+    assert proc.returncode == 2 and "the holdout2 split changed" in proc.stderr and proc.stdout == ""
