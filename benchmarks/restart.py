@@ -138,9 +138,9 @@ def task_child(arg: str) -> int:
     return 0
 
 
-def arm_bare(scratch: Path, i: int) -> dict:
+def arm_bare(scratch: Path, i: int, nproc: int) -> dict:
     out = scratch / f"bare-{i}.json"
-    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", __file__, "--bare-child", str(out)]
+    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), "--max-restarts", "0", __file__, "--bare-child", str(out)]
     t0 = time.time()
     done = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
     wall = time.time() - t0
@@ -157,16 +157,16 @@ class Task:
     """The training task's launch (`task_child`, a fresh process each) on copies of one
     checkpointed run dir."""
 
-    def __init__(self, scratch: Path, mlflow_runs: list[str]):
-        self.scratch, self.mlflow_runs = scratch, mlflow_runs
+    def __init__(self, scratch: Path, mlflow_runs: list[str], nproc: int):
+        self.scratch, self.mlflow_runs, self.nproc = scratch, mlflow_runs, nproc
         self.template = scratch / "checkpointed"
-        env = {"GANGFLOW_ALLOW_FAULTS": "1", "GANGFLOW_FAULT": f"kill@step={KILL_AT},rank=1"}
+        env = {"GANGFLOW_ALLOW_FAULTS": "1", "GANGFLOW_FAULT": f"kill@step={KILL_AT},rank={min(1, nproc - 1)}"}
         r = self.launch(self.template, 1, env, None)
         if r["succeeded"] or not list((self.template / "checkpoints").glob("step-*")):
             raise RuntimeError(f"making the checkpointed run dir failed: {r}; see {scratch}")
 
     def launch(self, run_dir: Path, attempt: int, env: dict[str, str], mlflow_run_id: str | None) -> dict:
-        spec = {"name": "bench-restart", "run_dir": str(run_dir), "world_size": 2, "config_path": str(ROOT / "params.yaml"),
+        spec = {"name": "bench-restart", "run_dir": str(run_dir), "world_size": self.nproc, "config_path": str(ROOT / "params.yaml"),
                 "overrides": [f"train.max_steps={STEPS}", f"checkpoint.every_steps={EVERY}"], "env": env, "attempt": attempt}
         run_dir.mkdir(parents=True, exist_ok=True)
         job = {"spec": spec, "log": str(self.scratch / f"{run_dir.name}-try-{attempt}.log"), "mlflow_run_id": mlflow_run_id,
@@ -194,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions of the three arms (default 3)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch dir (printed as `scratch`)")
+    parser.add_argument("--nproc", type=int, default=2, choices=(1, 2, 3, 4),
+                        help="ranks of the bare torchrun and of the task's gang (default 2; 1 shows the path without two ranks "
+                             "contending for this machine's cores)")
     parser.add_argument("--bare-child", help=argparse.SUPPRESS)
     parser.add_argument("--task-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -215,11 +218,11 @@ def main(argv: list[str] | None = None) -> int:
 
         note("creating MLflow runs and the checkpointed run dir (not timed)")
         runs = create_mlflow_runs(scratch, args.reps)
-        task = Task(scratch, runs)
+        task = Task(scratch, runs, args.nproc)
         arm_torch_import()  # warm-up: page cache, byte-compiled files (not counted)
         rows: dict[str, list[dict]] = {"torch_import": [], "torch_dynamo_import": [], "bare_torchrun": [], "task_restart": []}
         for i in range(args.reps):
-            arms = [("torch_import", arm_torch_import), ("bare_torchrun", lambda: arm_bare(scratch, i)),
+            arms = [("torch_import", arm_torch_import), ("bare_torchrun", lambda: arm_bare(scratch, i, args.nproc)),
                     ("torch_dynamo_import", lambda: arm_torch_import("import torch, torch._dynamo")),
                     ("task_restart", lambda: task.restart(i))]  # fmt: skip
             arms = arms[i % 4 :] + arms[: i % 4]
@@ -255,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             "task_over_bare_torchrun_to_first_step": round(statistics.median(bare_ratio), 3),
             "floor_over_torch_import": round(statistics.median(floor), 3),
             "task_above_floor_seconds": summary(above, 3),
-            "config": {"world_size": 2, "max_steps": STEPS, "checkpoint_every_steps": EVERY, "resumed_from_step":
+            "config": {"world_size": args.nproc, "max_steps": STEPS, "checkpoint_every_steps": EVERY, "resumed_from_step":
                        rows["task_restart"][0]["resumed_from_step"], "reps": args.reps, "mlflow": "sqlite, relayed by the task process (ranks import no MLflow)"},
             "goals": {"launch_to_first_step_over_torch_import": "<= 2 (floor: floor_over_torch_import)"},
             "benchmark_seconds": round(time.monotonic() - started, 1),
