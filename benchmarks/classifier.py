@@ -5,7 +5,7 @@
     python benchmarks/classifier.py --calibrate     # precedent knobs sweep (threshold, k, infra margin): dev and train
     python benchmarks/classifier.py --leave-project-out  # ... and train scored with no precedent from the case's own project
     python benchmarks/classifier.py --test          # ... and the frozen test split (run once, at the end)
-    python benchmarks/classifier.py --holdout2      # ... and the later hold-out (frozen 2026-12-01, scored once)
+    python benchmarks/classifier.py --holdout holdout3  # ... and a later hold-out (split.json: holdout2, holdout3)
     python benchmarks/classifier.py --rule-table    # print docs/failures.md's rule table (markdown) and exit
 
 Per split: accuracy, per-class precision/recall, the confusion matrix (true label x verdict),
@@ -19,8 +19,8 @@ How each split is scored, so that no case helps judge itself:
 * dev: the rules, then a train-only precedent base (dev projects are unseen, as test ones are);
 * test: the rules, then the shipped base (train + dev); the test split's files must hash to
   split.json's `test_sha256`, or the script refuses to run. Test misses are never printed.
-* holdout2: as test, with its own hash (`holdout2_sha256`). Projects harvested after test had been
-  scored four times, blind to the classifier; misses never printed.
+* holdout2, holdout3, ...: as test, each with its own hash (`<name>_sha256`). Projects harvested
+  after test had been scored four times, blind to the classifier; misses never printed.
 
 Goals on test: accuracy >= 0.95, unknown <= 5%, user bugs retried 0.
 Progress and tables go to stderr; the last line on stdout is one JSON object.
@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--test", action="store_true", help="also score the frozen test split (verifies its hash)")
     parser.add_argument("--calibrate", action="store_true", help="sweep the precedent threshold, k and infra margin (dev: train base; train: shipped base; cv: train+dev, leave-project-out)")
-    parser.add_argument("--holdout2", action="store_true", help="also score the later hold-out (verifies its hash)")
+    parser.add_argument("--holdout", action="append", default=[], metavar="NAME",
+                        help="also score this later hold-out of split.json (verifies its hash; repeatable)")
     parser.add_argument("--show-errors", action="store_true", help="list the misses of train and dev (never test)")
     parser.add_argument("--leave-project-out", action="store_true",
                         help="also score train with no case of its own project as a precedent (as test projects are)")
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         train = load_split_cases(split, "train", args.corpus)
         dev = load_split_cases(split, "dev", args.corpus)
         test = load_split_cases(split, "test", args.corpus) if args.test else None  # verifies test_sha256 first
-        holdout2 = load_split_cases(split, "holdout2", args.corpus) if args.holdout2 else None
+        holdouts = {name: load_split_cases(split, name, args.corpus) for name in args.holdout if name != "test"}
     except CorpusError as exc:
         print(f"benchmarks/classifier.py: {exc}", file=sys.stderr)
         return 2
@@ -227,15 +228,15 @@ def main(argv: list[str] | None = None) -> int:
         plan.insert(1, ("train_leave_project_out", train, shipped, True))
     if test is not None:
         plan.append(("test", test, shipped, False))
-    if holdout2 is not None:
-        plan.append(("holdout2", holdout2, shipped, False))
+    for name, cases in holdouts.items():
+        plan.append((name, cases, shipped, False))
     for name, cases, base, lpo in plan:
         result, misses = score(cases, base, precedent_mod.THRESHOLD, leave_project_out=lpo)
         out["splits"][name] = result
         print_table(name, result)
         if args.show_errors and name in ("train", "dev"):
             print_misses(name, misses)
-    for name in ("test", "holdout2"):
+    for name in ("test", *holdouts):
         if name in out["splits"]:
             t = out["splits"][name]
             out[f"goals_met_on_{name}"] = {

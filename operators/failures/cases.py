@@ -7,17 +7,19 @@ One JSONL file per source project, `<owner>__<repo>.jsonl`, one case per line:
 concatenated in sorted file-name order. Test cases are loaded only through `load_split_cases
 (..., "test")`, which refuses to run if that hash changed; the precedent base never holds them.
 
-A later hold-out (`holdout2`, optional): projects harvested after the test split had been scored
-several times, blind to the classifier, frozen the same way (`holdout2_sha256`) before it was
-scored once. It is a split like test: never a precedent, never read while writing rules.
+Later hold-outs (`holdout2`, `holdout3`, ...; optional): projects harvested after the test split
+had been scored several times, blind to the classifier, each frozen the same way
+(`<name>_sha256`) before it was scored. Each is a split like test: never a precedent, never read
+while writing rules.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ CORPUS_DIR = Path(__file__).with_name("corpus")
 SPLIT_FILE = "split.json"
 LABELS = ("infra", "user")
 SPLITS = ("train", "dev", "test")
-FROZEN = ("test", "holdout2")  # hashed in split.json; loaded only after the hash is checked
+HOLDOUT = re.compile(r"^holdout[0-9]+$")  # later hold-outs; like test, hashed in split.json and checked on load
 _FIELDS = {"id": str, "project": str, "url": str, "label": str, "hard": bool, "why": str, "evidence": dict}
 
 
@@ -54,20 +56,28 @@ class Split:
     dev: tuple[str, ...]
     test: tuple[str, ...]
     test_sha256: str
-    holdout2: tuple[str, ...] = ()
-    holdout2_sha256: str | None = None
+    holdouts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> projects
+    holdout_sha256: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def names(self) -> tuple[str, ...]:
-        return SPLITS + (("holdout2",) if self.holdout2 else ())
+        return SPLITS + tuple(sorted(self.holdouts, key=lambda n: int(n.removeprefix("holdout"))))
+
+    @property
+    def frozen(self) -> tuple[str, ...]:
+        """The splits loaded only after their hash is checked: test and the later hold-outs."""
+        return ("test", *self.names[len(SPLITS):])
+
+    def projects(self, name: str) -> tuple[str, ...]:
+        return self.holdouts[name] if name in self.holdouts else getattr(self, name)
 
     def frozen_sha256(self, name: str) -> str:
-        return self.test_sha256 if name == "test" else str(self.holdout2_sha256)
+        return self.test_sha256 if name == "test" else self.holdout_sha256[name]
 
     def files(self, name: str, corpus_dir: Path = CORPUS_DIR) -> list[Path]:
         if name not in self.names:
             raise CorpusError(f"split={name!r}: accepted values are {', '.join(self.names)}")
-        return sorted((corpus_dir / project_file(p) for p in getattr(self, name)), key=lambda p: p.name)
+        return sorted((corpus_dir / project_file(p) for p in self.projects(name)), key=lambda p: p.name)
 
 
 def project_file(project: str) -> str:
@@ -132,20 +142,19 @@ def load_split(corpus_dir: Path = CORPUS_DIR) -> Split:
         value = raw.get(name)
         if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
             raise CorpusError(f"{path}: field {name!r} must be a list of project names")
-    names = SPLITS + (("holdout2",) if "holdout2" in raw else ())
-    if "holdout2" in raw:
-        value = raw["holdout2"]
+    holdouts = sorted(key for key in raw if HOLDOUT.match(key))
+    for name in holdouts:
+        value = raw[name]
         if not isinstance(value, list) or not value or not all(isinstance(p, str) for p in value):
-            raise CorpusError(f"{path}: field 'holdout2' must be a non-empty list of project names")
-    for name in FROZEN:
-        if name in names and (not isinstance(raw.get(f"{name}_sha256"), str) or len(raw[f"{name}_sha256"]) != 64):
+            raise CorpusError(f"{path}: field {name!r} must be a non-empty list of project names")
+    for name in ("test", *holdouts):
+        if not isinstance(raw.get(f"{name}_sha256"), str) or len(raw[f"{name}_sha256"]) != 64:
             raise CorpusError(f"{path}: field '{name}_sha256' must be a sha256 hex digest")
-    files = [project_file(p) for name in names for p in raw[name]]
+    files = [project_file(p) for name in (*SPLITS, *holdouts) for p in raw[name]]
     if len(files) != len(set(files)):
         raise CorpusError(f"{path}: a project is in more than one split")
-    holdout = tuple(raw.get("holdout2", ()))
     return Split(tuple(raw["train"]), tuple(raw["dev"]), tuple(raw["test"]), raw["test_sha256"].lower(),
-                 holdout, raw["holdout2_sha256"].lower() if holdout else None)
+                 {name: tuple(raw[name]) for name in holdouts}, {name: raw[f"{name}_sha256"].lower() for name in holdouts})
 
 
 def split_sha256(split: Split, name: str, corpus_dir: Path = CORPUS_DIR) -> str:
@@ -165,8 +174,8 @@ test_sha256.__test__ = False  # not a pytest test, despite its name
 
 
 def load_split_cases(split: Split, name: str, corpus_dir: Path = CORPUS_DIR) -> list[Case]:
-    """The cases of one split; for a frozen one (`test`, `holdout2`), only after checking its hash."""
-    if name in FROZEN:
+    """The cases of one split; for a frozen one (test, a hold-out), only after checking its hash."""
+    if name in split.frozen:
         actual, frozen = split_sha256(split, name, corpus_dir), split.frozen_sha256(name)
         if actual != frozen:
             raise CorpusError(

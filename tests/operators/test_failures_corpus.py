@@ -242,13 +242,28 @@ def test_split_rejects_a_malformed_holdout2(synthetic, mutate, message):
 
 
 def test_a_split_without_holdout2_refuses_to_load_it(synthetic):
-    with pytest.raises(CorpusError, match="accepted values are train, dev, test"):
+    with pytest.raises(CorpusError, match="accepted values are train, dev, test$"):
         load_split_cases(load_split(synthetic), "holdout2", synthetic)
+
+
+def test_holdouts_are_frozen_in_number_order_and_each_checked_by_its_own_hash(synthetic):
+    with_holdout(synthetic)
+    later = write(synthetic, "acme/later", [case(1, "user", "zorp config wibble", "acme/later")])
+    raw = json.loads((synthetic / "split.json").read_text())
+    raw |= {"holdout10": ["acme/later"], "holdout10_sha256": hashlib.sha256(later.read_bytes()).hexdigest()}
+    (synthetic / "split.json").write_text(json.dumps(raw))
+    split = load_split(synthetic)
+    assert split.names == ("train", "dev", "test", "holdout2", "holdout10")
+    assert split.frozen == ("test", "holdout2", "holdout10")
+    later.write_text("")
+    with pytest.raises(CorpusError, match="the holdout10 split changed"):
+        load_split_cases(split, "holdout10", synthetic)
+    assert load_split_cases(split, "holdout2", synthetic)
 
 
 def test_benchmark_scores_holdout2_with_the_shipped_base_and_refuses_a_changed_one(synthetic):
     held = with_holdout(synthetic)
-    proc = run_benchmark("--corpus", str(synthetic), "--holdout2", "--show-errors")
+    proc = run_benchmark("--corpus", str(synthetic), "--holdout", "holdout2", "--show-errors")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(result["splits"]) == {"train", "dev", "holdout2"}
@@ -256,5 +271,5 @@ def test_benchmark_scores_holdout2_with_the_shipped_base_and_refuses_a_changed_o
     assert result["holdout2_sha256"] == hashlib.sha256(held.read_bytes()).hexdigest()
     assert "[holdout2]" not in proc.stderr  # its misses are never printed
     held.write_text(held.read_text().replace("lease", "lease!"))
-    proc = run_benchmark("--corpus", str(synthetic), "--holdout2")
+    proc = run_benchmark("--corpus", str(synthetic), "--holdout", "holdout2")
     assert proc.returncode == 2 and "the holdout2 split changed" in proc.stderr and proc.stdout == ""
