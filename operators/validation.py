@@ -309,8 +309,9 @@ def run_expectations(
     """Validate each split's DataFrame against `suite_factory(split)` with an ephemeral GX context.
 
     Uses a pandas data source with one DataFrame asset and a whole-dataframe batch definition
-    per split. With `docs_dir`, GX Data Docs (a SiteBuilder site on the local filesystem) are
-    built there, failures included; `report.data_docs` is its index.html.
+    per split. With `docs_dir`, GX Data Docs (a SiteBuilder site on the local filesystem, GX's
+    views sharing one template cache: operators/data_docs.py) are built there, failures
+    included; `report.data_docs` is its index.html.
     """
     _quiet_gx_logs()
     import great_expectations as gx
@@ -323,14 +324,11 @@ def run_expectations(
 
     sites = {}
     if docs_dir is not None:
+        from operators.data_docs import site_config
+
         docs_dir = Path(docs_dir)
         docs_dir.mkdir(parents=True, exist_ok=True)
-        sites["gangflow"] = {
-            "class_name": "SiteBuilder",
-            "show_how_to_buttons": False,
-            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
-            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
-        }
+        sites["gangflow"] = site_config(str(docs_dir))
     context = gx.get_context(
         mode="ephemeral",
         project_config=DataContextConfig(
