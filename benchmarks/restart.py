@@ -48,7 +48,7 @@ of selected trainer functions:
 agent interpreter + torch import, two ranks importing torch and torch._dynamo on two cores, a gloo
 rendezvous: no trainer code), and `task_above_floor_seconds` = what the trainer adds to it.
 
-    python benchmarks/restart.py [--reps 3]      # about 2-4 minutes on 2 shared cores
+    python benchmarks/restart.py [--reps 3] [--nproc 2]      # about 2-4 minutes on 2 shared cores
 """
 
 from __future__ import annotations
