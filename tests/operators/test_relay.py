@@ -243,6 +243,13 @@ def _dump():
         with open(path, "w") as fh:
             json.dump({"heavy": heavy}, fh)
 atexit.register(_dump)
+# Ranks forked by trainer.launch end through multiprocessing (its finalizers), not atexit; a
+# multiprocessing child clears the finalizers it inherited, then runs these after-fork hooks.
+import multiprocessing.util
+class _Hook:
+    pass
+_HOOK = _Hook()
+multiprocessing.util.register_after_fork(_HOOK, lambda _: multiprocessing.util.Finalize(None, _dump, exitpriority=100))
 """
 
 
@@ -252,7 +259,8 @@ def test_task_relays_a_real_gang_and_ranks_import_no_mlflow(client, home, tmp_pa
     (`kill@step=40,rank=1`, synchronised) after a checkpoint: its metrics reach the run, no final
     weights do; try 2 resumes, logs into the same run, and its final weights are the run's
     artifacts. Neither rank ever imports mlflow, nor pandas and the like (a sitecustomize probe
-    records sys.modules at exit)."""
+    records sys.modules at exit; a rank forked by trainer.launch holds what the launcher imported
+    too)."""
     from operators.exceptions import InfraFailure
     from operators.training import GangTrainingOperator
 

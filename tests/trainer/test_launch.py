@@ -1,0 +1,82 @@
+"""trainer.launch: torchrun's agent with the ranks forked from a warm interpreter.
+
+It must be a drop-in for `torchrun ... -m trainer`: the same results bit for bit, the same exit
+status and failure summary (the local backend reads it as classifier evidence), and a clear
+refusal of what it does not run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from operators.backends.local import LocalBackend, parse_torchrun_failures
+from operators.failures import classify
+
+LAUNCH = [sys.executable, "-m", "trainer.launch"]
+
+
+def forked(h, run_dir, **env) -> subprocess.CompletedProcess:
+    argv = [*LAUNCH, *h.command(run_dir)[1:]]  # torchrun's options and `-m trainer ...`, unchanged
+    return subprocess.run(argv, cwd=h.ROOT, env=h.trainer_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_forked_ranks_train_bit_for_bit_as_torchrun_does(h, tmp_path):
+    h.check_ok(h.run(tmp_path / "torchrun"))
+    out = h.check_ok(forked(h, tmp_path / "forked"))
+    assert "done: 60 steps on 2 rank(s)" in out
+    ours, theirs = (tmp_path / "forked" / "final"), (tmp_path / "torchrun" / "final")
+    assert (ours / "model.safetensors").read_bytes() == (theirs / "model.safetensors").read_bytes()
+    first = next(e for e in h.metrics(tmp_path / "forked") if e.get("event") == "first_step")
+    assert first["since"] == "torchrun launch" and 0 < first["startup_s"] < 120  # counted from the launcher's start
+
+
+@pytest.mark.slow
+def test_a_killed_rank_fails_the_launch_with_torchruns_summary_and_infra_evidence(h, tmp_path):
+    proc = forked(h, tmp_path / "run", GANGFLOW_FAULT="kill@step=30,rank=1")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert h.root_cause_exitcode(proc.stdout) == -9
+    root = parse_torchrun_failures(proc.stdout)[0]
+    assert (root["rank"], root["exit_code"], root["signal"]) == (1, -9, "SIGKILL")
+    verdict = classify({**root, "ranks": [root]})
+    assert verdict.kind == "infra", verdict.reason
+
+
+@pytest.mark.slow
+def test_a_user_error_keeps_the_ranks_exit_code(h, tmp_path):
+    proc = forked(h, tmp_path / "run", GANGFLOW_FAULT="raise@step=5,rank=0")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert h.root_cause_exitcode(proc.stdout) == 1  # the trainer's user-error code, as under torchrun
+    assert "ValueError" in proc.stdout or "RuntimeError" in proc.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--standalone", "--nproc-per-node", "1", "-m", "other"], "runs `-m trainer` only, got '-m other'"),
+    (["--standalone", "--nproc-per-node", "1", "train.py"], "runs `-m trainer` only, got 'train.py'"),
+    (["--standalone", "--start-method", "spawn", "--nproc-per-node", "1", "-m", "trainer"], "--start-method"),
+])  # fmt: skip
+def test_refuses_what_it_does_not_run(argv, message):
+    proc = subprocess.run([*LAUNCH, *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+
+
+def test_the_local_backend_launches_through_it_unless_told_otherwise(tmp_path):
+    from operators.backends.base import GangSpec
+
+    spec = GangSpec(name="g", run_dir=str(tmp_path), world_size=2, config_path="params.yaml")
+    assert LocalBackend().command(spec, tmp_path)[1:3] == ["-m", "trainer.launch"]
+    assert LocalBackend(launcher="torchrun").command(spec, tmp_path)[1:3] == ["-m", "torch.distributed.run"]
+    with pytest.raises(ValueError, match="launcher='mpirun': accepted values are fork, torchrun"):
+        LocalBackend(launcher="mpirun")
+
+
+def test_importing_the_launcher_leaves_it_safe_to_fork():
+    # What must hold when the ranks are forked: no CUDA context and no thread besides the main one.
+    code = ("import threading, torch, trainer.launch; "
+            "print(torch.cuda.is_initialized(), threading.active_count(), 'torch._dynamo' in __import__('sys').modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    assert out == ["False", "1", "True"]

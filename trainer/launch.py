@@ -1,0 +1,90 @@
+"""`python -m trainer.launch [torchrun options] -m trainer [trainer arguments]`: torchrun, with the
+ranks forked from an interpreter that has already imported what they need.
+
+torchrun starts each rank as a fresh `python -m trainer`, so every rank imports torch, then
+torch._dynamo (every `torch.optim` optimizer imports it on its first call), pyarrow and the
+trainer, after torchrun's own agent has imported torch: on a restart that is most of the time
+to the first step (benchmarks/README.md, "Where a restart's time goes"). Here the agent is
+torchrun's own (the same options, rendezvous, `--tee`/`--log-dir` output, error files, failure
+summary and exit status, SIGTERM forwarded to the ranks), but it imports those modules once and
+starts the ranks with TorchElastic's `fork` start method, calling `trainer.__main__.main`.
+
+What must hold for a fork to be safe: this process never touches CUDA (it imports torch; the
+ranks pick and initialise their device after the fork) and starts no thread of its own before
+the ranks exist. Only `-m trainer` is accepted: any other entry point runs under torchrun.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+import uuid
+
+# Imported here, before the fork, so that the ranks inherit them instead of importing them each.
+import torch  # noqa: F401
+import torch._dynamo  # noqa: F401  (what every torch.optim optimizer imports on its first call)
+from torch.distributed import run as torchrun
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.launcher.api import elastic_launch
+
+import trainer.data  # noqa: F401  (pyarrow, numpy)
+import trainer.loop  # noqa: F401  (the rest of the trainer)
+from trainer import EXIT_CONFIG_ERROR, EXIT_OK, EXIT_USER_ERROR
+from trainer.__main__ import main as trainer_main
+
+ENTRY_MODULE = "trainer"
+
+
+class LaunchError(ValueError):
+    """The command line asks for something this launcher does not run."""
+
+
+def rank_main(*argv: str) -> None:
+    """One rank, in a forked child: `python -m trainer`'s main, with its exit status."""
+    try:
+        code = trainer_main(list(argv))
+    except SystemExit as exc:  # argparse errors (2)
+        code = exc.code if isinstance(exc.code, int) else EXIT_CONFIG_ERROR
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:  # noqa: BLE001 - already in the error files; print it as Python would
+        traceback.print_exc()
+        code = EXIT_USER_ERROR
+    if code:  # the status is the rank's exit code, as under torchrun (the classifier reads it)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def parse(argv: list[str]):
+    """torchrun's own options; (LaunchConfig, trainer arguments). LaunchError when the entry
+    point is not `-m trainer` or the options ask for a start method other than fork."""
+    args = torchrun.parse_args(argv)
+    if not args.module or args.training_script != ENTRY_MODULE or args.no_python or args.run_path:
+        given = " ".join(filter(None, ["-m" if args.module else "", args.training_script]))
+        raise LaunchError(f"trainer.launch runs `-m {ENTRY_MODULE}` only, got {given!r}: use torchrun for other entry points")
+    if "--start-method" in argv or "--start_method" in argv:
+        raise LaunchError("--start-method: trainer.launch always forks the ranks; use torchrun to choose another")
+    args.start_method = "fork"
+    if args.standalone:  # as torchrun's run(): a local c10d store on a free port
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    config, _cmd, _cmd_args = torchrun.config_from_args(args)
+    return config, list(args.training_script_args)
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config, trainer_args = parse(sys.argv[1:] if argv is None else argv)
+    except LaunchError as exc:
+        print(f"gangflow: config error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG_ERROR
+    # A rank that fails raises ChildFailedError here: @record prints torchrun's failure summary
+    # (rank, exit code, error file) and the exit status is 1, as torchrun's.
+    elastic_launch(config=config, entrypoint=rank_main)(*trainer_args)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
