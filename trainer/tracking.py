@@ -308,22 +308,24 @@ def _process_start(pid: int | str = "self") -> float | None:
     try:
         with open(f"/proc/{pid}/stat") as fh:
             ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as fh:
-            btime = next(int(line.split()[1]) for line in fh if line.startswith("btime"))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, StopIteration):
+        # The boot time from the clocks: /proc/stat's `btime` is whole seconds, which put a start
+        # up to a second early (0.38 s here) and inflated attempt_startup_s by as much.
+        boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
         return None
 
 
 def launch_time() -> tuple[float | None, str]:
-    """When this attempt was launched: the torchrun agent's start when it is our parent (the gang
-    launch), else this process's start. Returns (epoch seconds or None, what it is)."""
+    """When this attempt was launched: the launcher's start when it is our parent (torchrun's
+    agent, or trainer.launch, which forks the ranks), else this process's start. Returns (epoch
+    seconds or None, what it is)."""
     try:
         with open(f"/proc/{os.getppid()}/cmdline", "rb") as fh:
             parent = fh.read().replace(b"\0", b" ")
     except OSError:
         parent = b""
-    if b"torch.distributed.run" in parent or b"torchrun" in parent:
+    if b"torch.distributed.run" in parent or b"torchrun" in parent or b"trainer.launch" in parent:
         return _process_start(os.getppid()), "torchrun launch"
     return _process_start(), "process start"
 

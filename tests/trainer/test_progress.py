@@ -94,3 +94,18 @@ def test_progress_reaches_the_task_log_and_mlflow(h, digits, tmp_path):
     assert {m.step for m in history} == {3} and 0 < history[0].value < 600
     assert metrics["attempt_checkpoint_bytes"] > 0 and metrics["progress_samples_per_sec"] > 0
     assert len(client.get_metric_history(run_id, "progress_samples_per_sec")) >= 2
+
+
+def test_a_process_start_is_read_to_the_clock_not_to_the_whole_second():
+    # /proc/stat's btime is whole seconds: a start built on it came out up to a second early,
+    # and attempt_startup_s and attempt_queue_wait_s were off by as much.
+    import subprocess
+    import sys
+    import time
+
+    code = "import time; from trainer.tracking import _process_start; print(_process_start(), time.time())"
+    for _ in range(3):
+        before = time.time()
+        started, at_import = map(float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                                       check=True).stdout.split())
+        assert before - 0.02 <= started <= at_import  # /proc ticks are 10 ms
