@@ -188,7 +188,8 @@ def probe_marks(folder: Path) -> list[dict[str, float]]:
                 continue
             marks.setdefault(row["mark"], row["t"])
             marks.setdefault("argv0", row.get("argv0", ""))
-            marks.setdefault("rank", row.get("rank"))
+            if marks.get("rank") is None:  # a forked rank gets RANK after its first marks
+                marks["rank"] = row.get("rank")
         out.append(marks)
     return out
 

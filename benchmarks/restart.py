@@ -11,7 +11,8 @@ Three arms per repetition, interleaved (rotating which goes first), each a fresh
 * `torch_dynamo_import`: a cold `python -c "import torch, torch._dynamo"`: what every rank that
   builds a `torch.optim` optimizer imports (the optimizer constructor imports torch._dynamo).
 * `task_restart`: the training task's launch path on a retry, in a fresh process as the Airflow
-  task's is: `LocalBackend.run` (torchrun `--max-restarts 0`) on a run dir holding a committed
+  task's is: `LocalBackend.run` (its default launcher, `trainer.launch`: torchrun's agent with the
+  ranks forked from it; `--max-restarts 0`) on a run dir holding a committed
   checkpoint (made once, by an attempt killed with `kill@step=60` at `checkpoint.every_steps=50`;
   each repetition resumes a fresh copy), with MLflow on as under the task: the task's relay
   (`operators.relay`) opens the MLflow run (SQLite, pre-created run) in a thread while torchrun
@@ -26,8 +27,10 @@ is put on the ranks' PYTHONPATH and records, without changing trainer/, the proc
 (/proc), when the interpreter is up, when selected modules finish importing, and the first call
 of selected trainer functions:
 
-* `torchrun_agent_s`: launch -> rank 0's process exists (torchrun's own interpreter and torch
-  import, its rendezvous store, spawning the ranks);
+* `torchrun_agent_s`: launch -> rank 0's process exists (under `trainer.launch`: the launcher's
+  interpreter and its imports of torch, torch._dynamo, pyarrow and the trainer, its store, the
+  fork; the forked rank's `interpreter_s`, `imports_s` and import spans are then ~0. Under
+  torchrun: its own interpreter and torch import, its rendezvous store, spawning the ranks);
 * `interpreter_s`: rank process start -> `sitecustomize` runs (interpreter start-up);
 * `imports_s`: -> `trainer.cli.parse_args` is called (`python -m trainer` imports: torch, of
   which `torch_import_s`);
@@ -43,7 +46,8 @@ of selected trainer functions:
 * `other_s`: the rest up to the end of the first step (model, DDP wrapper, loader, first step).
 
 `launch_to_first_step_over_torch_import` = task launch -> first step over the cold torch import
-(median of the per-repetition ratio). Goal <= 2. Its floor, measured in the same run:
+(median of the per-repetition ratio). Goal <= 2. What the same path costs with a rank per
+fresh interpreter, measured in the same run:
 `floor_over_torch_import` = the bare 2-rank torchrun to its first step over the same import (an
 agent interpreter + torch import, two ranks importing torch and torch._dynamo on two cores, a gloo
 rendezvous: no trainer code), and `task_above_floor_seconds` = what the trainer adds to it.

@@ -6,7 +6,8 @@ sets GANGFLOW_BENCH_PROBE to a folder; every Python process started under it (to
 each rank) then appends JSON lines `{"pid", "rank", "argv0", "mark", "t"}` (t: epoch seconds) to
 `<folder>/<pid>.jsonl`:
 
-* `process_start`: the kernel's start time of this process (/proc, 10 ms resolution);
+* `process_start`: the kernel's start time of this process (/proc, 10 ms resolution); for a
+  process forked from a probed one (trainer.launch's ranks), the fork, as is `site`;
 * `site`: the interpreter is up (this file runs);
 * `import:<module>:begin|end`: executing the modules in IMPORTS (nested imports included);
 * `call:<name>:begin|end`: the trainer functions in WRAP (the first call of each only);
@@ -58,8 +59,10 @@ def _process_start() -> float | None:
     try:
         with open("/proc/self/stat") as fh:
             ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-        # The boot time from the clocks, not /proc/stat's `btime`: that is whole seconds, which put
-        # process_start up to a second early (measured: 0.38-0.41 s) and inflated `interpreter_s`.
+        # As trainer.tracking._process_start (the probe imports nothing of the project: it must not
+        # change the imports it measures). The boot time from the clocks, not /proc/stat's `btime`:
+        # that is whole seconds, which put process_start up to a second early (measured: 0.38-0.41
+        # s) and inflated `interpreter_s`.
         boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError):
@@ -133,3 +136,6 @@ if _DIR:
     import atexit
 
     atexit.register(_emit, "atexit")
+    # A rank forked by trainer.launch runs no start-up of its own: it exists, with its modules
+    # imported, from the fork (its marks go to its own <pid>.jsonl).
+    os.register_at_fork(after_in_child=lambda: (_emit("process_start"), _emit("site")))
