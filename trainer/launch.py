@@ -64,11 +64,17 @@ def parse(argv: list[str]):
     if not args.module or args.training_script != ENTRY_MODULE or args.no_python or args.run_path:
         given = " ".join(filter(None, ["-m" if args.module else "", args.training_script]))
         raise LaunchError(f"trainer.launch runs `-m {ENTRY_MODULE}` only, got {given!r}: use torchrun for other entry points")
-    if "--start-method" in argv or "--start_method" in argv:
+    if any(item.split("=")[0] in ("--start-method", "--start_method") for item in argv):
         raise LaunchError("--start-method: trainer.launch always forks the ranks; use torchrun to choose another")
     args.start_method = "fork"
-    if args.standalone:  # as torchrun's run(): a local c10d store on a free port
+    # The rendezvous defaults of torchrun's run(): a local c10d store on a free port for one node.
+    if args.standalone:
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None:
+        if torchrun.parse_min_max_nnodes(args.nnodes)[1] == 1:
+            args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
     config, _cmd, _cmd_args = torchrun.config_from_args(args)
     return config, list(args.training_script_args)
 

@@ -58,6 +58,7 @@ def test_a_user_error_keeps_the_ranks_exit_code(h, tmp_path):
     (["--standalone", "--nproc-per-node", "1", "-m", "other"], "runs `-m trainer` only, got '-m other'"),
     (["--standalone", "--nproc-per-node", "1", "train.py"], "runs `-m trainer` only, got 'train.py'"),
     (["--standalone", "--start-method", "spawn", "--nproc-per-node", "1", "-m", "trainer"], "--start-method"),
+    (["--standalone", "--start_method=forkserver", "--nproc-per-node", "1", "-m", "trainer"], "--start-method"),
 ])  # fmt: skip
 def test_refuses_what_it_does_not_run(argv, message):
     proc = subprocess.run([*LAUNCH, *argv], capture_output=True, text=True, timeout=120)
