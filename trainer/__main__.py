@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     return run(cfg, fault, launch, args.run_dir, preemption, data)
 
 
-def _exit(code: int) -> None:
+def exit_process(code: int) -> None:
     """Exit with `code`; non-zero codes skip interpreter teardown, during which a SIGTERM from
     torchrun (tearing down the rest of the gang) would turn the code into -15."""
     if code == EXIT_OK:
@@ -89,18 +89,23 @@ def _import_dynamo() -> None:
         pass
 
 
+def exit_code(argv: list[str] | None = None) -> int:
+    """`main`, with whatever escapes it turned into the rank's exit code (as `python -m trainer`
+    and trainer.launch's forked ranks end)."""
+    try:
+        return main(argv) or EXIT_OK
+    except SystemExit as exc:  # argparse errors (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_CONFIG_ERROR
+    except KeyboardInterrupt:
+        return 130
+    except BaseException:  # noqa: BLE001 - already recorded (error files); print it as Python would
+        traceback.print_exc()
+        return EXIT_USER_ERROR
+
+
 if __name__ == "__main__":
     # torch.optim imports torch._dynamo when the first optimizer is built (seconds); importing it
-    # beside rendezvous, the data md5 and the checkpoint load takes it off rank 0's path to its
-    # first step (measured: 0.4-0.7 s of a 2-rank restart here, benchmarks/README.md).
+    # beside the data md5 and the checkpoint load takes it off rank 0's path to its first step
+    # (measured: 0.4-0.7 s of a 2-rank restart here, benchmarks/README.md).
     threading.Thread(target=_import_dynamo, name="gangflow-dynamo-import", daemon=True).start()
-    try:
-        _code = main()
-    except SystemExit as exc:  # argparse errors (2)
-        _code = exc.code if isinstance(exc.code, int) else EXIT_CONFIG_ERROR
-    except KeyboardInterrupt:
-        _code = 130
-    except BaseException:  # already recorded (error files); print it as Python would
-        traceback.print_exc()
-        _code = EXIT_USER_ERROR
-    _exit(_code or EXIT_OK)
+    exit_process(exit_code())

@@ -16,9 +16,7 @@ the ranks exist. Only `-m trainer` is accepted: any other entry point runs under
 
 from __future__ import annotations
 
-import os
 import sys
-import traceback
 import uuid
 
 # Imported here, before the fork, so that the ranks inherit them instead of importing them each.
@@ -30,8 +28,8 @@ from torch.distributed.launcher.api import elastic_launch
 
 import trainer.data  # noqa: F401  (pyarrow, numpy)
 import trainer.loop  # noqa: F401  (the rest of the trainer)
-from trainer import EXIT_CONFIG_ERROR, EXIT_OK, EXIT_USER_ERROR
-from trainer.__main__ import main as trainer_main
+from trainer import EXIT_CONFIG_ERROR, EXIT_OK
+from trainer.__main__ import exit_code, exit_process
 
 ENTRY_MODULE = "trainer"
 
@@ -41,20 +39,12 @@ class LaunchError(ValueError):
 
 
 def rank_main(*argv: str) -> None:
-    """One rank, in a forked child: `python -m trainer`'s main, with its exit status."""
-    try:
-        code = trainer_main(list(argv))
-    except SystemExit as exc:  # argparse errors (2)
-        code = exc.code if isinstance(exc.code, int) else EXIT_CONFIG_ERROR
-    except KeyboardInterrupt:
-        code = 130
-    except BaseException:  # noqa: BLE001 - already in the error files; print it as Python would
-        traceback.print_exc()
-        code = EXIT_USER_ERROR
-    if code:  # the status is the rank's exit code, as under torchrun (the classifier reads it)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    """One rank, in a forked child: `python -m trainer`'s main and exit code. A failed rank exits
+    with its code, as under torchrun (the classifier reads it); a rank that succeeded returns,
+    and TorchElastic ends the process."""
+    code = exit_code(list(argv))
+    if code != EXIT_OK:
+        exit_process(code)
 
 
 def parse(argv: list[str]):
