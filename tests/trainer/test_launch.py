@@ -39,10 +39,12 @@ def test_forked_ranks_train_bit_for_bit_as_torchrun_does(h, tmp_path):
 def test_a_killed_rank_fails_the_launch_with_torchruns_summary_and_infra_evidence(h, tmp_path):
     proc = forked(h, tmp_path / "run", GANGFLOW_FAULT="kill@step=30,rank=1")
     assert proc.returncode == 1, proc.stdout[-3000:]
-    assert h.root_cause_exitcode(proc.stdout) == -9
-    root = parse_torchrun_failures(proc.stdout)[0]
-    assert (root["rank"], root["exit_code"], root["signal"]) == (1, -9, "SIGKILL")
-    verdict = classify({**root, "ranks": [root]})
+    # Which rank the agent sees fail first is a race, as under torchrun: the killed rank 1 (-9),
+    # or rank 0, whose collective lost its peer (1, a gloo connection error in its error file).
+    failures = parse_torchrun_failures(proc.stdout)
+    assert failures and {(f["rank"], f["exit_code"]) for f in failures} <= {(1, -9), (0, 1)}, failures
+    assert h.root_cause_exitcode(proc.stdout) in (-9, 1)
+    verdict = classify(LocalBackend._evidence(1, proc.stdout, {}))  # the evidence the backend builds
     assert verdict.kind == "infra", verdict.reason
 
 
