@@ -58,11 +58,10 @@ def parse(argv: list[str]):
         raise LaunchError("--start-method: trainer.launch always forks the ranks; use torchrun to choose another")
     args.start_method = "fork"
     # The rendezvous defaults of torchrun's run(): a local c10d store on a free port for one node.
-    if args.standalone:
+    one_node_default = (args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None
+                        and torchrun.parse_min_max_nnodes(args.nnodes)[1] == 1)
+    if args.standalone or one_node_default:
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
-    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None:
-        if torchrun.parse_min_max_nnodes(args.nnodes)[1] == 1:
-            args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     if args.master_port is None:
         args.master_port = 29500
     config, _cmd, _cmd_args = torchrun.config_from_args(args)
