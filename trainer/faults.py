@@ -47,6 +47,7 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 import sys
 from pathlib import Path
@@ -201,6 +202,12 @@ class FaultInjector:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    @property
+    def save_hook(self) -> Callable[[int], None] | None:
+        """`at_save` when a kill@save fault is armed, else None: the checkpointer's writer then
+        commits without stopping between the data files and the commit (no handshake to wait for)."""
+        return self.at_save if self.armed and self.fault.when == "save" else None
 
     def at_save(self, ckpt_step: int) -> None:
         """Called once per checkpoint write (Checkpointer's `at_save`): on the writer, rank 0,

@@ -146,7 +146,7 @@ class Trainer:
                                params=cfg.to_dict(), tags={"gangflow.world_size": str(d.world_size),
                                                            "gangflow.run_dir": run_dir.url})
         self.ckpt = Checkpointer(run_dir.child("checkpoints"), cfg.checkpoint, rank=d.rank, log=self.log,
-                                 on_commit=self._on_commit, at_save=self.faults.at_save)
+                                 on_commit=self._on_commit, at_save=self.faults.save_hook)
         self.config_dict = cfg.to_dict()
         self.step = self.epoch = self.batch_in_epoch = 0
         self.resumed_from: int | None = None

@@ -78,3 +78,16 @@ def test_exit_fault_persists_marker_then_exits_with_code(tmp_path):
     assert (tmp_path / "faults" / "exit=7@step=3.fired").is_file()
     again = FaultInjector(parse_fault("exit=7@step=3"), tmp_path, rank=0, world_size=1)
     assert not again.armed
+
+
+@pytest.mark.parametrize("spec, hooked", [(None, False), ("kill@step=3", False), ("kill@time=2", False),
+                                          ("raise@step=1", False), ("kill@save", True), ("kill@save=2,rank=1", True)])
+def test_the_checkpointer_is_given_a_save_hook_only_when_kill_at_save_is_armed(tmp_path, spec, hooked):
+    """Without an armed kill@save the writer commits in one go: no stop between the data files and
+    the commit for a hook to strike in (each stop costs the writer a round trip to the rank)."""
+    inj = FaultInjector(parse_fault(spec), tmp_path, rank=0, world_size=2)
+    assert (inj.save_hook == inj.at_save) if hooked else inj.save_hook is None
+    if hooked:  # fired in an earlier attempt (its marker exists): disarmed, so no hook either
+        (tmp_path / inj.marker_rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / inj.marker_rel).write_text("{}")
+        assert FaultInjector(parse_fault(spec), tmp_path, rank=0, world_size=2).save_hook is None
