@@ -10,19 +10,22 @@ Layout of `DIR/checkpoints/` (DIR: a local folder or an fsspec URL, see trainer.
                                the run's identity (training-relevant config + data md5s/version)
       manifest.json            written last: size and sha256 of every file above
     .tmp-step-300-1a2b3c4d/    local disk: being written (ignored; removed on the next start)
+    .spare-step-100-5e6f7a8b/  local disk: a pruned folder the next commit overwrites in place
+                               (ignored; deleted at close and on the next start)
     corrupt-step-250-<time>/   a committed checkpoint that failed verification (kept to inspect)
 
 Saving: on the loop thread, `save()` copies the state to CPU (cheap: it is a copy, not a
-serialization); rank 0 then commits it -- from a background thread when `checkpoint.async_save`
-(one write in flight at most: the next save waits for it) -- and prunes to `keep_last`. Local
-disk: the safetensors files are encoded without copying the tensors and handed to a writer
-process (trainer.checkpoint_commit: it keeps the hashing, writing and committing off the
-training process's GIL), which writes `.tmp-step-N-*`, fsyncs every file and the folder, renames
-it to `step-N` and fsyncs the parent. Object storage (no rename): write the files under `step-N/`, then
-the manifest LAST; a `step-N/` without a manifest is invisible to readers and removed at the
-next start. Loading: the newest `step-N` whose manifest is well-formed and whose checksums
-verify; a corrupt or malformed one is logged, moved aside, and the previous one is used.
-Nothing is unpickled: tensors are safetensors, everything else JSON.
+serialization) and rank 0 encodes the safetensors headers and state.json; rank 0 then commits
+it -- from a background thread when `checkpoint.async_save` (one write in flight at most: the
+next save waits for it) -- and prunes to `keep_last`. Local disk: the safetensors files are
+encoded without copying the tensors and handed to a writer process (trainer.checkpoint_commit:
+it keeps the hashing, writing and committing off the training process's GIL), which writes
+`.tmp-step-N-*` (into the spare folder the last prune left, when there is one), fsyncs every
+file and the folder, renames it to `step-N` and fsyncs the parent. Object storage (no rename):
+write the files under `step-N/`, then the manifest LAST; a `step-N/` without a manifest is
+invisible to readers and removed at the next start. Loading: the newest `step-N` whose manifest
+is well-formed and whose checksums verify; a corrupt or malformed one is logged, moved aside,
+and the previous one is used. Nothing is unpickled: tensors are safetensors, everything else JSON.
 """
 
 from __future__ import annotations
@@ -45,11 +48,12 @@ import torch
 
 from trainer.config import CheckpointConfig
 from trainer.errors import CheckpointError
-from trainer.checkpoint_commit import FORMAT, MANIFEST, WriterProcess, committed_steps, file_entry, manifest_bytes, prune_local
+from trainer.checkpoint_commit import (FORMAT, MANIFEST, SPARE_PREFIX, WriterProcess, committed_steps, drop_spares, file_entry,
+                                      manifest_bytes, prune_local)
 from trainer.checkpoint_commit import STEP_DIR as _STEP_DIR
 from trainer.storage import Storage
 
-__all__ = ["FORMAT", "MANIFEST", "Checkpointer", "CorruptCheckpoint", "Loaded", "Snapshot", "cpu_copy", "file_entry",
+__all__ = ["FORMAT", "MANIFEST", "Checkpointer", "CorruptCheckpoint", "Loaded", "Snapshot", "cpu_copy", "encode", "file_entry",
            "flatten_optimizer", "rng_state", "safetensors_parts", "set_rng_state", "unflatten_optimizer"]
 
 
@@ -94,13 +98,30 @@ def _unb64(text: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
 
 
+def _words_b64(words: Any) -> str:
+    """Mersenne Twister state words (32-bit) as base64 of little-endian uint32: a third of the
+    JSON a list of numbers takes, and encoded without a Python object per word."""
+    if isinstance(words, np.ndarray):
+        raw = words.astype("<u4", copy=False).tobytes()
+    else:
+        raw = struct.pack(f"<{len(words)}I", *words)
+    return base64.b64encode(raw).decode()
+
+
+def _words(value: Any) -> list[int]:
+    """The words written by `_words_b64`, or a JSON list of them (checkpoints before 2026-12-02)."""
+    if isinstance(value, str):
+        return np.frombuffer(base64.b64decode(value), dtype="<u4").tolist()
+    return [int(v) for v in value]
+
+
 def rng_state(device: torch.device | None = None) -> dict[str, Any]:
     """Python, numpy and torch (and CUDA) RNG states of this process, as JSON."""
     py = random.getstate()
     npst = np.random.get_state()
     state = {
-        "python": [py[0], list(py[1]), py[2]],
-        "numpy": [npst[0], npst[1].tolist(), int(npst[2]), int(npst[3]), float(npst[4])],
+        "python": [py[0], _words_b64(py[1]), py[2]],
+        "numpy": [npst[0], _words_b64(npst[1]), int(npst[2]), int(npst[3]), float(npst[4])],
         "torch": _b64(torch.get_rng_state()),
     }
     if device is not None and device.type == "cuda":
@@ -110,9 +131,9 @@ def rng_state(device: torch.device | None = None) -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
     version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
+    random.setstate((version, tuple(_words(internal)), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    np.random.set_state((name, np.array(_words(keys), dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(_unb64(state["torch"]))
     if device is not None and device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(_unb64(state["cuda"]), device)
@@ -205,6 +226,15 @@ class Loaded:
     state: dict[str, Any]
 
 
+def encode(snap: Snapshot) -> dict[str, list[bytes | memoryview]]:
+    """A checkpoint's files as buffers to write in order (headers and JSON; the tensors' own memory)."""
+    return {
+        "model.safetensors": safetensors_parts(snap.model),
+        "optimizer.safetensors": safetensors_parts(snap.optimizer),
+        "state.json": [json.dumps(snap.state, separators=(",", ":")).encode()],
+    }
+
+
 class Checkpointer:
     """`save(step, ...)` on every rank at the same step; `load()`; `wait()` before exiting.
 
@@ -233,12 +263,19 @@ class Checkpointer:
         self.blocked_s = 0.0  # loop time spent in save() (the stall)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="gangflow-ckpt") if cfg.async_save and rank == 0 else None
         self._pending: Future | None = None
-        self._writer: WriterProcess | None = None  # rank 0, local disk: started at the first write
+        self._writer: WriterProcess | None = None  # rank 0, local disk: by start_writer() or the first write
 
     def _location(self, name: str) -> Path | str:
         return self.store.local_path(name) if self.store.local else self.store.uri(name)
 
     # --- saving ---------------------------------------------------------------------------------
+
+    def start_writer(self) -> None:
+        """Start the writer process now (rank 0, local disk), so that the first save does not wait
+        for its start-up: it comes up beside the rank's own start (resume, first steps)."""
+        if self.rank == 0 and self.store.local and self._writer is None:
+            self._writer = WriterProcess()
+            self._writer.start()
 
     def save(self, snapshot: Snapshot, *, block: bool = False) -> None:
         """Commit `snapshot` (rank 0 writes; other ranks only record the step)."""
@@ -248,12 +285,24 @@ class Checkpointer:
             self.at_save(snapshot.step)
         if self.rank == 0:
             self.wait()  # at most one write in flight
+            # Encoded here, not by the background thread: a few hundred microseconds of headers and
+            # JSON, which that thread would take longer over, contending with the loop for the GIL.
+            files = encode(snapshot)
             if self._pool is not None and not block:
+                sent = self._send_now(snapshot, files)
                 snapshot.blocked_s += time.perf_counter() - t0
-                self._pending = self._pool.submit(self._commit, snapshot, blocking=False)
+                self._pending = self._pool.submit(self._commit, snapshot, files, blocking=False, sent=sent)
             else:
-                self._commit(snapshot, blocking=True)
+                self._commit(snapshot, files, blocking=True)
         self.blocked_s += time.perf_counter() - t0
+
+    def _send_now(self, snap: Snapshot, files: dict[str, list[bytes | memoryview]]) -> bool:
+        """A checkpoint that fits in the writer's input pipe is handed over by the loop itself (one
+        writev, tens of microseconds), so the writer starts at once instead of when the background
+        thread first gets the GIL; that thread then only waits for the reply. Not with kill@save
+        armed: its handshake runs through the thread."""
+        return (self._writer is not None and self.at_save is None
+                and self._writer.send_nowait(self.store.local_path(), snap.step, files, keep_last=self.cfg.keep_last))
 
     def wait(self) -> None:
         """Block until the write in flight (if any) is committed; re-raise its error."""
@@ -269,11 +318,13 @@ class Checkpointer:
                 self._pool.shutdown(wait=True)
             if self._writer is not None:
                 self._writer.close()
+                drop_spares(self.store.local_path())  # the writer has exited: nobody will reuse it
 
-    def _commit(self, snap: Snapshot, *, blocking: bool) -> dict[str, Any]:
+    def _commit(self, snap: Snapshot, files: dict[str, list[bytes | memoryview]], *, blocking: bool,
+                sent: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
         try:
-            info = self.write(snap)
+            info = self.write(snap, files, sent=sent)
         except OSError as exc:
             raise CheckpointError(f"writing checkpoint step-{snap.step} to {self.store.url} failed: {exc}") from exc
         write_s = time.perf_counter() - t0
@@ -283,21 +334,19 @@ class Checkpointer:
             self.on_commit(info)
         return info
 
-    def write(self, snap: Snapshot) -> dict[str, Any]:
+    def write(self, snap: Snapshot, files: dict[str, list[bytes | memoryview]] | None = None, *,
+              sent: bool = False) -> dict[str, Any]:
         """Write, commit (local: the writer process renames; object storage: manifest last), prune.
-        Returns {step, path, bytes}."""
-        files = {
-            "model.safetensors": safetensors_parts(snap.model),
-            "optimizer.safetensors": safetensors_parts(snap.optimizer),
-            "state.json": [json.dumps(snap.state).encode()],
-        }
+        `files`: `encode(snap)`, when the caller has it; `sent`: the writer has it already
+        (`_send_now`). Returns {step, path, bytes}."""
+        files = encode(snap) if files is None else files
         name = f"step-{snap.step}"
         if self.store.local:
             if self._writer is None:
                 self._writer = WriterProcess()
             in_flight = (lambda: self._in_flight(name)) if self.at_save is not None else None
             written = self._writer.commit(self.store.local_path(), snap.step, files, keep_last=self.cfg.keep_last,
-                                          before_commit=in_flight)
+                                          before_commit=in_flight, sent=sent)
         else:
             blobs = {file: b"".join(parts) for file, parts in files.items()}
             self._write_remote(name, blobs, manifest_bytes(snap.step, blobs))
@@ -332,7 +381,7 @@ class Checkpointer:
         """Remove leftovers of interrupted writes and deletions (rank 0, before training): local
         temporary/trash folders; on object storage, step folders without a manifest."""
         for name in self.store.listdir():
-            if name.startswith((".tmp-", ".trash-")):
+            if name.startswith((".tmp-", ".trash-", SPARE_PREFIX)):
                 self.store.remove(name)
             elif not self.store.local and _STEP_DIR.match(name) and not self.store.exists(name, MANIFEST):
                 self.store.remove(name)

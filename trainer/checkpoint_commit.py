@@ -6,7 +6,7 @@ training loop needs between its ops. On a fast loop that costs it several percen
 `async_save` offers a process for the same reason (`AsyncCheckpointerType.PROCESS`).
 
 This module imports the standard library and trainer.storage only (never torch), so the writer
-(`python -m trainer.checkpoint_commit`, started by rank 0 at its first save) is up in tens of
+(`python -m trainer.checkpoint_commit`, started by rank 0 as it starts training) is up in tens of
 milliseconds. The rank sends each file's bytes as it will be on disk (trainer.checkpoint
 encodes the safetensors files without copying the tensors); the writer hashes them, writes the
 folder, commits it and prunes. One job at a time, over the writer's stdin and stdout:
@@ -20,12 +20,22 @@ folder, commits it and prunes. One job at a time, over the writer's stdin and st
 
 Each time the rank's thread waits on the pipe it gives up the GIL, and it must win it back from
 the training loop to go on (up to the interpreter's 5 ms switch interval): hence one writev for
-a whole job, and the handshake only when a fault is armed.
+a whole job, the handshake only when a kill@save fault is armed, and a job that fits in the pipe
+(1 MiB where Linux allows it) written by the loop itself (`send_nowait`): the pipe is empty
+between jobs, so that write cannot block, and the writer starts at once.
 
 The writer exits when its parent is gone (end of input, or reparented: a forked DataLoader
 worker may keep the pipe open), whatever it is doing: a folder it has not renamed stays a
 `.tmp-*` folder, removed at the next start. It ignores SIGTERM and SIGINT: a preempted rank
 commits its final checkpoint through it, and it ends when the rank does.
+
+Pruning recycles (as PostgreSQL recycles its WAL segments): the newest folder beyond `keep_last`
+is renamed out of view to `.spare-*` instead of being deleted, and the next commit renames the
+spare to its `.tmp-step-N-*` folder and overwrites its files in place. A deletion frees the
+blocks the next write allocates again, and on this kind of disk (ext4, `discard`) deleting four
+fsynced files costs as much as writing them. At most one spare exists; it holds no committed
+state (nothing reads it), `Checkpointer.close()` deletes it after the writer has exited, and
+the next start's `cleanup_stale()` deletes one a dead rank left.
 """
 
 from __future__ import annotations
@@ -52,6 +62,7 @@ from trainer.storage import publish_folder, write_folder
 FORMAT = "gangflow-checkpoint/1"
 MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
+SPARE_PREFIX = ".spare-"  # a pruned folder kept out of view for the next commit to overwrite
 _HEADER = struct.Struct("<I")
 _PARENT_POLL_S = 1.0
 WRITER_STARTS = 3  # writers one commit may use up: more deaths than that is not a fluke
@@ -83,34 +94,82 @@ def commit_local(root: Path, step: int, files: dict[str, bytes], *, before_commi
     name = f"step-{step}"
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    write_folder(tmp, {**files, MANIFEST: manifest_bytes(step, files)}, before_last=before_commit)
+    if _recycle_spare(root, tmp):
+        # Files the new checkpoint does not have go; the rest, its old manifest too, is overwritten
+        # in place (deleting a file costs as much as writing it here). The old manifest cannot pass
+        # for the new one (state.json's step differs, so its hash does) and nothing reads a .tmp-*.
+        for stale in sorted(set(os.listdir(tmp)) - {*files, MANIFEST}):
+            _remove(tmp / stale)
+    else:
+        tmp.mkdir()
+    # The manifest hashes the files while their fsyncs run (hashlib lets go of the GIL).
+    write_folder(tmp, {**files, MANIFEST: lambda: manifest_bytes(step, files)}, before_last=before_commit)
     publish_folder(tmp, root / name, aside=f".trash-{name}")  # a re-save (e.g. after a resume at it) replaces
     return sum(len(data) for data in files.values())
 
 
-def committed_steps(root: Path) -> list[int]:
-    """Steps of the committed folders below `root`, newest first (not verified)."""
+def _entries(root: Path) -> list[os.DirEntry]:
     try:
-        names = os.listdir(root)
-    except FileNotFoundError:
+        with os.scandir(root) as it:
+            return list(it)
+    except (FileNotFoundError, NotADirectoryError):
         return []
-    steps = [int(m.group(1)) for m in map(STEP_DIR.match, names) if m and (root / m.group(0)).is_dir()]
+
+
+def committed_steps(root: Path, entries: list[os.DirEntry] | None = None) -> list[int]:
+    """Steps of the committed folders below `root`, newest first (not verified)."""
+    entries = _entries(root) if entries is None else entries
+    steps = [int(m.group(1)) for e in entries if (m := STEP_DIR.match(e.name)) and e.is_dir()]
     return sorted(steps, reverse=True)
 
 
-def prune_local(root: Path, keep_last: int) -> None:
-    """Keep the newest `keep_last` committed folders: older ones are renamed out of view at once,
-    then deleted; so is what an interrupted prune (a writer killed in it) left out of view."""
-    for step in committed_steps(root)[keep_last:]:
-        trash = root / f".trash-step-{step}-{uuid.uuid4().hex[:8]}"
+def spares(root: Path, entries: list[os.DirEntry] | None = None) -> list[Path]:
+    entries = _entries(root) if entries is None else entries
+    return sorted(Path(e.path) for e in entries if e.name.startswith(SPARE_PREFIX))
+
+
+def _recycle_spare(root: Path, tmp: Path) -> bool:
+    """Rename a spare folder to `tmp` (for the commit to overwrite); False when there is none."""
+    for spare in spares(root):
         try:
-            (root / f"step-{step}").rename(trash)
+            spare.rename(tmp)
+            return True
         except OSError:
             continue
-        shutil.rmtree(trash, ignore_errors=True)
-    for leftover in root.glob(".trash-*"):
+    return False
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def prune_local(root: Path, keep_last: int) -> None:
+    """Keep the newest `keep_last` committed folders. Older ones are renamed out of view at once:
+    the first to a spare (when there is none yet), for the next commit to overwrite in place, the
+    others to `.trash-*`, then deleted; so is what an interrupted prune left out of view."""
+    entries = _entries(root)  # one listing for the three questions below
+    have_spare = bool(spares(root, entries))
+    leftovers = [Path(e.path) for e in entries if e.name.startswith(".trash-")]
+    for step in committed_steps(root, entries)[keep_last:]:
+        hidden = root / f"{SPARE_PREFIX if not have_spare else '.trash-'}step-{step}-{uuid.uuid4().hex[:8]}"
+        try:
+            (root / f"step-{step}").rename(hidden)
+        except OSError:
+            continue
+        if have_spare:
+            shutil.rmtree(hidden, ignore_errors=True)
+        have_spare = True
+    for leftover in leftovers:
         shutil.rmtree(leftover, ignore_errors=True)
+
+
+def drop_spares(root: Path) -> None:
+    """Delete the spare folders below `root` (when no writer is using them)."""
+    for spare in spares(root):
+        shutil.rmtree(spare, ignore_errors=True)
 
 
 # --- the rank's side ------------------------------------------------------------------------------
@@ -132,12 +191,42 @@ def _write_all(fd: int, parts: list[bytes | memoryview]) -> None:
             views[0] = views[0][done:]
 
 
+def _job(root: Path, step: int, files: dict[str, Sequence[bytes | memoryview]], keep_last: int,
+         handshake: bool) -> list[bytes | memoryview]:
+    """One job as the writer reads it: the length-prefixed header, then every file's buffers."""
+    header = json.dumps({"root": str(root), "step": step, "keep_last": keep_last, "handshake": handshake,
+                         "files": [[name, sum(map(_nbytes, parts))] for name, parts in files.items()]}).encode()
+    return [_HEADER.pack(len(header)) + header, *(part for parts in files.values() for part in parts)]
+
+
+def _grow_pipe(fd: int, wanted: int = 1 << 20) -> int:
+    """Ask Linux for a `wanted`-byte pipe (64 KiB by default; 1 MiB is the default cap for
+    unprivileged users); returns the usable size, a page short of what the pipe holds."""
+    try:
+        import fcntl  # noqa: PLC0415 - POSIX only
+
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, wanted)
+        except OSError:
+            pass  # over the cap: keep what the pipe has
+        return max(fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) - 4096, 0)
+    except (ImportError, AttributeError, OSError):
+        return 0  # no such call here: every job goes through commit()
+
+
 class WriterProcess:
-    """Rank 0's handle on its writer process, started at the first commit; one commit at a time."""
+    """Rank 0's handle on its writer process, started by `start()` or at the first commit; one
+    commit at a time."""
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
+        self._pipe_bytes = 0  # what the writer's input pipe holds: a job up to this size never blocks the sender
+
+    def start(self) -> None:
+        """Start the process now rather than at the first commit."""
+        with self._lock:
+            self._started()
 
     def _started(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
@@ -146,36 +235,57 @@ class WriterProcess:
                                               env={**os.environ, "GANGFLOW_CHECKPOINT_WRITER_PARENT": str(os.getpid())})
             except OSError as exc:
                 raise WriterError(exc.errno, f"cannot start the checkpoint writer process ({exc.strerror or exc})") from exc
+            self._pipe_bytes = _grow_pipe(self._proc.stdin.fileno())
         return self._proc
 
+    def send_nowait(self, root: Path, step: int, files: dict[str, Sequence[bytes | memoryview]], *, keep_last: int) -> bool:
+        """Hand a job to the running writer from the caller's own thread, when it fits in the input
+        pipe: between jobs the pipe is empty (the writer reads a whole job before it replies), so
+        the write cannot block. `commit(..., sent=True)` then only waits for the reply. False when
+        nothing was sent (no live writer, or a job too large): `commit` sends it."""
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                return False
+            job = _job(root, step, files, keep_last, handshake=False)
+            if sum(map(_nbytes, job)) > self._pipe_bytes:
+                return False
+            try:
+                _write_all(proc.stdin.fileno(), job)
+            except BrokenPipeError:
+                return False  # it died since the last job: commit() starts another and sends it there
+            return True
+
     def commit(self, root: Path, step: int, files: dict[str, Sequence[bytes | memoryview]], *, keep_last: int,
-               before_commit: Callable[[], None] | None = None) -> int:
+               before_commit: Callable[[], None] | None = None, sent: bool = False) -> int:
         """Commit `files` (each a sequence of buffers, written in order) as `root/step-N`, then prune
         to `keep_last`. Returns the bytes written; WriterError when it failed. A writer that died
         (the OOM killer's choice, say) is replaced and the commit made again, up to
-        `WRITER_STARTS` writers per commit."""
+        `WRITER_STARTS` writers per commit. `sent`: `send_nowait` already handed this job over."""
         with self._lock:
             for _ in range(WRITER_STARTS - 1):
                 try:
-                    return self._commit(root, step, files, keep_last, before_commit)
+                    return self._commit(root, step, files, keep_last, before_commit, sent)
                 except _WriterDied as exc:
                     print(f"gangflow: {exc}; starting a new writer and committing step-{step} again", file=sys.stderr, flush=True)
                     for stale in root.glob(f".tmp-step-{step}-*"):  # the dead writer's half-written folder
                         shutil.rmtree(stale, ignore_errors=True)
+                sent = False
             try:
-                return self._commit(root, step, files, keep_last, before_commit)
+                return self._commit(root, step, files, keep_last, before_commit, sent)
             except _WriterDied as exc:
                 raise WriterError(f"{exc}; {WRITER_STARTS} writers died committing step-{step}") from None
 
     def _commit(self, root: Path, step: int, files: dict[str, Sequence[bytes | memoryview]], keep_last: int,
-                before_commit: Callable[[], None] | None) -> int:
-        proc = self._started()
+                before_commit: Callable[[], None] | None, sent: bool) -> int:
+        # A job already sent is answered by the process that took it, or by nobody: if that one
+        # died, waiting on a fresh one would wait forever; its end of input says so, and the retry sends.
+        proc = self._proc if sent and self._proc is not None else self._started()
         handshake = before_commit is not None
-        header = json.dumps({"root": str(root), "step": step, "keep_last": keep_last, "handshake": handshake,
-                             "files": [[name, sum(map(_nbytes, parts))] for name, parts in files.items()]}).encode()
         fd = proc.stdin.fileno()
         try:
-            _write_all(fd, [_HEADER.pack(len(header)) + header, *(part for parts in files.values() for part in parts)])
+            if not sent:
+                _write_all(fd, _job(root, step, files, keep_last, handshake))
             if handshake:
                 self._expect(proc, b"written")
                 before_commit()

@@ -177,6 +177,7 @@ class Trainer:
 
     def fit(self) -> int:
         t, d = self.cfg.train, self.d
+        self.ckpt.start_writer()  # rank 0: it starts beside the resume, not at the first save
         self.resume()
         model = DDP(self.model, device_ids=[d.device] if d.device.type == "cuda" else None) if d.world_size > 1 else self.model
         model.train()

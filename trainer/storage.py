@@ -16,7 +16,7 @@ import os
 import posixpath
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -51,34 +51,45 @@ def write_file(path: str | os.PathLike, data: bytes) -> None:
 _fsync_pool: ThreadPoolExecutor | None = None
 
 
-def write_folder(folder: str | os.PathLike, files: dict[str, bytes], *, before_last: Callable[[], None] | None = None) -> None:
-    """Write `files` into an existing local `folder` in order, then make the files and the folder
-    durable with their fsyncs issued together. A journaling filesystem commits concurrent fsyncs
-    in one journal transaction, so four files and a folder cost about one fsync and a half here,
-    not five; nothing returns before all of them are on disk (for a folder renamed into place
-    afterwards). `before_last` runs after every file but the last is written."""
+def write_folder(folder: str | os.PathLike, files: Mapping[str, bytes | Callable[[], bytes]], *,
+                 before_last: Callable[[], None] | None = None) -> None:
+    """Write `files` into an existing local `folder` in order and make the files and the folder
+    durable, issuing each file's fsync as soon as it is written. A journaling filesystem commits
+    concurrent fsyncs in one journal transaction, so four files and a folder cost about one fsync
+    and a half here, not five; nothing returns before all of them are on disk (for a folder
+    renamed into place afterwards). A value may be a function returning the bytes: it is called
+    when its turn comes, while the earlier files' fsyncs run (a manifest hashing the files). A
+    file already there is overwritten in place and cut to its new length (a recycled checkpoint
+    folder: no blocks freed and allocated again). `before_last` runs after every file but the
+    last is written."""
     global _fsync_pool
+    if _fsync_pool is None:
+        _fsync_pool = ThreadPoolExecutor(8, thread_name_prefix="gangflow-fsync")
     fds: list[int] = []
+    futures = []
     try:
         names = list(files)
         for i, name in enumerate(names):
             if i == len(names) - 1 and before_last is not None:
                 before_last()
-            fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            data = files[name]
+            view = memoryview(data() if callable(data) else data).cast("B")
+            fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT, 0o644)  # no O_TRUNC: see above
             fds.append(fd)
-            view = memoryview(files[name])
+            size = view.nbytes
             while view:
                 view = view[os.write(fd, view):]
+            if os.fstat(fd).st_size != size:
+                os.ftruncate(fd, size)
+            futures.append(_fsync_pool.submit(os.fsync, fd))
         fds.append(os.open(folder, os.O_RDONLY))
-        if _fsync_pool is None:
-            _fsync_pool = ThreadPoolExecutor(8, thread_name_prefix="gangflow-fsync")
-        futures = [_fsync_pool.submit(os.fsync, fd) for fd in fds]
-        wait(futures)  # all of them, so that no fsync is still running when its fd is closed
-        for future in futures:
-            future.result()
+        futures.append(_fsync_pool.submit(os.fsync, fds[-1]))
     finally:
+        wait(futures)  # all of them, so that no fsync is still running when its fd is closed
         for fd in fds:
             os.close(fd)
+    for future in futures:
+        future.result()
 
 
 def publish_folder(tmp: Path, final: Path, *, aside: str) -> None:

@@ -368,3 +368,141 @@ def test_a_writer_that_keeps_dying_fails_the_save_after_three(tmp_path):
     assert len(set(pids)) == 3
     assert ck.committed() == [] and not list((tmp_path / "checkpoints").glob(".tmp-*"))[1:]  # at most the last one's
     ck.close()
+
+
+# --- recycling pruned folders; the loop's own hand-over; the compact RNG words ---------------------
+
+
+def _tree(folder: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_ino for p in [folder, *folder.iterdir()]}
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_pruned_folder_is_kept_as_one_spare_and_the_next_commit_overwrites_it_in_place(tmp_path, async_save):
+    """Pruning renames the oldest folder out of view to `.spare-*` (deleting fsynced files costs
+    as much as writing them on this disk); the next commit writes into that folder's own files
+    (same inodes), and the result verifies. There is never more than one spare."""
+    root = tmp_path / "checkpoints"
+    ck = _ckpt(tmp_path, keep_last=2, async_save=async_save)
+    for step in (1, 2, 3):
+        ck.save(_state(step)[2])
+    ck.wait()
+    [spare] = [p for p in root.iterdir() if p.name.startswith(".spare-")]
+    old = _tree(spare)
+    ck.save(_state(4)[2])
+    ck.wait()
+    assert [s for s, _ in ck.committed()] == [4, 3]
+    new = _tree(root / "step-4")
+    assert {name: new[name] for name in old if name != spare.name} == {n: i for n, i in old.items() if n != spare.name}
+    assert new["step-4"] == old[spare.name]  # the folder itself, renamed
+    ck.verify(root / "step-4")
+    for step in range(5, 9):
+        ck.save(_state(step)[2])
+    ck.wait()
+    assert len([p for p in root.iterdir() if p.name.startswith(".spare-")]) == 1
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".spare-")) == ["step-7", "step-8"]
+    ck.close()
+    assert sorted(p.name for p in root.iterdir()) == ["step-7", "step-8"]  # close() drops the spare
+
+
+def test_a_spare_holding_other_and_longer_files_commits_exactly_the_new_checkpoint(tmp_path):
+    """What the spare held beyond the new checkpoint (a longer file, a file it does not have, its
+    old manifest) leaves no trace: every file has the new length and bytes, and it verifies."""
+    root = tmp_path / "checkpoints"
+    spare = root / ".spare-step-1-0000beef"
+    spare.mkdir(parents=True)
+    (spare / "model.safetensors").write_bytes(b"x" * 100_000)
+    (spare / "extra.bin").write_bytes(b"left over")
+    (spare / "manifest.json").write_text('{"format": "gangflow-checkpoint/1", "step": 1, "files": {}}' + " " * 5000)
+    files = {"model.safetensors": b"m" * 1000, "optimizer.safetensors": b"o", "state.json": b'{"step": 2}'}
+    commit_local(root, 2, files)
+    assert sorted(p.name for p in root.iterdir()) == ["step-2"]
+    folder = root / "step-2"
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "manifest.json"} == files
+    assert Checkpointer.verify(folder)["step"] == 2
+
+
+def test_the_next_start_deletes_a_spare_a_dead_rank_left(tmp_path):
+    root = tmp_path / "checkpoints"
+    ck = _ckpt(tmp_path, keep_last=1, async_save=False)
+    for step in (1, 2):
+        ck.save(_state(step)[2])
+    assert any(p.name.startswith(".spare-") for p in root.iterdir())  # no close(): as if killed
+    nxt = _ckpt(tmp_path)
+    nxt.cleanup_stale()
+    assert sorted(p.name for p in root.iterdir()) == ["step-2"]
+
+
+def test_a_small_checkpoint_is_handed_to_the_writer_by_the_loop_itself(tmp_path):
+    """With the background thread held up, a save that fits in the writer's pipe is committed
+    anyway (the loop wrote it to the writer); one too large for the pipe waits for the thread.
+    Both end committed, in order, with their commit callbacks."""
+    import threading
+
+    commits: list[int] = []
+    ck = _ckpt(tmp_path, keep_last=5, async_save=True)
+    ck.on_commit = lambda info: commits.append(info["step"])
+    ck.start_writer()
+    gate = threading.Event()
+    for step, size in ((1, 16), (2, 4_000_000)):  # 16 floats; 16 MB, far beyond a 1 MiB pipe
+        ck._pool.submit(gate.wait)  # the thread is busy until the gate opens
+        ck.save(Snapshot(step, {"w": torch.ones(size)}, {}, {"step": step}))
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "checkpoints" / f"step-{step}").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        committed_while_held = (tmp_path / "checkpoints" / f"step-{step}").exists()
+        assert committed_while_held == (step == 1), step
+        gate.set()
+        ck.wait()
+        gate.clear()
+    ck.close()
+    assert commits == [1, 2]
+    assert [s for s, _ in ck.committed()] == [2, 1]
+    for step in (1, 2):
+        ck.verify(tmp_path / "checkpoints" / f"step-{step}")
+
+
+def test_rng_words_are_compact_and_checkpoints_with_word_lists_still_load():
+    """state.json carries the Mersenne Twister words as base64 (a third of the JSON of a list);
+    the lists that checkpoints written before 2026-12-02 carry restore the same sequence."""
+    random.seed(11), np.random.seed(12), torch.manual_seed(13)
+    state = rng_state()
+    assert isinstance(state["python"][1], str) and isinstance(state["numpy"][1], str)
+    expected = (random.random(), np.random.rand(), torch.rand(1))
+    random.seed(11), np.random.seed(12)  # what rng_state() wrote before, for the same state
+    old_style = json.loads(json.dumps(state))
+    old_style["python"][1] = list(random.getstate()[1])
+    old_style["numpy"][1] = np.random.get_state()[1].tolist()
+    words = lambda s: len(json.dumps([s["python"], s["numpy"]]))  # noqa: E731
+    assert words(state) < words(old_style) / 2
+    for saved in (state, old_style):
+        random.seed(0), np.random.seed(0), torch.manual_seed(0)
+        set_rng_state(json.loads(json.dumps(saved)))
+        assert (random.random(), np.random.rand(), torch.rand(1)) == expected
+
+
+def test_a_writer_that_dies_holding_a_job_the_loop_handed_it_is_replaced_and_the_job_sent_again(tmp_path):
+    """The loop hands a job over (it sits in the pipe: the writer is stopped), then the writer is
+    SIGKILLed before reading it. The background thread's commit must not wait on a new writer
+    for the answer to a job it never got: it sees the old one's end, starts another and sends."""
+    import signal
+    import threading
+
+    from trainer.checkpoint_commit import WriterProcess
+
+    writer = WriterProcess()
+    writer.start()
+    root = tmp_path / "checkpoints"
+    files = {"model.safetensors": [b"m" * 1000], "optimizer.safetensors": [b"o"], "state.json": [b'{"step": 1}']}
+    pid = writer._proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    assert writer.send_nowait(root, 1, files, keep_last=2)
+    os.kill(pid, signal.SIGKILL)
+    done: list[int] = []
+    thread = threading.Thread(target=lambda: done.append(writer.commit(root, 1, files, keep_last=2, sent=True)), daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    assert done == [1012], "the commit waited on a writer that never got the job"
+    assert writer._proc.pid != pid
+    writer.close()
+    assert Checkpointer.verify(root / "step-1")["step"] == 1
