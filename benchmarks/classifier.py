@@ -7,6 +7,12 @@
     python benchmarks/classifier.py --test          # ... and the frozen test split (run once, at the end)
     python benchmarks/classifier.py --holdout holdout3  # ... and a later hold-out (split.json: holdout2, holdout3)
     python benchmarks/classifier.py --rule-table    # print docs/failures.md's rule table (markdown) and exit
+    python benchmarks/classifier.py --blind-reader  # ... and a blind expert reader's labels beside the classifier's
+
+`--blind-reader` scores `benchmarks/data/classifier_blind_reader.jsonl`: the label an expert
+reader gave each train and dev case from its evidence alone (no label, thread, project or id
+shown; benchmarks/README.md says how it was made), beside the classifier's verdicts on the same
+cases, split into hard and not-hard cases: how far single-failure evidence goes, for anyone.
 
 Per split: accuracy, per-class precision/recall, the confusion matrix (true label x verdict),
 the `unknown` rate and the number of user bugs that would be retried. Counting: a verdict is
@@ -67,7 +73,7 @@ def judge(case, base, threshold: float, *, leave_project_out: bool = False, **kn
 def score(cases, base, threshold: float, **knobs) -> tuple[dict, list]:
     confusion = {label: dict.fromkeys(KINDS, 0) for label in ("infra", "user")}
     sources = {"rule": [0, 0], "precedent": [0, 0], "none": [0, 0]}  # [correct, total]
-    hard = [0, 0]
+    hard = {True: [0, 0], False: [0, 0]}  # [correct, total] of the hard cases, and of the others
     misses = []
     for case in cases:
         verdict, source = judge(case, base, threshold, **knobs)
@@ -75,9 +81,8 @@ def score(cases, base, threshold: float, **knobs) -> tuple[dict, list]:
         ok = verdict.kind == case.label
         sources[source][0] += ok
         sources[source][1] += 1
-        if case.hard:
-            hard[0] += ok
-            hard[1] += 1
+        hard[case.hard][0] += ok
+        hard[case.hard][1] += 1
         if not ok:
             misses.append((case, verdict, source))
     n = len(cases)
@@ -102,18 +107,74 @@ def score(cases, base, threshold: float, **knobs) -> tuple[dict, list]:
         "user_bugs_retried_once_as_unknown": confusion["user"]["unknown"],
         "per_class": per_class,
         "confusion": confusion,
-        "hard": {"n": hard[1], "accuracy": round(hard[0] / hard[1], 4) if hard[1] else None},
+        "hard": _share(hard[True]),
+        "not_hard": _share(hard[False]),
         "by_source": {k: {"n": v[1], "correct": v[0]} for k, v in sources.items()},
         "projects": len({c.file for c in cases}),
     }
     return result, misses
 
 
+def _share(counts: list[int]) -> dict:
+    correct, n = counts
+    return {"n": n, "accuracy": round(correct / n, 4) if n else None}
+
+
+BLIND_READER = ROOT / "benchmarks" / "data" / "classifier_blind_reader.jsonl"
+
+
+def blind_reader(plan, labels: dict[str, dict]) -> dict:
+    """The blind reader's labels and the classifier's verdicts on the same cases (train: the
+    shipped base without the case; dev: a train-only base), overall, hard and not hard, with how
+    often each is right where the other is wrong."""
+    out = {}
+    for name, cases, base, lpo in plan:
+        if name not in ("train", "dev"):
+            continue
+        tally = {"reader": {True: [0, 0], False: [0, 0]}, "classifier": {True: [0, 0], False: [0, 0]}}
+        retried = {"reader": 0, "classifier": 0}
+        both = {"both_right": 0, "reader_only": 0, "classifier_only": 0, "both_wrong": 0}
+        for case in cases:
+            if case.id not in labels:
+                continue
+            verdict, _ = judge(case, base, precedent_mod.THRESHOLD, leave_project_out=lpo)
+            said = {"reader": labels[case.id]["label"], "classifier": verdict.kind}
+            right = {who: said[who] == case.label for who in said}
+            for who in said:
+                tally[who][case.hard][0] += right[who]
+                tally[who][case.hard][1] += 1
+                retried[who] += case.label == "user" and said[who] != "user"
+            both[{(True, True): "both_right", (True, False): "reader_only", (False, True): "classifier_only",
+                  (False, False): "both_wrong"}[(right["reader"], right["classifier"])]] += 1
+        result = {}
+        for who, t in tally.items():
+            total = [t[True][0] + t[False][0], t[True][1] + t[False][1]]
+            result[who] = {"accuracy": _share(total)["accuracy"], "hard": _share(t[True]), "not_hard": _share(t[False]),
+                           "user_bugs_retried": retried[who]}
+        out[name] = {"n": sum(both.values()), **result, "agreement": both}
+        r, c = result["reader"], result["classifier"]
+        note(f"\n== blind reader on {name} ({out[name]['n']} cases): reader {r['accuracy']} (hard {r['hard']['accuracy']}, "
+             f"not hard {r['not_hard']['accuracy']}, user bugs retried {r['user_bugs_retried']}); classifier {c['accuracy']} "
+             f"(hard {c['hard']['accuracy']}, not hard {c['not_hard']['accuracy']}, user bugs retried "
+             f"{c['user_bugs_retried']}); {both}")  # fmt: skip
+    return out
+
+
+def load_blind_reader(path: Path) -> dict[str, dict]:
+    labels = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        row = json.loads(line)
+        if row.get("label") not in ("infra", "user") or not isinstance(row.get("id"), str):
+            raise CorpusError(f"{path}:{number}: expected {{id, label: infra|user, confidence, signal}}, got {line[:120]}")
+        labels[row["id"]] = row
+    return labels
+
+
 def print_table(name: str, r: dict) -> None:
     note(f"\n== {name}: {r['n']} cases from {r['projects']} projects")
     note(f"accuracy {r['accuracy']}  unknown {r['unknown_rate']}  user bugs retried {r['user_bugs_retried']} "
          f"(as infra {r['user_bugs_retried_as_infra']}, once as unknown {r['user_bugs_retried_once_as_unknown']})  "
-         f"hard {r['hard']['accuracy']} of {r['hard']['n']}")  # fmt: skip
+         f"hard {r['hard']['accuracy']} of {r['hard']['n']}, not hard {r['not_hard']['accuracy']} of {r['not_hard']['n']}")  # fmt: skip
     note("true \\ verdict     infra    user  unknown")
     for label in ("infra", "user"):
         row = r["confusion"][label]
@@ -204,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also score train with no case of its own project as a precedent (as test projects are)")
     parser.add_argument("--corpus", type=Path, default=CORPUS_DIR, help="corpus folder (default: the package's)")
     parser.add_argument("--rule-table", action="store_true", help="print the rule table (markdown) and exit")
+    parser.add_argument("--blind-reader", action="store_true",
+                        help="also score a blind expert reader's labels of train and dev beside the classifier's")
     args = parser.parse_args(argv)
     if args.rule_table:
         print(rule_table())
@@ -245,6 +308,12 @@ def main(argv: list[str] | None = None) -> int:
                 "user_bugs_retried": t["user_bugs_retried"] <= GOALS["user_bugs_retried_max"],
             }
             out[f"{name}_sha256"] = split.frozen_sha256(name)
+    if args.blind_reader:
+        try:
+            out["blind_reader"] = blind_reader(plan, load_blind_reader(BLIND_READER))
+        except (OSError, ValueError) as exc:
+            print(f"benchmarks/classifier.py: {exc}", file=sys.stderr)
+            return 2
     out["goals"] = GOALS
     out["seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(out))

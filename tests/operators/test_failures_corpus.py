@@ -273,3 +273,22 @@ def test_benchmark_scores_holdout2_with_the_shipped_base_and_refuses_a_changed_o
     held.write_text(held.read_text().replace("lease", "lease!"))
     proc = run_benchmark("--corpus", str(synthetic), "--holdout", "holdout2")
     assert proc.returncode == 2 and "the holdout2 split changed" in proc.stderr and proc.stdout == ""
+
+
+@needs_split
+def test_the_blind_reader_saw_train_and_dev_cases_only_and_is_scored_beside_the_classifier():
+    """The blind reader's labels (benchmarks/data/classifier_blind_reader.jsonl) cover train and
+    dev cases, never a test or hold-out one; --blind-reader scores them on the same cases as the
+    classifier, hard and not hard apart."""
+    split = load_split()
+    seen = {json.loads(line)["id"] for line in (PROJECT_ROOT / "benchmarks/data/classifier_blind_reader.jsonl").open()}
+    train_dev = {c.id for name in ("train", "dev") for c in load_split_cases(split, name)}
+    assert seen and seen <= train_dev
+    proc = run_benchmark("--blind-reader")
+    assert proc.returncode == 0, proc.stderr
+    reader = json.loads(proc.stdout.strip().splitlines()[-1])["blind_reader"]
+    assert set(reader) == {"train", "dev"} and sum(r["n"] for r in reader.values()) == len(seen)
+    for r in reader.values():
+        assert sum(r["agreement"].values()) == r["n"]
+        for who in ("reader", "classifier"):
+            assert r[who]["hard"]["n"] + r[who]["not_hard"]["n"] == r["n"]
