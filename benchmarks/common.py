@@ -45,8 +45,12 @@ def summary(values: list[float], digits: int = 4) -> dict:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without Airflow/MLflow/gangflow settings, one BLAS thread per rank."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "MLFLOW", "GANGFLOW"))}
+    """This environment without Airflow/MLflow/gangflow settings, one BLAS thread per rank, and
+    bytecode cached as on any deployed machine: a PYTHONDONTWRITEBYTECODE in the environment (this
+    workplace's sandboxes set it) would make every process compile gangflow's own modules again,
+    which no Airflow worker or rank does (the DAG file's parse: 0.29 -> 0.21 s here, 2026-12-02)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AIRFLOW", "MLFLOW", "GANGFLOW")) and k != "PYTHONDONTWRITEBYTECODE"}
     env |= {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     return env | extra
 
