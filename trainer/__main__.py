@@ -17,6 +17,7 @@ import traceback
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer import EXIT_CONFIG_ERROR, EXIT_OK, EXIT_USER_ERROR, cli, errors
+from trainer.console import say
 from trainer.config import load_config
 from trainer.distributed import check_device, detect
 from trainer.errors import ConfigError, UserError
@@ -27,7 +28,7 @@ from trainer.preemption import Preemption
 
 def _refuse(exc: Exception, code: int, run_dir, rank: int, handler) -> int:
     kind = "config error" if code == EXIT_CONFIG_ERROR else "error"
-    print(f"gangflow: {kind}: {exc}", file=sys.stderr, flush=True)
+    say(f"gangflow: {kind}: {exc}", stream=sys.stderr)
     errors.write_records(exc, rank=rank, step=None, run_dir=run_dir)
     handler.record_exception(exc)  # TorchElastic's error file, when torchrun set one
     return code

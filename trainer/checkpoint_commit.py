@@ -5,9 +5,9 @@ training loop needs between its ops. On a fast loop that costs it several percen
 (`checkpoint_loop_cost_fraction` in benchmarks/trainer.py); torch.distributed.checkpoint's
 `async_save` offers a process for the same reason (`AsyncCheckpointerType.PROCESS`).
 
-This module imports the standard library and trainer.storage only (never torch), so the writer
-(`python -m trainer.checkpoint_commit`, started by rank 0 as it starts training) is up in tens of
-milliseconds. The rank sends each file's bytes as it will be on disk (trainer.checkpoint
+This module imports the standard library, trainer.storage and trainer.console only (never
+torch), so the writer (`python -m trainer.checkpoint_commit`, started by rank 0 as it starts
+training) is up in tens of milliseconds. The rank sends each file's bytes as it will be on disk (trainer.checkpoint
 encodes the safetensors files without copying the tensors); the writer hashes them, writes the
 folder, commits it and prunes. One job at a time, over the writer's stdin and stdout:
 
@@ -57,6 +57,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainer.console import say
 from trainer.storage import publish_folder, write_folder
 
 FORMAT = "gangflow-checkpoint/1"
@@ -267,7 +268,7 @@ class WriterProcess:
                 try:
                     return self._commit(root, step, files, keep_last, before_commit, sent)
                 except _WriterDied as exc:
-                    print(f"gangflow: {exc}; starting a new writer and committing step-{step} again", file=sys.stderr, flush=True)
+                    say(f"gangflow: {exc}; starting a new writer and committing step-{step} again", stream=sys.stderr)
                     for stale in root.glob(f".tmp-step-{step}-*"):  # the dead writer's half-written folder
                         shutil.rmtree(stale, ignore_errors=True)
                 sent = False

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import sys
 from pathlib import Path
 
+from trainer.console import say
 from trainer.errors import ConfigError
 from trainer.storage import Storage
 
@@ -133,11 +134,11 @@ def fault_from_env(environ=None, *, rank: int = 0) -> Fault | None:
     if text is None or not text.strip():
         return None
     if env.get(ALLOW_ENV, "").strip() != "1":
-        print(f"gangflow: warning: {ENV}={text!r} is ignored on rank {rank}: fault injection needs {ALLOW_ENV}=1 "
-              "(tests, benchmarks and drills set it); training runs without a fault", file=sys.stderr, flush=True)
+        say(f"gangflow: warning: {ENV}={text!r} is ignored on rank {rank}: fault injection needs {ALLOW_ENV}=1 "
+            "(tests, benchmarks and drills set it); training runs without a fault", stream=sys.stderr)
         return None
     fault = parse_fault(text)
-    print(f"gangflow: fault injection ARMED on rank {rank}: {ENV}={fault.spec!r} ({ALLOW_ENV}=1)", file=sys.stderr, flush=True)
+    say(f"gangflow: fault injection ARMED on rank {rank}: {ENV}={fault.spec!r} ({ALLOW_ENV}=1)", stream=sys.stderr)
     return fault
 
 
@@ -163,8 +164,7 @@ class FaultInjector:
         # Decided once, at start, on every rank: whether this attempt may fire a once-only fault.
         self.armed = fault is not None and (fault.action == "raise" or not self.store.exists(self.marker_rel))
         if fault is not None and not self.armed:
-            print(f"gangflow: fault injection: {fault.spec} already fired in an earlier attempt ({self.marker}); disarmed",
-                  file=sys.stderr, flush=True)
+            say(f"gangflow: fault injection: {fault.spec} already fired in an earlier attempt ({self.marker}); disarmed", stream=sys.stderr)
 
     def process_fault_due(self, step: int) -> bool:
         """True on every rank when a synchronised kill/term/exit fault is due after `step`."""
@@ -178,7 +178,7 @@ class FaultInjector:
             return
         record = {"fault": self.fault.spec, "rank": self.rank, "step": step, "time": time.time()}
         self.store.write_bytes(self.marker_rel, json.dumps(record).encode())  # durable before firing
-        print(f"gangflow: fault injection: {self.fault.spec} fires on rank {self.rank} at step {step}", flush=True)
+        say(f"gangflow: fault injection: {self.fault.spec} fires on rank {self.rank} at step {step}")
         if self.fault.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(60)  # pragma: no cover - never returns
@@ -224,8 +224,8 @@ class FaultInjector:
         self.armed = False
         record = {"fault": self.fault.spec, "rank": self.rank, "step": self.step, "where": where, "time": time.time()}
         self.store.write_bytes(self.marker_rel, json.dumps(record).encode())  # durable before firing
-        print(f"gangflow: fault injection: {self.fault.spec} fires on rank {self.rank} at step {self.step} ({where}); "
-              "unsynchronised: no barrier, no wait", flush=True)
+        say(f"gangflow: fault injection: {self.fault.spec} fires on rank {self.rank} at step {self.step} ({where}); "
+            "unsynchronised: no barrier, no wait")
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)  # pragma: no cover - never returns
 

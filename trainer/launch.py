@@ -30,6 +30,7 @@ import trainer.data  # noqa: F401  (pyarrow, numpy)
 import trainer.loop  # noqa: F401  (the rest of the trainer)
 from trainer import EXIT_CONFIG_ERROR, EXIT_OK
 from trainer.__main__ import exit_code, exit_process
+from trainer.console import say
 
 ENTRY_MODULE = "trainer"
 
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, trainer_args = parse(sys.argv[1:] if argv is None else argv)
     except LaunchError as exc:
-        print(f"gangflow: config error: {exc}", file=sys.stderr, flush=True)
+        say(f"gangflow: config error: {exc}", stream=sys.stderr)
         return EXIT_CONFIG_ERROR
     # A rank that fails raises ChildFailedError here: @record prints torchrun's failure summary
     # (rank, exit code, error file) and the exit status is 1, as torchrun's.

@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer import EXIT_OK, EXIT_PREEMPTED, errors
 from trainer.checkpoint import Checkpointer, CorruptCheckpoint, Snapshot, cpu_copy, flatten_optimizer, rng_state, set_rng_state
+from trainer.console import say
 from trainer.config import Config, resolve_factory
 from trainer.data import PREPROCESSING_PARAMS, DataFiles, make_loader, preprocessing_stats, resolve_data
 from trainer.distributed import Dist, Launch, StopAgreement, setup, teardown
@@ -154,7 +155,7 @@ class Trainer:
 
     def log(self, message: str) -> None:
         if self.d.is_main:
-            print(message, flush=True)
+            say(message)
 
     def _model_kwargs(self) -> dict[str, Any]:
         kwargs = dict(self.cfg.model.kwargs)

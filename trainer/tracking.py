@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainer.console import say
 from trainer.errors import TrainerError
 from trainer.storage import Storage
 
@@ -178,7 +179,7 @@ class MlflowSink:
         except Exception as exc:  # noqa: BLE001 - tracking must never stop training
             if not self._warned:
                 self._warned = True
-                print(f"gangflow: warning: MLflow logging to {redact(self.uri)} failed ({type(exc).__name__}: {exc}); continuing", file=sys.stderr, flush=True)
+                say(f"gangflow: warning: MLflow logging to {redact(self.uri)} failed ({type(exc).__name__}: {exc}); continuing", stream=sys.stderr)
 
     def _run(self) -> None:
         while not self._closed.wait(self.flush_every_s):
@@ -225,8 +226,8 @@ class Tracker:
             try:
                 self.mlflow = MlflowSink(self.uri, experiment, self.store, flush_every_s)
             except Exception as exc:  # noqa: BLE001 - tracking must never stop training
-                print(f"gangflow: warning: MLflow at {redact(self.uri)} unavailable ({type(exc).__name__}: {exc}); "
-                      "metrics go to metrics.jsonl only", file=sys.stderr, flush=True)
+                say(f"gangflow: warning: MLflow at {redact(self.uri)} unavailable ({type(exc).__name__}: {exc}); "
+                    "metrics go to metrics.jsonl only", stream=sys.stderr)
         if params or tags:  # the run's params and tags, for whoever sends this file to MLflow
             self.write({"event": "tracking", "step": 0, "params": _flatten(params or {}), "tags": dict(tags or {})})
 

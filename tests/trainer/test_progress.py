@@ -84,7 +84,8 @@ def test_progress_reaches_the_task_log_and_mlflow(h, digits, tmp_path):
     assert result.succeeded, "\n".join(log[-60:])
     lines = [x for x in log if x.startswith("[rank 0] gangflow: progress:")]
     assert len(lines) >= 2, "\n".join(log[-60:])
-    assert all(LINE.match(x.removeprefix("[rank 0] ")) for x in lines), lines
+    unmatched = [x for x in lines if not LINE.match(x.removeprefix("[rank 0] "))]
+    assert not unmatched, unmatched
     assert not any(x.startswith("[rank 1] gangflow: progress:") for x in log)  # rank 0 only
     metrics = client.get_run(run_id).data.metrics
     for key in ("progress_loss", "progress_samples_per_sec", "progress_eta_s", "attempt_startup_s", "attempt_run_s",
