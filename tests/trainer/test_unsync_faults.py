@@ -233,16 +233,17 @@ def test_writer_process_killed_at_random_moments_costs_nothing(h, drill_referenc
         while proc.poll() is None:
             time.sleep(rng.uniform(0.3, 0.8))  # apart enough that one commit sees at most one kill
             mid_write = not mid_write
-            deadline = time.monotonic() + 1.0
+            # Find the writer first: a commit lasts a few milliseconds, less than a scan of /proc.
+            writers = [pid for pid, cmdline in _descendants(proc.pid).items() if "trainer.checkpoint_commit" in cmdline]
+            deadline = time.monotonic() + 2.0
             while mid_write and not writing() and time.monotonic() < deadline and proc.poll() is None:
-                time.sleep(0.001)
-            for pid, cmdline in _descendants(proc.pid).items():
-                if "trainer.checkpoint_commit" in cmdline:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                        killed.append(pid)
-                    except ProcessLookupError:
-                        pass
+                time.sleep(0.0002)
+            for pid in writers:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except ProcessLookupError:
+                    pass
 
     thread = threading.Thread(target=assassin, daemon=True)
     thread.start()
