@@ -53,7 +53,7 @@ RUN_HERE = {
 COVERED = {
     "make demo": "tests/dags/test_train_pipeline.py::test_first_run_promotes_and_registry_has_lineage",
     "make test": "tests/docs/test_extending.py::test_readme_commands_exist_in_the_makefile",
-    'GANGFLOW_FAULT="kill@step=30,rank=1" make demo':
+    'GANGFLOW_FAULT="kill@step=130,rank=1" make demo':
         "tests/dags/test_train_pipeline.py::test_kill_is_retried_resumes_and_matches_uninterrupted_run",
     'GANGFLOW_FAULT="raise@step=5" make demo': "tests/dags/test_train_pipeline.py::test_user_error_fails_after_one_attempt_saying_why",
     """.venv/bin/python -m operators.demo --conf '{"world_size": 1, "max_steps": 300}'""":
