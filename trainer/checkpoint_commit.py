@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.console import say
-from trainer.storage import publish_folder, write_folder
+from trainer.storage import Storage, publish_folder, write_folder
 
 FORMAT = "gangflow-checkpoint/1"
 MANIFEST = "manifest.json"
@@ -100,7 +100,7 @@ def commit_local(root: Path, step: int, files: dict[str, bytes], *, before_commi
         # in place (deleting a file costs as much as writing it here). The old manifest cannot pass
         # for the new one (state.json's step differs, so its hash does) and nothing reads a .tmp-*.
         for stale in sorted(set(os.listdir(tmp)) - {*files, MANIFEST}):
-            _remove(tmp / stale)
+            Storage(tmp).remove(stale)
     else:
         tmp.mkdir()
     # The manifest hashes the files while their fsyncs run (hashlib lets go of the GIL).
@@ -138,13 +138,6 @@ def _recycle_spare(root: Path, tmp: Path) -> bool:
         except OSError:
             continue
     return False
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def prune_local(root: Path, keep_last: int) -> None:
