@@ -7,9 +7,9 @@ training loop needs between its ops. On a fast loop that costs it several percen
 
 This module imports the standard library, trainer.storage and trainer.console only (never
 torch), so the writer (`python -m trainer.checkpoint_commit`, started by rank 0 as it starts
-training) is up in tens of milliseconds. The rank sends each file's bytes as it will be on disk (trainer.checkpoint
-encodes the safetensors files without copying the tensors); the writer hashes them, writes the
-folder, commits it and prunes. One job at a time, over the writer's stdin and stdout:
+training) is up in tens of milliseconds. The rank sends each file's bytes as it will be on disk
+(trainer.checkpoint encodes the safetensors files without copying the tensors); the writer
+hashes them, writes the folder, commits it and prunes. One job at a time, over the writer's stdin and stdout:
 
     rank   -> writer   <u32 length><header JSON: root, step, keep_last, handshake, files
                        [[name, bytes], ...]>, then every file's bytes in that order (one writev)
