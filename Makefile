@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 # State dir (GANGFLOW_HOME, default .gangflow/): Airflow DB + pool, MLflow store, DVC remote, data.
 setup: install
-	$(BIN)/python -m operators.setup
+	$(BIN)/python -m operators.cli.setup
 
 # Rebuild the datasets with `dvc repro` (dvc.yaml): the venv comes first on PATH (exported above),
 # so the stages' `python` is the project's interpreter.
@@ -29,13 +29,13 @@ data: install
 # Runs one pipeline's DAG once on the embedded defaults (PIPELINE=digits|diabetes|<yours>, a file
 # under pipelines/); the last line is a JSON summary.
 demo: setup
-	$(BIN)/python -m operators.demo --pipeline $(PIPELINE)
+	$(BIN)/python -m operators.cli.demo --pipeline $(PIPELINE)
 
 # One pipeline's DAG (PIPELINE=, as demo) with backend=kubernetes, the rendered pods run as local
 # processes, S3 (moto) and MLflow servers on 127.0.0.1 (docs/kubernetes.md, "The cluster drill");
 # honours GANGFLOW_FAULT.
 cluster-drill: setup
-	$(BIN)/python -m operators.kubernetes.drill --pipeline $(PIPELINE)
+	$(BIN)/python -m operators.cli.drill --pipeline $(PIPELINE)
 
 test: install browser-deps
 	$(BIN)/python -m pytest
@@ -44,11 +44,12 @@ test: install browser-deps
 browser-deps:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } || echo "chromium missing: the browser test will fail; install Debian's chromium"
 
+# Unit tests only (tests/unit): no DAG run, no torchrun gang, no browser.
 test-fast: install
-	$(BIN)/python -m pytest -m "not slow and not browser"
+	$(BIN)/python -m pytest tests/unit
 
 ui: setup
-	$(BIN)/python -m operators.ui
+	$(BIN)/python -m operators.cli.ui
 
 benchmarks: setup
 	$(BIN)/python benchmarks/trainer.py

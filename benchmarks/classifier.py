@@ -239,7 +239,7 @@ def rule_table() -> str:
     from operators.failures import RULES
 
     fixtures: dict[str, list[tuple[str, str]]] = {}
-    for path in sorted((ROOT / "tests/operators/evidence").glob("*.json")):
+    for path in sorted((ROOT / "tests/unit/operators/failures/evidence").glob("*.json")):
         data = json.loads(path.read_text())
         fixtures.setdefault(data["expect"]["rule"], []).append((path.stem, data["source"]))
 

@@ -84,11 +84,11 @@ def last_json_line(text: str) -> dict:
 
 
 def run_demo(conf: dict, env: dict[str, str], log: Path, timeout: float) -> tuple[dict, str, float]:
-    """One `python -m operators.demo --conf CONF` (what `make demo` runs: dag.test()), its output in
+    """One `python -m operators.cli.demo --conf CONF` (what `make demo` runs: dag.test()), its output in
     `log`. Returns (the summary JSON, the log text, wall seconds); raises unless the run succeeded."""
     t0 = time.time()
     with open(log, "w") as out:
-        code = subprocess.run([PY, "-m", "operators.demo", "--conf", json.dumps(conf)], cwd=ROOT, env=env,
+        code = subprocess.run([PY, "-m", "operators.cli.demo", "--conf", json.dumps(conf)], cwd=ROOT, env=env,
                               stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode  # fmt: skip
     wall = time.time() - t0
     text = log.read_text()

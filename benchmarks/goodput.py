@@ -1,6 +1,6 @@
 """Goodput under an injected failure, as Airflow runs it. The last line printed is one JSON object.
 
-Every arm is one real run of `train_pipeline` with `dag.test()` (`python -m operators.demo
+Every arm is one real run of `train_pipeline` with `dag.test()` (`python -m operators.cli.demo
 --conf ...`, what `make demo` runs) on one fresh state dir (SQLite Airflow DB, pool, DVC-published
 dataset, MLflow); repetitions interleave the arms, rotating which goes first:
 

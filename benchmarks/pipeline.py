@@ -10,10 +10,10 @@ JSON object:
 * `train_task_over_bare_torchrun`: wall time of the training task `train_local_<N>` over a bare
   torchrun of the same trainer arguments, median of interleaved pairs. Goal <= 1.10 (aim 1.05).
   - task side: the real DAG run once per repetition with `dag.test()` (what `make demo` does,
-    `python -m operators.demo`, on a fresh SQLite state dir); the time is the task instance's
+    `python -m operators.cli.demo`, on a fresh SQLite state dir); the time is the task instance's
     `end_date - start_date` from Airflow's metadata DB: template rendering, the capacity check,
     `LocalBackend.run` (torchrun with `--tee`/`--log-dir`, ranks' output streamed into the task
-    log) with the task's MLflow relay beside it (`operators.relay`: the run lookup/creation in a
+    log) with the task's MLflow relay beside it (`operators.hooks.mlflow_relay`: the run lookup/creation in a
     thread during the launch, metrics.jsonl relayed while training; the ranks import no MLflow),
     the relay's flush and `final/` upload after the gang exits, and the XCom push. dag.test runs the task in its
     own process, so the worker's fork and its re-parse of the DAG file are not included (the
@@ -145,9 +145,9 @@ def pipeline_env(home: Path) -> dict[str, str]:
 
 
 def setup_state(home: Path) -> None:
-    done = subprocess.run([PY, "-m", "operators.setup"], cwd=ROOT, env=pipeline_env(home), capture_output=True, text=True, timeout=900)
+    done = subprocess.run([PY, "-m", "operators.cli.setup"], cwd=ROOT, env=pipeline_env(home), capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
-        raise RuntimeError(f"operators.setup failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+        raise RuntimeError(f"operators.cli.setup failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
 
 
 def create_mlflow_runs(home: Path, n: int) -> list[str]:

@@ -15,7 +15,7 @@ Three arms per repetition, interleaved (rotating which goes first), each a fresh
   ranks forked from it; `--max-restarts 0`) on a run dir holding a committed
   checkpoint (made once, by an attempt killed with `kill@step=60` at `checkpoint.every_steps=50`;
   each repetition resumes a fresh copy), with MLflow on as under the task: the task's relay
-  (`operators.relay`) opens the MLflow run (SQLite, pre-created run) in a thread while torchrun
+  (`operators.hooks.mlflow_relay`) opens the MLflow run (SQLite, pre-created run) in a thread while torchrun
   starts and relays metrics.jsonl; the ranks import no MLflow. Launch (the `run` call) to the
   first step: the trainer's own `resume` event time in metrics.jsonl (the loop starts right
   after it) and, from the probe below, the end of rank 0's first training step
@@ -119,10 +119,10 @@ def task_child(arg: str) -> int:
     sys.path[:] = [str(ROOT)] + [p for p in sys.path if p and Path(p).resolve() != here]
     if getattr(sys.modules.get("trainer"), "__file__", "").startswith(str(here)):
         del sys.modules["trainer"]
-    from operators import tracking
+    from operators.hooks import mlflow as tracking
     from operators.backends.base import GangSpec
     from operators.backends.local import LocalBackend
-    from operators.relay import TrackingRelay
+    from operators.hooks.mlflow_relay import TrackingRelay
 
     spec = GangSpec(**job["spec"])
     with open(job["log"], "w") as log:

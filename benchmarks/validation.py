@@ -6,7 +6,7 @@ plain pandas. The last line printed is one JSON object:
   `digits_data_docs_seconds` is the same run with Data Docs built (what the DAG's task does);
   `digits_data_docs_first_seconds` is the first of those runs, the process's first Data Docs
   build: GX's HTML templates are compiled then and reused by later builds
-  (operators/data_docs.py), and the DAG's task builds once per process, so it pays this one.
+  (operators/expectations/data_docs.py), and the DAG's task builds once per process, so it pays this one.
 * `rows_per_second_1m`: rows validated per second on `--rows` (default 1M) synthetic rows
   (`data/prepare.py --synthetic ROWS`, split 75/25 as the real data), the same suite with the
   row-count band widened to the synthetic split sizes, no Data Docs.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from airflow.sdk import Asset, dag, task
 
 from operators.callbacks import record_failure
-from operators.pipeline import ASSET_VERSION_KEY, PipelineConfig, load_pipelines
+from operators.config.pipelines import ASSET_VERSION_KEY, PipelineConfig, load_pipelines
 from operators.retry import ClassifiedRetryPolicy
 
 
@@ -30,7 +30,7 @@ def build_publish_dag(p: PipelineConfig):
     def publish_dataset():
         @task(outlets=[asset])
         def publish(outlet_events=None) -> str:
-            from operators import dataset
+            from operators.hooks import dvc as dataset
 
             version = dataset.publish(stage=p.dataset_stage, out=p.dataset_out)
             # The training DAG's Asset-triggered run trains exactly this version (dataset_version_of_run).

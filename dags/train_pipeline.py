@@ -16,7 +16,7 @@ from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param,
 from operators.backends import register_backend
 from operators.callbacks import record_failure
 from operators.evaluation import EvaluateModelOperator
-from operators.pipeline import (
+from operators.config.pipelines import (
     DEFAULT_PIPELINE, NOT_NAN, POOL, PipelineConfig, check_params, dataset_version_of_run, load_pipelines,
 )  # fmt: skip
 from operators.promotion import PromoteModelOperator

@@ -17,7 +17,7 @@ What a valid split looks like, and why (every threshold is a constant below):
 | ExpectColumnValuesToBeInSet                  | label            | CLASSES = {0..9}                   |
 | ExpectColumnKLDivergenceToBeLessThan         | label            | KL(observed || uniform) < MAX_CLASS_KL |
 
-The `ExpectColumns*` checks (operators/expectations.py) are GX expectations over many columns in
+The `ExpectColumns*` checks (operators/expectations/columns.py) are GX expectations over many columns in
 one vectorised pass; a failure still names each failing column. 8 expectations per split instead
 of 198 (one per pixel column and check), for the same meaning: 5 s -> well under 1 s.
 
@@ -40,7 +40,7 @@ import sys
 import great_expectations as gx
 import great_expectations.expectations as gxe
 
-from operators.expectations import ExpectColumnsTypesToBe, ExpectColumnsValuesToBeBetween, ExpectColumnsValuesToNotBeNull
+from operators.expectations.columns import ExpectColumnsTypesToBe, ExpectColumnsValuesToBeBetween, ExpectColumnsValuesToNotBeNull
 
 FEATURES: list[str] = [f"pixel_{i:02d}" for i in range(64)]
 LABEL = "label"

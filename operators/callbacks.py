@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from operators import settings
+from operators.config import settings
 
 
 def failure_record_path(dag_id: str, run_id: str):

@@ -177,7 +177,7 @@ def load_test_arrays(path: str | Path, data_factory: str | None = None) -> tuple
     import numpy as np
     import pandas as pd
 
-    from operators.model_pyfunc import LABEL_COLUMN, features
+    from operators.registry.served_model import LABEL_COLUMN, features
 
     frame = pd.read_parquet(path)
     y = frame[LABEL_COLUMN].to_numpy()
@@ -202,14 +202,14 @@ def _arrays_from_factory(data_factory: str, path: str | Path) -> tuple[np.ndarra
 def load_final_model(final_dir: str | Path, *, allowed_models: Sequence[str] | str | None = None) -> torch.nn.Module:
     """The model saved in a run's `final/` dir (safetensors + model card), in eval mode; the
     card's factory must be allow-listed (`trainer.allowlist`), else `ModelNotAllowed`."""
-    from operators.model_pyfunc import load_final_model as _load
+    from operators.registry.served_model import load_final_model as _load
 
     return _load(final_dir, allowed_models=allowed_models)
 
 
 def file_md5(path: str | Path) -> str:
     """md5 of the file's bytes, as DVC computes it (the test split's identity in tags)."""
-    from operators.dataset import md5_file
+    from operators.hooks.dvc import md5_file
 
     return md5_file(path)
 
@@ -228,7 +228,7 @@ def evaluate_final_dir(
     The result also names the test file and its md5, so a later comparison can check that two
     scores come from the same split.
     """
-    from operators.model_pyfunc import card_task
+    from operators.registry.served_model import card_task
 
     model = load_final_model(final_dir, allowed_models=allowed_models)
     x, y = load_test_arrays(test_path, data_factory)
@@ -261,7 +261,7 @@ def fetch_test_split(dataset: Mapping[str, Any] | str, scratch: str | Path, *, r
     `scratch`. Either way its md5 must equal the manifest's `test_md5` (`DatasetHashMismatch`
     otherwise): a score is only comparable on the very bytes that were validated.
     """
-    from operators.dataset import md5_file
+    from operators.hooks.dvc import md5_file
     from operators.exceptions import DatasetHashMismatch, StorageUnavailable
 
     manifest = manifest_of(dataset)
@@ -270,11 +270,11 @@ def fetch_test_split(dataset: Mapping[str, Any] | str, scratch: str | Path, *, r
     if cached and Path(str(cached)).is_file():
         path = Path(str(cached))
     else:
-        from operators.failures.catalogue import transient_exception
+        from trainer.failure_catalogue import transient_exception
         from trainer.datastore import fetch_dataset
 
         if remote is None:
-            from operators.dataset import remote_url
+            from operators.hooks.dvc import remote_url
 
             remote = remote_url()
         try:
@@ -358,7 +358,7 @@ class EvaluateModelOperator(BaseOperator):
     :param dataset: the validate task's manifest (an XComArg or dict; templated): its `version`,
         `test_md5` (and, when this worker has it, `test_path` in the DVC cache).
     :param mlflow_run_id: MLflow run to log into (templated); empty: do not log.
-    :param tracking_uri: MLflow tracking URI (templated); default `operators.settings.tracking_uri()`.
+    :param tracking_uri: MLflow tracking URI (templated); default `operators.config.settings.tracking_uri()`.
     :param num_classes: number of classes; default: the model's number of outputs.
     :param allowed_models: `module:function` model factories allowed beside the `gangflow.models`
         entry points (templated); a card naming anything else is refused before any import.
@@ -426,7 +426,7 @@ class EvaluateModelOperator(BaseOperator):
         """Log metrics, the JSON report and the confusion-matrix PNG to `mlflow_run_id`."""
         from mlflow.entities import Metric, RunTag
 
-        from operators.tracking import client_uri, get_client, mlflow_errors
+        from operators.hooks.mlflow import client_uri, get_client, mlflow_errors
 
         client = get_client(self.tracking_uri or None)
         uri = client_uri(client)
@@ -454,9 +454,9 @@ class EvaluateModelOperator(BaseOperator):
     # -- execute ---------------------------------------------------------------------------
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from operators.model_pyfunc import card_task
-        from operators.registry import download_model
-        from operators.tracking import get_client
+        from operators.registry.served_model import card_task
+        from operators.registry.versions import download_model
+        from operators.hooks.mlflow import get_client
 
         manifest = manifest_of(self.dataset)
         model_uri = str(self.model_uri)

@@ -19,7 +19,7 @@ from airflow.sdk import BaseOperator
 from trainer.allowlist import ModelNotAllowed
 
 from operators.exceptions import RegistryUnavailable, UserError
-from operators.registry import (
+from operators.registry.versions import (
     CHAMPION_ALIAS,
     ChampionChanged,
     ChampionEvaluationFailed,
@@ -76,7 +76,7 @@ class PromoteModelOperator(BaseOperator):
     2. check that the candidate's input columns (the validated dataset's schema, less the
        label) are the champion's (`SchemaMismatch` otherwise: nothing is registered), then
        register it as a version of `model_name` (a pyfunc logged from code, no pickle; see
-       `operators.registry.register_version`) with that schema as its signature and a few rows
+       `operators.registry.versions.register_version`) with that schema as its signature and a few rows
        of the test split as its input example: a retry reuses the version already registered
        from `mlflow_run_id`; the version gets the run's `gangflow.*` lineage tags;
     3. if that version already holds the `champion` alias (a retry after the alias moved),
@@ -90,7 +90,7 @@ class PromoteModelOperator(BaseOperator):
        MORE than `min_improvement`;
     6. record the decision on the version and the registered model (`gangflow.*` tags, see
        docs/registry.md) and, only when promoted, move the `champion` alias by compare-and-set
-       (`operators.registry.move_champion`): if another promotion moved it meanwhile, decide
+       (`operators.registry.versions.move_champion`): if another promotion moved it meanwhile, decide
        again against the new champion (at most `max_rounds` times, then `ChampionChanged`,
        retried), so a slower, worse candidate never overwrites a better champion.
 
@@ -288,7 +288,7 @@ class PromoteModelOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from operators.evaluation import fetch_test_split, manifest_of
-        from operators.tracking import get_client
+        from operators.hooks.mlflow import get_client
 
         gate = self.gate()
         if not self.mlflow_run_id:

@@ -9,7 +9,7 @@ On a failure Airflow calls `evaluate` in the worker with the exception itself:
 * `GangFailure` (the gang's classified failure) decides by its `Verdict`;
 * any other `GangflowError` by its `kind`/`retryable` (`InfraError` retries, `UserError` fails);
 * other exceptions: the transient ones of the failure catalogue
-  (`operators.failures.catalogue`: connection errors, OSError with EIO, ETIMEDOUT,
+  (`trainer.failure_catalogue`: connection errors, OSError with EIO, ETIMEDOUT,
   ECONNRESET..., an MLflow/HTTP 5xx or 429, S3/GCS/Azure throttling, SQLite "database is
   locked") count as infra; anything else gets Airflow's DEFAULT handling (the task's plain
   `retries`).
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import RetryDecision, RetryPolicy
 
-from operators import settings
+from operators.config import settings
 from operators.exceptions import GangFailure, GangflowError
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ def judge_exception(exception: BaseException) -> tuple[str | None, str]:
         if kind not in ("infra", "user", "unknown"):
             kind = "infra" if exception.retryable else "user"
         return kind, f"{type(exception).__name__}: {exception}"
-    from operators.failures.catalogue import transient_exception  # not at DAG parse time
+    from trainer.failure_catalogue import transient_exception  # not at DAG parse time
 
     why = transient_exception(exception)
     if why:

@@ -15,7 +15,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from operators import settings
+from operators.config import settings
 from operators.backends import GangResult, GangSpec, get_backend
 from operators.backends.local import pool_slots
 from operators.exceptions import GangCapacityError, GangFailure, InfraFailure, UnknownFailure, UserError, UserFailure
@@ -63,7 +63,7 @@ class GangTrainingOperator(BaseOperator):
     :param run_dir: where checkpoints and final weights go (default: one folder per DAG run
         under the state dir).
     :returns: (XCom) `model_uri` (`runs:/<mlflow_run_id>/final`: the final weights are logged
-        there, by this task's relay for a local gang (`operators.relay`: the ranks import no
+        there, by this task's relay for a local gang (`operators.hooks.mlflow_relay`: the ranks import no
         MLflow) or by rank 0 on Kubernetes; evaluate and promote load them from MLflow, never
         from a worker path),
         `mlflow_run_id`, `dataset_version`, `world_size`, `backend`, `attempt`,
@@ -133,8 +133,8 @@ class GangTrainingOperator(BaseOperator):
         return self._open_run(context)[1]
 
     def _open_run(self, context):
-        """(client, run id) of this DAG run's MLflow run (`operators.tracking.ensure_run`)."""
-        from operators import tracking
+        """(client, run id) of this DAG run's MLflow run (`operators.hooks.mlflow.ensure_run`)."""
+        from operators.hooks import mlflow as tracking
 
         client = tracking.get_client()
         experiment_id = tracking.ensure_experiment(client, self.experiment)
@@ -146,7 +146,7 @@ class GangTrainingOperator(BaseOperator):
         run_id = run_id or spec.env.get("MLFLOW_RUN_ID")
         if not run_id:
             return
-        from operators import tracking
+        from operators.hooks import mlflow as tracking
 
         tags = {"gangflow.gang": spec.name, "gangflow.backend": str(self.backend)}
         if spec.dataset_version:
@@ -180,8 +180,8 @@ class GangTrainingOperator(BaseOperator):
     def _execute_relayed(self, context):
         """A gang beside this task (`relay_tracking`): the MLflow run is opened while torchrun
         starts, not before, and this process relays the ranks' metrics.jsonl into it and logs
-        the final weights (`operators.relay`); the ranks import no MLflow."""
-        from operators.relay import TrackingRelay
+        the final weights (`operators.hooks.mlflow_relay`); the ranks import no MLflow."""
+        from operators.hooks.mlflow_relay import TrackingRelay
 
         spec = self.build_spec(context, mlflow_run_id=None)
         self._backend.check_capacity(spec)

@@ -3,7 +3,7 @@
 `DatasetValidationOperator` resolves a DVC-pinned dataset version to its read-only files,
 re-checks their hashes, runs a Great Expectations suite on every split, writes GX Data Docs under
 `<state>/reports/<version>/`, and returns the validated-dataset manifest (see
-`operators.dataset.manifest`) as its XCom. `run_expectations()` is the same GX run without
+`operators.hooks.dvc.manifest`) as its XCom. `run_expectations()` is the same GX run without
 Airflow, for notebooks and tests.
 
 Import cost: great_expectations, dvc, pandas and pyarrow are imported inside the methods that
@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from operators import dataset, settings
+from operators.hooks import dvc as dataset
+
+from operators.config import settings
 from operators.exceptions import DataValidationFailed, UserError
 
 if TYPE_CHECKING:
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
     from great_expectations import ExpectationSuite
     from great_expectations.core import ExpectationValidationResult
 
-    from operators.dataset import ResolvedDataset
+    from operators.hooks.dvc import ResolvedDataset
 
 SuiteFactory = Callable[[str], "ExpectationSuite"]
 
@@ -63,7 +65,7 @@ class ValidationReport:
     """What `run_expectations` found: per-split GX results, failures, and the Data Docs index.
 
     `failures` has one entry per failing column of a multi-column expectation
-    (operators/expectations.py), so it can be longer than the count of failed expectations,
+    (operators/expectations/columns.py), so it can be longer than the count of failed expectations,
     which is `failed` (per split).
     """
 
@@ -127,7 +129,7 @@ class DatasetValidationOperator(BaseOperator):
         directory, as in dvc.lock without `.dir`), or `"pinned"` / empty for the version
         pinned in dvc.lock. Templated; defaults to the DAG param `dataset_version`.
     :param project_root: the git + DVC repository holding dvc.yaml/dvc.lock (templated);
-        default `operators.settings.PROJECT_ROOT`.
+        default `operators.config.settings.PROJECT_ROOT`.
     :param suite: `"module:function"` of the suite factory, called as `function(split)` for each
         split and returning a `great_expectations.ExpectationSuite` (templated). Modules under
         the project root (such as `data.expectations`) are loaded from there.
@@ -310,7 +312,7 @@ def run_expectations(
 
     Uses a pandas data source with one DataFrame asset and a whole-dataframe batch definition
     per split. With `docs_dir`, GX Data Docs (a SiteBuilder site on the local filesystem, GX's
-    views sharing one template cache: operators/data_docs.py) are built there, failures
+    views sharing one template cache: operators/expectations/data_docs.py) are built there, failures
     included; `report.data_docs` is its index.html.
     """
     _quiet_gx_logs()
@@ -324,7 +326,7 @@ def run_expectations(
 
     sites = {}
     if docs_dir is not None:
-        from operators.data_docs import site_config
+        from operators.expectations.data_docs import site_config
 
         docs_dir = Path(docs_dir)
         docs_dir.mkdir(parents=True, exist_ok=True)
@@ -384,7 +386,7 @@ def _about_absent_column(failure: ExpectationFailure, absent: set[tuple[str, str
 
 def describe_failures(split: str, result: ExpectationValidationResult) -> list[ExpectationFailure]:
     """One ExpectationFailure per failing column for the multi-column expectations
-    (`details.columns` in their result, operators/expectations.py), else `[describe_failure(...)]`."""
+    (`details.columns` in their result, operators/expectations/columns.py), else `[describe_failure(...)]`."""
     per_column = ((result.result or {}).get("details") or {}).get("columns")
     if not isinstance(per_column, dict) or not per_column:
         return [describe_failure(split, result)]

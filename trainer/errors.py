@@ -90,7 +90,7 @@ def _is_infrastructure(exc: BaseException) -> bool:
 
     The failure catalogue decides (type first, message second: a ValueError the user raised
     stays the user's whatever its message says)."""
-    from operators.failures.catalogue import transient_exception
+    from trainer.failure_catalogue import transient_exception
 
     return transient_exception(exc) is not None
 

@@ -10,7 +10,7 @@ and tags, for the sink below and for the Airflow operator's relay alike (one cod
 
 MLflow from the rank (`tracking.mlflow_uri` or env MLFLOW_TRACKING_URI) is imported lazily and
 only then; the Kubernetes backend uses it (pods have no operator beside them), the local
-backend does not (its operator relays metrics.jsonl: `operators.relay`). The run is env
+backend does not (its operator relays metrics.jsonl: `operators.hooks.mlflow_relay`). The run is env
 MLFLOW_RUN_ID when set (the Airflow operator creates it; a retry logs into the same run), else
 the run recorded in `DIR/tracking.json` by an earlier attempt, else a new run in
 `tracking.experiment`. Nothing blocks the loop: lines are queued and a background thread sends

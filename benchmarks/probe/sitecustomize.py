@@ -42,7 +42,7 @@ WRAP = {
     # the Airflow task process (dag.test runs the task in-process)
     "operators.training": [("GangTrainingOperator.execute", "op_execute"), ("GangTrainingOperator.mlflow_run", "op_mlflow_run"),
                            ("GangTrainingOperator._open_run", "op_open_run"), ("GangTrainingOperator._finish", "op_finish")],
-    "operators.relay": [("TrackingRelay.finish", "op_relay_finish")],
+    "operators.hooks.mlflow_relay": [("TrackingRelay.finish", "op_relay_finish")],
     "trainer.loop": [("Trainer.__init__", "trainer_init"), ("make_loader", "make_loader"), ("Trainer.resume", "resume"),
                      ("Trainer.train_step", "first_step"), ("Trainer.close", "close")],
 }

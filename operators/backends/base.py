@@ -70,7 +70,7 @@ class GangBackend(abc.ABC):
     name: ClassVar[str]
     deferrable: ClassVar[bool] = False
     # True: the gang runs beside the task, whose process relays the ranks' metrics.jsonl to MLflow
-    # (`operators.relay`) and logs the final weights; the ranks get no MLflow settings. False: the
+    # (`operators.hooks.mlflow_relay`) and logs the final weights; the ranks get no MLflow settings. False: the
     # spec's env carries MLFLOW_TRACKING_URI/MLFLOW_RUN_ID and rank 0 logs to MLflow itself.
     relay_tracking: bool = False
 

@@ -43,7 +43,7 @@ from operators.exceptions import (
 )
 from operators.kubernetes import status as st
 from operators.kubernetes.builders import ATTEMPT_LABEL, CONTAINER, GANG_LABEL, TRAINJOB_NODE, GangPlan, build_gang, dataset_version
-from operators.kubernetes.client import GangApi, open_api, run_sync
+from operators.hooks.kubernetes import GangApi, open_api, run_sync
 from operators.kubernetes.runtime import (
     RUNTIME_CONFIGMAP,
     RUNTIME_CONFIGMAP_KEY,
@@ -312,7 +312,7 @@ class KubernetesBackend(GangBackend):
             return {}
         tags = self.lineage_tags(spec, handle, runtime)
         try:
-            from operators import tracking
+            from operators.hooks import mlflow as tracking
 
             client = tracking.get_client()  # the worker's view of the same tracking server
             for key, value in tags.items():

@@ -124,7 +124,7 @@ class LocalBackend(GangBackend):
         if not spec.dataset_version or any(o.startswith("data.remote=") for o in spec.overrides):
             return []
         if self.dataset_remote is None:
-            from operators.dataset import remote_url
+            from operators.hooks.dvc import remote_url
 
             self.dataset_remote = remote_url()
         return ["--set", f"data.remote={self.dataset_remote}"]

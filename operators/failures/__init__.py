@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["KINDS", "RULES", "Evidence", "Rule", "Verdict", "classify", "main"]
 
-# Loaded on first use: `operators.failures.catalogue` alone (the retry policy, the dataset
+# Loaded on first use: `trainer.failure_catalogue` alone (the retry policy, the dataset
 # fetch, tracking) must not compile the whole rule table, e.g. while Airflow parses a DAG.
 _LAZY = {
     "Evidence": "evidence", "classify": "ranks", "RULES": "rules", "Rule": "rules", "KINDS": "verdict",

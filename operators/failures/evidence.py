@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from operators.failures.catalogue import is_library_path
+from trainer.failure_catalogue import is_library_path
 
 __all__ = ["Condition", "ErrorRecord", "Event", "Evidence", "Exc"]
 

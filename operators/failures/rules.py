@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from operators.failures import catalogue
+from trainer import failure_catalogue as catalogue
 from operators.failures.evidence import (
     LAUNCHER_EXIT,
     RANK_PREFIX,

@@ -2,8 +2,8 @@
 TrainJob), the runtime defaults the Helm chart ships, offline schema validation, and the status
 reading the trigger and backend share.
 
-    python -m operators.kubernetes render --world-size 4 --scheduler kueue   # what would be submitted
-    python -m operators.kubernetes validate objects.yaml   # against the vendored upstream CRDs (crds/)
+    python -m operators.cli.render render --world-size 4 --scheduler kueue   # what would be submitted (operators/cli/render.py)
+    python -m operators.cli.render validate objects.yaml   # against the vendored upstream CRDs (crds/)
 
 Importing this package does not import Airflow or the Kubernetes clients' network code.
 """

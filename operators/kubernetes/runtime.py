@@ -438,7 +438,7 @@ def merge_runtime(base: Mapping[str, Any] | None, overrides: Mapping[str, Any] |
 
 def default_runtime_mapping() -> dict[str, Any]:
     """The camelCase defaults of every optional key (the dataclass defaults above): the one source
-    the chart's `training` values are checked against (tests/helm/test_runtime_defaults_sync.py)."""
+    the chart's `training` values are checked against (tests/unit/helm/test_runtime_defaults_sync.py)."""
     out: dict[str, Any] = {}
     for key, (name, nested) in _KEYS.items():
         f = RuntimeDefaults.__dataclass_fields__[name]

@@ -10,7 +10,7 @@
 The embedded Job and pod templates of a JobSet / Volcano Job are validated a second time as core
 kinds, so a misspelt pod field fails even where a CRD schema is loose.
 
-Command line: `python -m operators.kubernetes validate FILE... --crds DIR`.
+Command line: `python -m operators.cli.render validate FILE... --crds DIR`.
 """
 
 from __future__ import annotations

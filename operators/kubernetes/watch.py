@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from operators.kubernetes import status as st
-from operators.kubernetes.client import GangApi
+from operators.hooks.kubernetes import GangApi
 
 MAX_EVIDENCE_PODS = 8
 MAX_WAITING_NOTES = 10

@@ -65,7 +65,7 @@ class GangTrigger(BaseTrigger):
         self.log.info(message)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from operators.kubernetes.client import open_api
+        from operators.hooks.kubernetes import open_api
         from operators.kubernetes.watch import GangWatcher
 
         h = self.handle
@@ -108,7 +108,7 @@ class GangTrigger(BaseTrigger):
 
     async def on_kill(self) -> None:
         """The user killed the deferred task (mark failed/success, clear): delete the gang."""
-        from operators.kubernetes.client import open_api
+        from operators.hooks.kubernetes import open_api
 
         h = self.handle
         async with open_api(self.kubernetes_conn_id, h["namespace"]) as api:

@@ -1,4 +1,4 @@
-"""Helpers that run the real DAG through `python -m operators.demo` (Airflow on SQLite, MLflow on SQLite,
+"""Helpers that run the real DAG through `python -m operators.cli.demo` (Airflow on SQLite, MLflow on SQLite,
 DVC local remote, torchrun with gloo), each run in a subprocess: Airflow binds its config at import.
 """
 
@@ -28,12 +28,12 @@ def pipeline_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def setup_state(home: Path) -> None:
-    subprocess.run([sys.executable, "-m", "operators.setup"], cwd=PROJECT_ROOT, env=pipeline_env(home), check=True, timeout=600)
+    subprocess.run([sys.executable, "-m", "operators.cli.setup"], cwd=PROJECT_ROOT, env=pipeline_env(home), check=True, timeout=600)
 
 
 def start_pipeline(home: Path, conf: dict, log: Path, *, pipeline: str = "digits", **env: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "operators.demo", "--pipeline", pipeline, "--conf", json.dumps(conf)],
+        [sys.executable, "-m", "operators.cli.demo", "--pipeline", pipeline, "--conf", json.dumps(conf)],
         cwd=PROJECT_ROOT, env=pipeline_env(home, **env), stdout=open(log, "w"), stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""One promote task in a process of its own, for the champion race test (tests/operators/test_promotion.py).
+"""One promote task in a process of its own, for the champion race test (tests/unit/operators/test_promotion.py).
 
 Both racers wait at a barrier once they have decided (so each decided against the same old
 champion), then move the alias; the slower one's alias write is made slower still, so without a
@@ -17,7 +17,8 @@ def promote(args: dict, barrier, out) -> None:
     os.environ["GANGFLOW_HOME"] = args["home"]
     os.environ["GANGFLOW_ALLOWED_MODELS"] = args["allowed"]
     os.environ.pop("MLFLOW_TRACKING_URI", None)
-    from operators import promotion, registry
+    from operators import promotion
+    from operators.registry import versions as registry
 
     record, set_alias = registry.record_decision, registry.promote
     first = [True]

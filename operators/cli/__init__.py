@@ -1,0 +1,1 @@
+"""Command-line programs: `make demo`, `make setup`, `make ui`, the render CLI and the cluster drill."""

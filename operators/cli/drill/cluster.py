@@ -1,0 +1,524 @@
+"""The controllers and the kubelet of the drill: what a cluster would do with a submitted JobSet,
+played against the API test double, with each pod's container run as a local process.
+
+- **Kueue** (scripted): a suspended JobSet with a queue label gets a Workload with `QuotaReserved`
+  and `Admitted`, and is unsuspended (no quota is modelled: admission is immediate).
+- **Job controller**: one pod per completion index from the JobSet's pod template, with the
+  index annotation/label and the `JOB_COMPLETION_INDEX` env (a `fieldRef`, as the Job controller
+  adds it), hostname `<jobset>-rank-0-<i>` and subdomain `<jobset>` (JobSet's DNS hostnames).
+  A failed pod fails the Job (backoffLimit 0): the JobSet gets `Failed`, the other pods are
+  deleted (terminated). All pods succeeded: `Completed`.
+- **kubelet**: resolves the container's env (Secrets, ConfigMaps, downward API), expands `$(VAR)`
+  in command and args, maps the container paths (`Rewrites`), starts the process in its own
+  session with its own empty `/tmp` as cwd, HOME and TMPDIR, CPU-pinned to as many CPUs as the
+  container's integer `cpu` limit (the static CPU manager's exclusive CPUs for Guaranteed pods),
+  reports Running/Ready, streams the log to `pods/log`, and on exit writes the terminated state:
+  exit code (128 + signal when killed), reason, the termination message from the file mapped at
+  `/dev/termination-log` (FallbackToLogsOnError: the log's last 80 lines / 2048 bytes when the file
+  is empty and the container failed). A deleted pod gets SIGTERM on its first process, then
+  SIGKILL on every process of the pod after `terminationGracePeriodSeconds`.
+
+Every process of a pod carries `GANGFLOW_DRILL_POD=<drill id>/<pod>` in its environment: that is
+how the drill finds (and the tests check) every process it started, including torchrun's workers,
+which run in sessions of their own.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import json
+import os
+import random
+import shutil
+import signal
+import string
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from operators.cli.drill.api_double import InMemoryKubernetesApi
+from operators.cli.drill.image import Image
+from operators.cli.drill.pods import ContainerConfigError, Rewrites, differences, expand_argv, process_env, resolve_env
+
+JS = ("jobset.x-k8s.io", "jobsets")
+KQ = ("kueue.x-k8s.io", "workloads")
+POD_MARKER = "GANGFLOW_DRILL_POD"
+AUDIT_ENV = "GANGFLOW_DRILL_AUDIT"
+TERMINATION_LOG = "/dev/termination-log"
+NODE = "drill-node"
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+FALLBACK_LINES, FALLBACK_BYTES, MESSAGE_BYTES = 80, 2048, 4096
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _suffix() -> str:
+    return "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+
+
+def processes_with_marker(marker: str) -> list[int]:
+    """PIDs whose environment has `GANGFLOW_DRILL_POD=<marker>...` (Linux /proc)."""
+    needle = f"{POD_MARKER}={marker}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if any(item.startswith(needle) for item in fh.read().split(b"\0")):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def kill_marked(marker: str, sig: int = signal.SIGKILL) -> int:
+    pids = processes_with_marker(marker)
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+    return len(pids)
+
+
+@dataclass
+class PodRun:
+    """One emulated container: the process and what it was started with."""
+
+    namespace: str
+    name: str
+    dir: Path
+    marker: str
+    rendered_argv: list[str] = field(default_factory=list)
+    rendered_env: dict[str, str] = field(default_factory=dict)
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    started_at: str = ""
+    finished_at: str = ""
+    exit_code: int | None = None
+    deleting_since: float | None = None
+    grace: float = 30.0
+    log_lines: collections.deque = field(default_factory=lambda: collections.deque(maxlen=2000))
+    reader: threading.Thread | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / "container.log"
+
+    @property
+    def audit_path(self) -> Path:
+        return self.dir / "audit.paths"
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "pod": self.name, "namespace": self.namespace, "dir": str(self.dir),
+            "rendered_argv": self.rendered_argv, "argv": self.argv,
+            "rendered_env": self.rendered_env, "env": self.env,
+            # what differs between the rendered container and the process: the host and the mounts
+            "rewrites": differences(self.rendered_argv, self.argv) + differences(self.rendered_env, self.env),
+            "exit_code": self.exit_code, "started_at": self.started_at, "finished_at": self.finished_at,
+        }  # fmt: skip
+
+
+class EmulatedCluster:
+    """Kueue + Job controller + one kubelet, reconciling the API test double every `period` s."""
+
+    def __init__(
+        self,
+        api: InMemoryKubernetesApi,
+        *,
+        workdir: Path,
+        image: Image,
+        audit_dir: Path,
+        drill_id: str,
+        extra_env: dict[str, str] | None = None,
+        period: float = 0.2,
+        echo=None,
+    ):
+        self.api = api
+        self.workdir = Path(workdir)
+        self.image = image
+        self.audit_dir = Path(audit_dir)
+        self.drill_id = drill_id
+        self.extra_env = dict(extra_env or {})
+        self.period = period
+        self.echo = echo
+        self.runs: dict[tuple[str, str], PodRun] = {}
+        self.history: list[PodRun] = []
+        self.events: list[str] = []
+        self._started_gangs: set[str] = set()  # JobSet uids whose pods were created
+        self._finished_gangs: set[str] = set()
+        self._cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self._next_cpu = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> EmulatedCluster:
+        self._thread = threading.Thread(target=self._loop, name="drill-cluster", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.reconcile()
+            except Exception as exc:  # visible in the drill's output, and the drill fails on it
+                self.error = exc
+                self._note(f"cluster emulation error: {type(exc).__name__}: {exc}")
+            self._stop.wait(self.period)
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop reconciling; SIGTERM every pod's first process, then SIGKILL every pod process."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join(10)
+        for run in list(self.runs.values()):
+            if run.proc is not None and run.proc.poll() is None:
+                try:
+                    run.proc.send_signal(signal.SIGTERM)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and processes_with_marker(self.drill_id + "/"):
+            time.sleep(0.2)
+        kill_marked(self.drill_id + "/")
+        for run in list(self.runs.values()):
+            if run.proc is not None:
+                try:
+                    run.proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    pass
+
+    def _note(self, message: str) -> None:
+        self.events.append(message)
+        if self.echo:
+            self.echo(f"[cluster] {message}")
+
+    # --- reconcile -----------------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        for jobset in self.api.items(*JS):
+            self._kueue(jobset)
+            self._job_controller(jobset)
+        self._kubelet()
+
+    def _kueue(self, jobset: dict[str, Any]) -> None:
+        meta = jobset["metadata"]
+        if not (jobset.get("spec") or {}).get("suspend"):
+            return
+        if "kueue.x-k8s.io/queue-name" not in (meta.get("labels") or {}):
+            return
+        name, ns, uid = meta["name"], meta["namespace"], meta["uid"]
+        stamp = now()
+        count = sum(int(rj.get("replicas", 1)) * int(rj["template"]["spec"].get("parallelism") or 1) for rj in jobset["spec"]["replicatedJobs"])
+        workload = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Workload",
+            "metadata": {
+                "name": f"jobset-{name}-{uid[:5]}",
+                "namespace": ns,
+                "labels": {"kueue.x-k8s.io/job-uid": uid},
+                "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": name, "uid": uid, "controller": True}],
+            },
+            "spec": {"active": True, "queueName": meta["labels"]["kueue.x-k8s.io/queue-name"], "podSets": [{"name": "rank", "count": count}]},
+            "status": {
+                "conditions": [
+                    {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "lastTransitionTime": stamp,
+                     "message": "Quota reserved in ClusterQueue gangflow-drill (scripted by the drill: no quota is modelled)"},
+                    {"type": "Admitted", "status": "True", "reason": "Admitted", "lastTransitionTime": stamp, "message": "The workload is admitted"},
+                ],
+            },
+        }  # fmt: skip
+        with self.api._lock:
+            if self.api.get(*JS, ns, name) is None:
+                return
+            self.api.put(*KQ, workload)
+            self.api.set_status(*JS, ns, name, {"conditions": [{"type": "Suspended", "status": "False", "reason": "ResumeJobs", "message": "jobset is resumed", "lastTransitionTime": stamp}], "restarts": 0}, suspend=False)
+        self._note(f"Kueue admitted JobSet {ns}/{name} ({count} pods)")
+
+    def _job_controller(self, jobset: dict[str, Any]) -> None:
+        meta, spec = jobset["metadata"], jobset.get("spec") or {}
+        name, ns, uid = meta["name"], meta["namespace"], meta["uid"]
+        if spec.get("suspend") or uid in self._finished_gangs:
+            return
+        if uid not in self._started_gangs:
+            self._started_gangs.add(uid)
+            subdomain = ((spec.get("network") or {}).get("subdomain")) or name
+            for rj in spec["replicatedJobs"]:
+                for job_index in range(int(rj.get("replicas", 1))):
+                    job_spec = rj["template"]["spec"]
+                    for index in range(int(job_spec.get("completions") or job_spec.get("parallelism") or 1)):
+                        self.api.put("", "pods", self._pod(jobset, rj, job_index, index, subdomain))
+            self._note(f"Job controller created the pods of JobSet {ns}/{name}")
+            return
+        pods = [p for p in self.api.items("", "pods", ns) if (p["metadata"].get("labels") or {}).get("jobset.sigs.k8s.io/jobset-name") == name]
+        failed = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
+        total = sum(int(rj.get("replicas", 1)) * int(rj["template"]["spec"].get("completions") or 1) for rj in spec["replicatedJobs"])
+        succeeded = [p for p in pods if (p.get("status") or {}).get("phase") == "Succeeded"]
+        stamp = now()
+        if failed:
+            self._finished_gangs.add(uid)
+            first = failed[0]["metadata"]["name"]
+            for pod in pods:  # backoffLimit 0 / podFailurePolicy FailJob: the Job ends, active pods go
+                if (pod.get("status") or {}).get("phase") not in ("Failed", "Succeeded"):
+                    self._delete_pod(ns, pod["metadata"]["name"])
+            self._set_terminal(ns, name, stamp, "Failed", "FailedJobs", "jobset failed due to one or more job failures")
+            self._note(f"JobSet {ns}/{name} failed: pod {first} failed; the Job controller deletes the others")
+        elif len(succeeded) == total:
+            self._finished_gangs.add(uid)
+            self._set_terminal(ns, name, stamp, "Completed", "AllJobsCompleted", "jobset completed successfully")
+            self._note(f"JobSet {ns}/{name} completed")
+
+    def _set_terminal(self, ns: str, name: str, stamp: str, state: str, reason: str, message: str) -> None:
+        """The JobSet controller's terminal status: `state` is "Failed" or "Completed"."""
+        failed = state == "Failed"
+        status = {
+            "conditions": [
+                {"type": "Suspended", "status": "False", "reason": "ResumeJobs", "message": "jobset is resumed", "lastTransitionTime": stamp},
+                {"type": state, "status": "True", "reason": reason, "message": message, "lastTransitionTime": stamp},
+            ],
+            "replicatedJobsStatus": [{"name": "rank", "ready": 0, "succeeded": int(not failed), "failed": int(failed), "active": 0, "suspended": 0}],
+            "restarts": 0,
+            "terminalState": state,
+        }  # fmt: skip
+        with self.api._lock:
+            if self.api.get(*JS, ns, name) is not None:
+                self.api.set_status(*JS, ns, name, status)
+
+    def _pod(self, jobset: dict[str, Any], rj: dict[str, Any], job_index: int, index: int, subdomain: str) -> dict[str, Any]:
+        js_name, ns = jobset["metadata"]["name"], jobset["metadata"]["namespace"]
+        job_name = f"{js_name}-{rj['name']}-{job_index}"
+        template = copy.deepcopy(rj["template"]["spec"]["template"])
+        meta = template.get("metadata") or {}
+        labels = {
+            **(rj["template"].get("metadata") or {}).get("labels", {}),
+            **(meta.get("labels") or {}),
+            INDEX_KEY: str(index),
+            "batch.kubernetes.io/job-name": job_name,
+            "job-name": job_name,
+            "jobset.sigs.k8s.io/jobset-name": js_name,
+            "jobset.sigs.k8s.io/replicatedjob-name": rj["name"],
+            "jobset.sigs.k8s.io/job-index": str(job_index),
+            "kueue.x-k8s.io/podset": rj["name"],
+        }
+        annotations = {**(meta.get("annotations") or {}), INDEX_KEY: str(index), "jobset.sigs.k8s.io/jobset-name": js_name}
+        spec = template["spec"]
+        spec["hostname"] = f"{job_name}-{index}"
+        spec["subdomain"] = subdomain
+        for container in spec.get("containers") or []:  # what the Job controller adds to Indexed Jobs
+            env = container.setdefault("env", [])
+            if not any(e.get("name") == "JOB_COMPLETION_INDEX" for e in env):
+                env.append({"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": f"metadata.annotations['{INDEX_KEY}']"}}})
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{job_name}-{index}-{_suffix()}", "generateName": f"{job_name}-{index}-", "namespace": ns, "labels": labels, "annotations": annotations},
+            "spec": spec,
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "", "lastTransitionTime": now()}]},
+        }
+
+    def _delete_pod(self, ns: str, name: str) -> None:
+        with self.api._lock:
+            pod = self.api.get("", "pods", ns, name)
+            if pod is not None and not pod["metadata"].get("deletionTimestamp"):
+                pod["metadata"]["deletionTimestamp"] = now()
+
+    # --- kubelet -------------------------------------------------------------------------------
+
+    def _lookup(self, kind: str, namespace: str, name: str):
+        plural = {"Secret": "secrets", "ConfigMap": "configmaps"}[kind]
+        return self.api.get("", plural, namespace, name)
+
+    def _kubelet(self) -> None:
+        live = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in self.api.items("", "pods")}
+        for key, pod in live.items():
+            if key not in self.runs and (pod.get("status") or {}).get("phase") == "Pending" and not pod["metadata"].get("deletionTimestamp"):
+                self._start(pod)
+        for key, run in list(self.runs.items()):
+            pod = live.get(key)
+            alive = run.proc is not None and run.proc.poll() is None
+            if alive and (pod is None or pod["metadata"].get("deletionTimestamp")):
+                self._terminate(run)
+            if run.proc is not None and run.proc.poll() is not None and run.exit_code is None:
+                self._finished(run)
+            if run.exit_code is not None or run.proc is None:
+                if pod is not None and pod["metadata"].get("deletionTimestamp"):
+                    self.api.remove("", "pods", *key)  # a deleted pod is gone once its container ended
+                if pod is None or pod["metadata"].get("deletionTimestamp"):
+                    if run.reader is None or not run.reader.is_alive():
+                        del self.runs[key]
+            elif pod is not None:
+                self.api.logs[key] = "".join(run.log_lines)
+
+    def _rewrites(self, pod: dict[str, Any], run: PodRun) -> Rewrites:
+        ns = pod["metadata"]["namespace"]
+        hosts = {}
+        subdomain = pod["spec"].get("subdomain")
+        for other in self.api.items("", "pods", ns):  # the gang's DNS names -> this machine
+            spec = other.get("spec") or {}
+            if spec.get("subdomain") == subdomain and spec.get("hostname"):
+                for suffix in ("", f".{ns}.svc.cluster.local", f".{ns}.svc", f".{ns}"):
+                    hosts[f"{spec['hostname']}.{subdomain}{suffix}"] = "127.0.0.1"
+        tmp = run.dir / "tmp"
+        mounts = {**self.image.mounts}
+        for volume_mount in pod["spec"]["containers"][0].get("volumeMounts") or []:
+            if volume_mount["mountPath"] == "/tmp":
+                mounts["/tmp"] = str(tmp)
+            elif volume_mount["mountPath"] == "/dev/shm":
+                pass  # the host's /dev/shm (Memory emptyDir); nothing in the drill names it
+            else:
+                raise ContainerConfigError(f"volume mount {volume_mount['mountPath']}: the drill provides /tmp and /dev/shm only (use checkpoint.uri)")
+        mounts[pod["spec"]["containers"][0].get("terminationMessagePath") or TERMINATION_LOG] = str(run.dir / "termination-log")
+        return Rewrites(hosts=dict(sorted(hosts.items(), key=lambda kv: -len(kv[0]))), mounts=mounts)
+
+    def _set_pod(self, key: tuple[str, str], status: dict[str, Any], **spec: Any) -> None:
+        with self.api._lock:
+            pod = self.api.get("", "pods", *key)
+            if pod is not None:
+                pod["status"] = status
+                pod["spec"].update(spec)
+
+    def _start(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        key = (meta["namespace"], meta["name"])
+        container = pod["spec"]["containers"][0]
+        run = PodRun(namespace=key[0], name=key[1], dir=self.workdir / key[1], marker=f"{self.drill_id}/{key[1]}")
+        run.grace = float(pod["spec"].get("terminationGracePeriodSeconds") or 30)
+        self.runs[key] = run
+        self.history.append(run)
+        (run.dir / "tmp").mkdir(parents=True)
+        (run.dir / "termination-log").touch()
+        scheduled = {"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}
+        status: dict[str, Any] = {"phase": "Pending", "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "conditions": [scheduled], "qosClass": "Guaranteed"}
+        try:
+            container_env = resolve_env(container, {**pod, "spec": {**pod["spec"], "nodeName": NODE}, "status": status}, self._lookup)
+            run.rendered_argv = expand_argv(container, container_env)
+            run.rendered_env = container_env
+            rewrites = self._rewrites(pod, run)
+        except ContainerConfigError as exc:
+            status["containerStatuses"] = [{"name": container["name"], "ready": False, "restartCount": 0, "image": container.get("image"),
+                                            "state": {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}}]  # fmt: skip
+            self._set_pod(key, status, nodeName=NODE)
+            run.exit_code = -1
+            self._note(f"pod {key[1]}: CreateContainerConfigError: {exc}")
+            return
+        # the image's PATH already names this machine's folders (build_image mapped it): rewriting
+        # it again would map a venv that happens to live under /tmp into the pod's /tmp
+        image_env = {k: v if k == "PATH" else rewrites.apply(v) for k, v in self.image.env.items()}
+        env = process_env(image_env, rewrites.env(container_env))
+        argv = rewrites.argv(run.rendered_argv)
+        # the drill's own additions, beside the container's (documented): the audit hook, the
+        # process marker, and (only when the drill was given one) the fault to inject
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.audit_dir), env.get("PYTHONPATH")]))
+        env[AUDIT_ENV] = str(run.audit_path)
+        env[POD_MARKER] = run.marker
+        env.update(self.extra_env)
+        run.argv, run.env = argv, env
+        executable = shutil.which(argv[0], path=env.get("PATH")) if "/" not in argv[0] else argv[0]
+        if not executable:
+            status["containerStatuses"] = [{"name": container["name"], "ready": False, "restartCount": 0,
+                                            "state": {"waiting": {"reason": "CreateContainerError", "message": f'exec: "{argv[0]}": executable file not found in $PATH'}}}]  # fmt: skip
+            self._set_pod(key, status, nodeName=NODE)
+            run.exit_code = -1
+            return
+        (run.dir / "pod.json").write_text(json.dumps(run.record(), indent=1))
+        run.proc = subprocess.Popen(
+            [executable, *argv[1:]], env=env, cwd=run.dir / "tmp", stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        self._pin(run, container)
+        run.started_at = now()
+        run.reader = threading.Thread(target=self._read, args=(run,), name=f"log-{key[1]}", daemon=True)
+        run.reader.start()
+        status.update(
+            phase="Running", startTime=run.started_at,
+            conditions=[scheduled, {"type": "Initialized", "status": "True", "lastTransitionTime": run.started_at},
+                        {"type": "Ready", "status": "True", "lastTransitionTime": run.started_at},
+                        {"type": "ContainersReady", "status": "True", "lastTransitionTime": run.started_at}],
+            containerStatuses=[{"name": container["name"], "image": container.get("image"), "imageID": container.get("image"), "ready": True,
+                                "started": True, "restartCount": 0, "state": {"running": {"startedAt": run.started_at}}, "lastState": {}}],
+        )  # fmt: skip
+        self._set_pod(key, status, nodeName=NODE)
+        self._note(f"pod {key[1]} started (pid {run.proc.pid}): {' '.join(argv)}")
+
+    def _pin(self, run: PodRun, container: dict[str, Any]) -> None:
+        cpu = str(((container.get("resources") or {}).get("limits") or {}).get("cpu", ""))
+        if not cpu.isdigit() or not self._cpus or not hasattr(os, "sched_setaffinity"):
+            return
+        want = min(int(cpu), len(self._cpus))
+        cpus = {self._cpus[(self._next_cpu + i) % len(self._cpus)] for i in range(want)}
+        self._next_cpu = (self._next_cpu + want) % len(self._cpus)
+        try:
+            os.sched_setaffinity(run.proc.pid, cpus)
+        except OSError:
+            pass
+
+    def _read(self, run: PodRun) -> None:
+        assert run.proc is not None and run.proc.stdout is not None
+        with open(run.log_path, "ab") as log:
+            for raw in run.proc.stdout:
+                log.write(raw)
+                log.flush()
+                line = raw.decode("utf-8", "replace")
+                run.log_lines.append(line)
+                if self.echo:
+                    self.echo(f"[{run.name}] {line.rstrip()}")
+
+    def _terminate(self, run: PodRun) -> None:
+        assert run.proc is not None
+        if run.deleting_since is None:
+            run.deleting_since = time.monotonic()
+            self._note(f"pod {run.name} deleted: SIGTERM, SIGKILL after {run.grace:.0f}s")
+            try:
+                run.proc.send_signal(signal.SIGTERM)  # like the container runtime: to the container's first process
+            except OSError:
+                pass
+        elif time.monotonic() - run.deleting_since > run.grace:
+            kill_marked(run.marker)
+
+    def _finished(self, run: PodRun) -> None:
+        assert run.proc is not None
+        if run.reader is not None:
+            run.reader.join(5)
+        kill_marked(run.marker)  # the container's cgroup goes with it: no worker outlives the pod
+        code = run.proc.returncode
+        run.exit_code = code if code >= 0 else 128 - code
+        run.finished_at = now()
+        message = (run.dir / "termination-log").read_bytes()[:MESSAGE_BYTES].decode("utf-8", "replace")
+        if not message.strip() and run.exit_code != 0:  # FallbackToLogsOnError
+            message = "".join(list(run.log_lines)[-FALLBACK_LINES:]).encode()[-FALLBACK_BYTES:].decode("utf-8", "replace")
+        (run.dir / "pod.json").write_text(json.dumps(run.record(), indent=1))
+        key = (run.namespace, run.name)
+        self.api.logs[key] = "".join(run.log_lines)
+        phase = "Succeeded" if run.exit_code == 0 else "Failed"
+        with self.api._lock:
+            pod = self.api.get("", "pods", *key)
+            if pod is None:
+                return
+            container = pod["spec"]["containers"][0]
+            terminated = {"exitCode": run.exit_code, "reason": "Completed" if run.exit_code == 0 else "Error", "startedAt": run.started_at, "finishedAt": run.finished_at}
+            if message.strip():
+                terminated["message"] = message
+            pod["status"] = {
+                **(pod.get("status") or {}),
+                "phase": phase,
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": run.started_at},
+                    {"type": "Ready", "status": "False", "reason": "PodCompleted" if phase == "Succeeded" else "PodFailed", "lastTransitionTime": run.finished_at},
+                ],
+                "containerStatuses": [{"name": container["name"], "image": container.get("image"), "ready": False, "started": False,
+                                       "restartCount": 0, "state": {"terminated": terminated}, "lastState": {}}],
+            }  # fmt: skip
+        self._note(f"pod {run.name} {phase} (exit code {run.exit_code})")

@@ -1,0 +1,449 @@
+"""`make cluster-drill`: `train_pipeline` with `backend=kubernetes`, the gang's pods run locally.
+
+    python -m operators.cli.drill [--pipeline NAME] [--conf JSON] [--keep DIR]
+    GANGFLOW_FAULT="kill@step=30,rank=1" python -m operators.cli.drill
+    make cluster-drill PIPELINE=diabetes    # another pipeline's training DAG (pipelines/<name>.yaml)
+
+What runs (all on 127.0.0.1, all started and stopped here):
+
+- `moto_server`: the S3 API. Bucket `gangflow-drill` holds the DVC remote (`dvc push` of the
+  pinned dataset, for real, through dvc-s3) and the checkpoints (`checkpoint.uri`).
+- `mlflow server --serve-artifacts` on SQLite: runs, metrics and weights; pods log artifacts
+  through its proxy; the Airflow side (evaluate, promote) talks to the same server.
+- `InMemoryKubernetesApi`, the API server's TEST DOUBLE, holding the runtime ConfigMap, the
+  Secrets of the S3 and MLflow credentials, the Kueue queues, and what the backend submits.
+- `EmulatedCluster`: scripted Kueue admission, the Job controller, and a kubelet that runs every
+  pod's container as a local process (see cluster.py for exactly what it does).
+- Airflow: `dag.test()` of the pipeline's training DAG (`train_pipeline` for digits) in this
+  process (as `make demo`), on the state dir.
+
+The last line is `make demo`'s JSON plus `backend`, `checkpoint_uri` and `resumed_from_step`.
+Exit code 0 only when the DAG run succeeded and no pod touched the worker's state dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any
+
+from operators.config import settings
+
+NAMESPACE = "gangflow-drill"
+BUCKET = "gangflow-drill"
+CONN_ID = "kubernetes_default"
+S3_SECRET = "gangflow-s3"
+MLFLOW_SECRET = "gangflow-mlflow"
+DEFAULT_CONF = {"backend": "kubernetes", "world_size": 2, "max_steps": 120, "checkpoint_every_steps": 10}
+# Per pipeline, over DEFAULT_CONF: 120 digits steps reach about 0.9 accuracy, under the file's
+# floor; other pipelines keep their gate.
+PIPELINE_CONF = {"digits": {"promotion_floor": 0.8}}
+
+
+class DrillError(RuntimeError):
+    """The drill could not set up what it needs, or a pod broke isolation."""
+
+
+def echo(message: str) -> None:
+    print(message, flush=True)
+
+
+def image_reference(project: Path) -> str:
+    """A digest reference for the image the drill emulates: the sha256 of what it is built from
+    here (the Dockerfile and the files it copies), so lineage tags change when the image would."""
+    digest = hashlib.sha256()
+    for name in ("docker/training.Dockerfile", "params.yaml", "constraints.txt"):
+        digest.update((project / name).read_bytes())
+    return f"gangflow-drill.local/gangflow/training@sha256:{digest.hexdigest()}"
+
+
+def _b64(value: str) -> str:
+    return base64.b64encode(value.encode()).decode()
+
+
+def drill_runtime(*, image: str, mlflow_url: str, s3_url: str, rendezvous_port: int, dataset_remote: str) -> dict[str, Any]:
+    """The runtime.yaml a cluster admin would install (helm/gangflow values), for this drill."""
+    runtime: dict[str, Any] = {
+        "image": image,
+        "namespace": NAMESPACE,
+        "serviceAccountName": "gangflow-training",
+        "scheduler": "kueue",
+        "api": "jobset",
+        "queue": "gangflow",
+        "resources": {"cpu": "1", "memory": "2Gi", "gpu": 0},
+        "shmSize": "256Mi",
+        "checkpoint": {"uri": f"s3://{BUCKET}/checkpoints"},
+        "mlflowTrackingUri": mlflow_url,
+        "mlflowSecretRef": {"name": MLFLOW_SECRET, "key": "token"},
+        "rendezvousPort": rendezvous_port,
+        "admissionTimeoutSeconds": 300,
+        "startupTimeoutSeconds": 300,
+        "terminationGracePeriodSeconds": 30,  # the least the runtime accepts
+    }
+    # the data plane: pods fetch the pinned dataset from the DVC remote by content address and
+    # write checkpoints to checkpoint.uri with the S3 credentials of a Secret (envFrom)
+    runtime["dataset"] = {"remote": dataset_remote, "credentialsSecret": S3_SECRET, "endpointUrl": s3_url}
+    return runtime
+
+
+def _require_data_plane() -> None:
+    """Fail loudly, naming what is missing, rather than run the gang on worker paths."""
+    import dataclasses
+
+    from operators.kubernetes.runtime import RuntimeDefaults
+
+    if "dataset" not in {f.name for f in dataclasses.fields(RuntimeDefaults)}:
+        raise DrillError(
+            "the Kubernetes runtime (operators/kubernetes/runtime.py RuntimeDefaults) has no `dataset` setting "
+            "(remote, credentialsSecret, endpointUrl): pods could not fetch the pinned dataset by content address "
+            "nor reach S3 with credentials from a Secret (issue 9 items 1, 2, 5). The drill refuses to run a gang on worker paths."
+        )
+
+
+def cluster_objects(runtime: dict[str, Any], *, s3_key: str, s3_secret: str, mlflow_token: str, world_size: int) -> list[tuple[str, str, dict[str, Any]]]:
+    """(group, plural, object) the Helm chart and the cluster admin would have created."""
+    import yaml
+
+    meta = lambda name: {"name": name, "namespace": NAMESPACE}  # noqa: E731
+    return [
+        ("", "configmaps", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta("gangflow-runtime"), "data": {"runtime.yaml": yaml.safe_dump(runtime)}}),
+        ("", "secrets", {"apiVersion": "v1", "kind": "Secret", "metadata": meta(S3_SECRET), "type": "Opaque",
+                         "data": {"AWS_ACCESS_KEY_ID": _b64(s3_key), "AWS_SECRET_ACCESS_KEY": _b64(s3_secret)}}),
+        ("", "secrets", {"apiVersion": "v1", "kind": "Secret", "metadata": meta(MLFLOW_SECRET), "type": "Opaque", "data": {"token": _b64(mlflow_token)}}),
+        ("kueue.x-k8s.io", "localqueues", {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": meta("gangflow"), "spec": {"clusterQueue": "gangflow-drill"}}),
+        ("kueue.x-k8s.io", "clusterqueues", {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": "gangflow-drill"},
+         "spec": {"resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{"name": "drill-node", "resources": [
+             {"name": "cpu", "nominalQuota": str(max(world_size, 2))}, {"name": "memory", "nominalQuota": f"{2 * max(world_size, 2)}Gi"}]}]}]}}),
+    ]  # fmt: skip
+
+
+def under(path: str, root: Path) -> bool:
+    root_s = str(root).rstrip("/")
+    return path == root_s or path.startswith(root_s + "/")
+
+
+_DAG_TEST_BUG = '{"event": serialize(event.payload)} if event else msg.next_kwargs'
+
+
+def backport_dag_test_defer_kwargs() -> bool:
+    """Make `dag.test()` resume a deferred task with its `defer(kwargs=...)` plus the event, as
+    Airflow's triggerer does (models/trigger.py: `next_kwargs["event"] = event.payload`).
+
+    Airflow 3.3.2's dag.test replaces them by the event alone (fixed upstream by apache/airflow
+    PR #69942), so `GangTrainingOperator.execute_complete(handle=..., spec=...)` could not resume
+    there. Applied only while the installed `_run_task` still has the bug; returns whether it was.
+    The wrapper folds the event into the DeferTask's kwargs and answers "no event", which makes
+    dag.test store exactly `{**kwargs, "event": payload}`.
+    """
+    import inspect
+
+    from airflow.sdk.definitions import dag as dag_module
+    from airflow.sdk.serde import serialize
+
+    if _DAG_TEST_BUG not in inspect.getsource(dag_module._run_task) or getattr(dag_module._run_inline_trigger, "gangflow_backport", False):
+        return False
+    original = dag_module._run_inline_trigger
+
+    def run_inline_trigger(trigger, task_sdk_ti):
+        event = original(trigger, task_sdk_ti)
+        msg = sys._getframe(1).f_locals.get("msg")  # the DeferTask of dag.test's _run_task
+        if event is None or msg is None:
+            return event
+        msg.next_kwargs = {**(msg.next_kwargs or {}), "event": serialize(event.payload)}
+        return None
+
+    run_inline_trigger.gangflow_backport = True
+    dag_module._run_inline_trigger = run_inline_trigger
+    return True
+
+
+def isolation_findings(runs, state: Path) -> list[str]:
+    """Every way a pod reached the worker's state dir: a path its processes opened (audit hook),
+    or one named in what it was started with."""
+    from operators.cli.drill.audit_hook import read
+
+    names_state = re.compile(re.escape(str(state).rstrip("/")) + r"(?![^/\s:;,'\"])")  # the dir itself or below it
+    findings = []
+    for run in runs:
+        for path in read(run.audit_path):
+            if under(path, state):
+                findings.append(f"pod {run.name} opened {path}")
+        for item in [*run.argv, *run.env.values()]:
+            if names_state.search(item):
+                findings.append(f"pod {run.name} was started with {item!r}")
+    return findings
+
+
+class Drill:
+    """Owns every server, thread and process of one drill; `close()` ends them all."""
+
+    def __init__(self, *, keep: Path | None = None, fault: str = "", conf: dict[str, Any] | None = None, pipeline: str = "digits"):
+        from operators.config.pipelines import pipeline as load_pipeline
+
+        self.id = f"drill-{uuid.uuid4().hex[:10]}"
+        self.keep = keep
+        self.fault = fault
+        self.pipeline = load_pipeline(pipeline)
+        self.conf = {**DEFAULT_CONF, **PIPELINE_CONF.get(self.pipeline.name, {}), **(conf or {})}
+        self.state = settings.state_dir()
+        base = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="gangflow-drill-"))
+        if keep and base.exists() and any(base.iterdir()):
+            raise DrillError(f"--keep {base}: the folder must be empty or not exist yet")
+        if under(str(base.resolve()), self.state) or under(str(self.state), base.resolve()):
+            raise DrillError(f"drill dir {base} and the state dir {self.state} must not contain each other: pods must not reach the worker's files")
+        base.mkdir(parents=True, exist_ok=True)
+        self.dir = base.resolve()
+        self.servers: list = []
+        self.api = None
+        self.cluster = None
+        self.runtime: dict[str, Any] = {}
+
+    # --- set-up ------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        from operators.cli.drill.servers import MlflowServer, MotoS3Server, free_port
+
+        _require_data_plane()
+        if not (settings.airflow_home() / "airflow.db").exists():
+            raise DrillError(f"the state dir {self.state} is not set up (no Airflow database): run `make setup` (or `make cluster-drill`, which does)")
+        moto = MotoS3Server(self.dir / "s3")
+        mlflow = MlflowServer(self.dir / "mlflow")
+        self.servers = [moto, mlflow]
+        for server in self.servers:
+            server.launch()
+        moto.wait_ready()
+        echo(f"drill: S3 API (moto) on {moto.url}; starting MLflow on {mlflow.url}")
+        s3_key, s3_secret = "drill" + secrets.token_hex(6), secrets.token_hex(20)
+        self._s3_env(moto.url, s3_key, s3_secret)
+        self._bucket()
+        remote = f"s3://{BUCKET}/dvc"
+        version = self._push_dataset(remote)
+        mlflow.wait_ready()
+        echo(f"drill: MLflow server on {mlflow.url} (artifacts proxied from {mlflow.artifacts})")
+        os.environ["MLFLOW_TRACKING_URI"] = mlflow.url
+        self.runtime = drill_runtime(
+            image=image_reference(settings.PROJECT_ROOT), mlflow_url=mlflow.url, s3_url=moto.url,
+            rendezvous_port=free_port(), dataset_remote=remote,
+        )  # fmt: skip
+        self._api(s3_key, s3_secret)
+        self._cluster()
+        self.conf.setdefault("dataset_version", version)
+
+    def _s3_env(self, url: str, key: str, secret: str) -> None:
+        """The Airflow worker's S3 settings (its DVC remote); pods get theirs from the Secret."""
+        os.environ.update(AWS_ENDPOINT_URL=url, AWS_ACCESS_KEY_ID=key, AWS_SECRET_ACCESS_KEY=secret, AWS_DEFAULT_REGION="us-east-1")
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+            os.environ.pop(name, None)
+
+    def _bucket(self) -> None:
+        import boto3
+
+        # s3fs's mkdir sends a location constraint moto refuses: create it with boto3 in us-east-1
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
+
+    def _push_dataset(self, remote: str) -> str:
+        """`dvc push` of the pinned dataset from the worker's DVC cache (filled by `make setup`) to
+        the S3 remote, which is the worker's DVC remote from now on. DVC's repository lock is
+        shared with anything else running DVC in this checkout: wait for it a little."""
+        from dvc.lock import LockError
+
+        from operators.hooks import dvc as dataset
+
+        os.environ[dataset.REMOTE_ENV] = remote
+        out = self.pipeline.dataset_out
+        version = dataset.pinned_version(out=out)
+        started = time.monotonic()
+        for attempt in range(10):
+            try:
+                with dataset.open_repo() as repo:
+                    pushed = repo.push(targets=[out], remote=dataset.remote_spec()[0])
+                break
+            except LockError as exc:
+                if attempt == 9:
+                    raise DrillError(f"dvc push to {remote}: the DVC repository stayed locked: {exc}") from None
+                time.sleep(3)
+        echo(f"drill: dvc push of dataset {version} to {remote}: {pushed} object(s) ({time.monotonic() - started:.1f}s)")
+        return version
+
+    def _api(self, s3_key: str, s3_secret: str) -> None:
+        from operators.cli.drill.api_double import InMemoryKubernetesApi
+        from operators.kubernetes.validation import CrdRegistry, validate_object
+
+        registry = CrdRegistry(settings.PROJECT_ROOT / "operators" / "kubernetes" / "crds")
+        self.api = InMemoryKubernetesApi(validator=lambda obj: validate_object(obj, registry)).start()
+        for group, plural, obj in cluster_objects(
+            self.runtime, s3_key=s3_key, s3_secret=s3_secret, mlflow_token=secrets.token_hex(16), world_size=int(self.conf["world_size"])
+        ):
+            self.api.put(group, plural, obj)
+        os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = json.dumps(
+            {"conn_type": "kubernetes", "extra": {"kube_config": self.api.kubeconfig(NAMESPACE), "namespace": NAMESPACE}}
+        )
+        echo(f"drill: Kubernetes API test double on {self.api.url} (namespace {NAMESPACE})")
+
+    def _cluster(self) -> None:
+        from operators.cli.drill import audit_hook
+        from operators.cli.drill.cluster import EmulatedCluster
+        from operators.cli.drill.image import build_image
+
+        audit_dir = self.dir / "audit"
+        audit_dir.mkdir()
+        shutil.copyfile(audit_hook.__file__, audit_dir / "sitecustomize.py")
+        image = build_image(self.dir / "image")
+        extra = {"GANGFLOW_FAULT": self.fault, "GANGFLOW_ALLOW_FAULTS": "1"} if self.fault else {}
+        self.cluster = EmulatedCluster(
+            self.api, workdir=self.dir / "pods", image=image, audit_dir=audit_dir, drill_id=self.id, extra_env=extra, echo=echo
+        ).start()
+
+    # --- the run -----------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        from operators.cli import demo
+        from operators.backends.local import _RESUMED  # the trainer's resume line, read as the local backend reads it
+
+        if backport_dag_test_defer_kwargs():
+            echo("drill: dag.test() keeps defer kwargs on resume (apache/airflow#69942 backported for this run)")
+        dag_run = demo.run_dag(self.conf, self.pipeline.dag_id)
+        summary = demo.summarize(dag_run, self.pipeline.dag_id)
+        runs = list(self.cluster.history)
+        resumed = [int(m.group(1)) for run in runs for m in _RESUMED.finditer("".join(run.log_lines))]
+        summary |= {
+            "backend": "kubernetes",
+            # where the pods really wrote: the --run-dir of the containers the backend rendered
+            "checkpoint_uri": next((run.rendered_argv[i + 1] for run in runs for i, a in enumerate(run.rendered_argv[:-1]) if a == "--run-dir"), None),
+            "resumed_from_step": resumed[-1] if resumed else None,
+        }
+        findings = isolation_findings(runs, self.state)
+        if self.cluster.error is not None:
+            findings.append(f"cluster emulation error: {self.cluster.error}")
+        if findings:
+            summary["state"] = "failed"
+            summary["failure"] = {"kind": "drill", "reason": "; ".join(findings[:5]) + (f" (+{len(findings) - 5} more)" if len(findings) > 5 else "")}
+        self._report(summary, runs)
+        return summary
+
+    def _report(self, summary: dict[str, Any], runs) -> None:
+        report = {"summary": summary, "state_dir": str(self.state), "drill_dir": str(self.dir), "runtime": self.runtime,
+                  "pods": [run.record() | {"audit_path": str(run.audit_path)} for run in runs], "events": self.cluster.events}  # fmt: skip
+        (self.dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
+
+    # --- tear-down ---------------------------------------------------------------------------------
+
+    def close(self, *, remove: bool) -> None:
+        from operators.cli.drill.cluster import kill_marked
+        from operators.cli.drill.image import make_writable
+
+        if self.cluster is not None:
+            self.cluster.stop()
+        kill_marked(self.id + "/")
+        if self.api is not None:
+            self.api.stop()
+        for server in reversed(self.servers):
+            server.stop()
+        if (remove or not any(self.dir.iterdir())) and not self.keep:
+            make_writable(self.dir)
+            shutil.rmtree(self.dir, ignore_errors=True)
+        else:
+            echo(f"drill: kept {self.dir} (report.json, pods/*/container.log, mlflow/, s3/moto.log)")
+
+
+_INTERRUPTED = {"failure": {"kind": "interrupted", "reason": "the drill was stopped by a signal; everything it started was stopped"}}
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+def _stop_on_signal(drill: Drill) -> None:
+    """SIGTERM/SIGHUP/SIGINT: stop every server and pod now, say so, exit.
+
+    The drill keeps these signals for the whole run: Airflow's in-process task runner (dag.test)
+    installs the task's `on_kill` as the SIGTERM handler and never restores it
+    (airflow/sdk/execution_time/task_runner.py `run`), after which a SIGTERM would kill a gang and
+    let the DAG run retry it instead of stopping the drill. So `signal.signal` is guarded in this
+    process: a request for one of these signals is ignored, the drill's handler stays.
+    """
+    install = signal.signal
+
+    def handler(signum, frame):
+        for other in _STOP_SIGNALS:
+            install(other, signal.SIG_IGN)
+        try:
+            drill.close(remove=False)
+        finally:
+            summary = {"state": "failed", "backend": "kubernetes", "train_attempts": 0, "promoted": False, **_INTERRUPTED}
+            print(json.dumps(summary), flush=True)
+            os._exit(128 + signum)
+
+    def guarded(signum, action):
+        if signum in _STOP_SIGNALS:
+            return handler
+        return install(signum, action)
+
+    for signum in _STOP_SIGNALS:
+        install(signum, handler)
+    signal.signal = guarded
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pipeline", default="digits", help="the pipeline to run: a file pipelines/<name>.yaml (default digits)")
+    parser.add_argument("--conf", default="{}", help="DAG run conf (Params) merged over the drill's: " + json.dumps(DEFAULT_CONF)
+                        + "; per pipeline: " + json.dumps(PIPELINE_CONF))
+    parser.add_argument("--keep", type=Path, help="keep the drill's files (servers' data, pod dirs and logs, report.json) in this folder")
+    args = parser.parse_args(argv)
+    try:
+        conf = json.loads(args.conf)
+    except ValueError as exc:
+        parser.error(f"--conf: not valid JSON ({exc})")
+    if not isinstance(conf, dict):
+        parser.error("--conf: must be a JSON object")
+    if conf.get("backend", "kubernetes") != "kubernetes":
+        parser.error("--conf: backend must be 'kubernetes' (the drill runs the Kubernetes backend)")
+    from operators.config import embedded
+
+    embedded.apply()  # before anything imports Airflow: it binds its settings at import
+    from operators.config.pipelines import PipelineConfigError, pipeline
+
+    try:
+        pipeline(args.pipeline)
+    except PipelineConfigError as exc:
+        parser.error(f"--pipeline: {exc}")
+    # the fault goes to the emulated pods only; the real backend never forwards GANGFLOW_FAULT
+    fault = os.environ.pop("GANGFLOW_FAULT", "")
+    os.environ.pop("GANGFLOW_ALLOW_FAULTS", None)
+    summary: dict[str, Any] = {"state": "failed", "backend": "kubernetes", "train_attempts": 0, "promoted": False}
+    try:
+        drill = Drill(keep=args.keep, fault=fault, conf=conf, pipeline=args.pipeline)
+    except DrillError as exc:
+        print(json.dumps(summary | {"failure": {"kind": "user", "reason": str(exc)}}), flush=True)
+        return 2
+    _stop_on_signal(drill)
+    echo(f"drill {drill.id}: files in {drill.dir}; worker state dir {drill.state}" + (f"; fault for the pods: {fault}" if fault else ""))
+    ok, code = False, 1
+    try:
+        drill.start()
+        summary = drill.run()
+        ok = summary.get("state") == "success"
+        code = 0 if ok else 1
+    except Exception as exc:  # servers that did not start, DVC, S3: named, and everything stopped
+        if not isinstance(exc, DrillError):
+            traceback.print_exc()
+        summary["failure"] = {"kind": "drill", "reason": f"{type(exc).__name__}: {exc}"}
+    finally:
+        drill.close(remove=ok)
+    print(json.dumps(summary, default=str), flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

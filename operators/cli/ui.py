@@ -1,0 +1,189 @@
+"""`make ui`: Airflow on this machine (api-server, scheduler, dag-processor, triggerer) with
+gangflow's DAGs, pool and MLflow settings ready, so you can trigger `train_pipeline` from the
+UI's form. Stops with Ctrl-C (or SIGTERM/SIGHUP), taking every Airflow process with it.
+
+    python -m operators.cli.ui [--port 8080] [--host 127.0.0.1]     (or GANGFLOW_UI_PORT=8081 make ui)
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from operators.config import embedded
+
+from operators.config import settings
+from operators.utils.processes import stop_group
+
+# Components `wait_healthy` waits for (the triggerer is not needed to run train_pipeline).
+REQUIRED_COMPONENTS = ("metadatabase", "scheduler", "dag_processor")
+
+
+def password_file() -> Path:
+    return settings.airflow_home() / "simple_auth_manager_passwords.json.generated"
+
+
+def admin_password(timeout_s: float = 120.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return json.loads(password_file().read_text())["admin"]
+        except (FileNotFoundError, ValueError, KeyError):  # not there yet, or being written
+            time.sleep(0.5)
+    raise TimeoutError(f"no password for 'admin' in {password_file()} after {timeout_s:.0f}s")
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return False
+            raise
+    return True
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _log_server_port(default: int, taken: set[int]) -> int:
+    """Airflow's default log-server port when free, else any free one (a second Airflow)."""
+    port = default if default not in taken and port_is_free(default, "0.0.0.0") else free_port()
+    while port in taken:
+        port = free_port()
+    taken.add(port)
+    return port
+
+
+def health(url: str) -> dict:
+    """The api-server's `/api/v2/monitor/health` answer ({component: {"status": ...}})."""
+    with urllib.request.urlopen(f"{url}/api/v2/monitor/health", timeout=5) as resp:
+        return json.load(resp)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 240.0) -> None:
+    """Wait until the api-server answers and reports the metadata DB, the scheduler and the
+    dag-processor healthy, so a triggered run is picked up at once."""
+    deadline = time.monotonic() + timeout_s
+    last: object = "no answer"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"airflow standalone exited with {proc.returncode}")
+        try:
+            status = health(url)
+            last = {name: (status.get(name) or {}).get("status") for name in REQUIRED_COMPONENTS}
+            if all(state == "healthy" for state in last.values()):
+                return
+        except (OSError, ValueError) as exc:
+            last = exc
+        time.sleep(1)
+    raise TimeoutError(f"Airflow at {url} not healthy within {timeout_s:.0f}s (last: {last})")
+
+
+def start(
+    port: int = 8080, log_path: Path | None = None, *, host: str = "127.0.0.1"
+) -> tuple[subprocess.Popen, str]:
+    """Start `airflow standalone` in its own session; returns the process and the UI URL.
+
+    Refuses a port that is taken (the health check would otherwise talk to whatever answers
+    there), and moves the worker/triggerer log servers off Airflow's defaults (8793, 8794) when
+    another Airflow holds them.
+    """
+    if not port_is_free(port, host):
+        raise RuntimeError(f"port {port} is in use: is another Airflow running? Pick one with --port")
+    taken = {port}
+    environ = embedded.airflow_environ(
+        api_port=port,
+        api_host=host,
+        worker_log_server_port=_log_server_port(embedded.WORKER_LOG_SERVER_PORT, taken),
+        trigger_log_server_port=_log_server_port(embedded.TRIGGER_LOG_SERVER_PORT, taken),
+    )
+    env = {**os.environ, **environ}
+    # standalone starts its components through `airflow` on PATH: this venv's first.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    out = open(log_path, "ab") if log_path else None
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "airflow", "standalone"], env=env, start_new_session=True,
+            cwd=settings.PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT if out else None,
+        )  # fmt: skip
+    finally:
+        if out:
+            out.close()  # the child holds its own copy
+    return proc, f"http://localhost:{port}"
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """Stop standalone and everything it started: its process group, and descendants that left
+    the group (e.g. a training task's torchrun runs in a session of its own)."""
+    try:
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    stop_group(proc, timeout_s)
+    alive = [p for p in descendants if p.is_running()]
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=10)
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--port", type=int, default=int(os.environ.get("GANGFLOW_UI_PORT") or 8080),
+        help="api-server port (default: $GANGFLOW_UI_PORT or 8080)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address the api-server binds (default 127.0.0.1; 0.0.0.0 for all)"
+    )
+    args = parser.parse_args(argv)
+    # Airflow runs in a session of its own: Ctrl-C, SIGTERM or SIGHUP here must still stop it
+    # (finally below), also when started with SIGINT ignored (e.g. `make ui &` from a script).
+    signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    signal.signal(signal.SIGHUP, _raise_keyboard_interrupt)
+    try:
+        proc, url = start(args.port, host=args.host)
+    except RuntimeError as exc:
+        print(f"gangflow: {exc}", file=sys.stderr)
+        return 1
+    try:
+        wait_healthy(url, proc)
+        print(f"\ngangflow: Airflow UI at {url}  (user: admin, password: {admin_password()})", flush=True)
+        print("gangflow: open DAG 'train_pipeline', press Trigger, fill the form. Ctrl-C stops.", flush=True)
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second Ctrl-C must not orphan it
+            signal.signal(signum, signal.SIG_IGN)
+        print("gangflow: stopping Airflow ...", file=sys.stderr, flush=True)
+        stop(proc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Configuration: pipeline files, where state lives, the embedded defaults of one machine."""

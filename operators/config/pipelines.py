@@ -1,0 +1,418 @@
+"""Pipelines as configuration: one YAML file per pipeline under `pipelines/` (or the folder
+`GANGFLOW_PIPELINES` names), read at DAG parse time by the one DAG factory in
+dags/train_pipeline.py. Cheap (small YAML files, no heavy imports), so Airflow can parse often.
+
+A pipeline file declares the dataset (DVC stage and output, Asset, expectation suite), the
+trainer config (model and data factories), the task, the metric and its direction, the
+promotion gate, the registered model name and the backends; docs/extending.md documents every
+key. Every unknown key and bad value raises `PipelineConfigError` naming the file, the key and
+what is accepted.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from operators.config import settings
+from operators.exceptions import InvalidParams, UserError
+
+#: The pipeline `make demo` runs and whose DAG keeps the id `train_pipeline`.
+DEFAULT_PIPELINE = "digits"
+DATASET_ASSET_NAME = "gangflow-dataset-digits"
+DATASET_ASSET_URI = "dvc://gangflow/data/digits"
+# The key of the dataset Asset event's `extra` that names the published version
+# (dags/publish_dataset.py writes it, `dataset_version_of_run` reads it).
+ASSET_VERSION_KEY = "version"
+POOL = "gangflow_training"
+#: Backends every DAG offers; a pipeline file's `backends` adds its own (name: module:Class).
+BUILTIN_BACKENDS = ("local", "kubernetes")
+TASKS = ("classification", "regression")
+DIRECTIONS = ("higher", "lower")
+
+# JSON Schema has no "finite": NaN compares false with every bound, so it satisfies this empty
+# range and `not` refuses it (+-inf are refused by each number Param's own bounds).
+NOT_NAN = {"not": {"description": "NaN (not a number)", "minimum": 1, "maximum": 0}}
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+_FACTORY_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+
+
+class PipelineConfigError(UserError, ValueError):
+    """A pipeline file is missing, unreadable, or has an unknown key or a bad value."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    """The metric a pipeline is gated on: a key of the evaluation's metrics, and which way is better."""
+
+    name: str
+    direction: str  # "higher" | "lower"
+    minimum: float | None = None
+    maximum: float | None = None
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.direction == "higher"
+
+    def better(self, candidate: float, reference: float, margin: float = 0.0) -> bool:
+        """True when `candidate` beats `reference` by more than `margin` in this metric's direction."""
+        return candidate - reference > margin if self.higher_is_better else reference - candidate > margin
+
+    def passes(self, value: float, floor: float) -> bool:
+        """True when `value` reaches the gate's floor (a ceiling when lower is better)."""
+        return value >= floor if self.higher_is_better else value <= floor
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "direction": self.direction}
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """One pipeline, as declared in `pipelines/<name>.yaml` plus the trainer defaults its
+    `trainer_config` holds and the dataset version dvc.lock pins for its dataset."""
+
+    name: str
+    dag_id: str
+    publish_dag_id: str
+    description: str
+    source: str  # the pipeline file
+    schedule: str | None
+    dataset_stage: str
+    dataset_out: str
+    dataset_asset: str
+    suite: str
+    trainer_config: str  # absolute path
+    task: str
+    data_factory: str  # the trainer config's data.factory: evaluate and promote read the test split with it
+    metric: Metric
+    promotion_floor: float
+    min_improvement: float
+    model_name: str
+    backends: dict[str, str]  # user backends, name -> module:Class (besides BUILTIN_BACKENDS)
+    default_backend: str
+    world_size: int
+    local_world_sizes: tuple[int, ...]
+    retries: int
+    retry_base_delay_s: float
+    allowed_models: tuple[str, ...]
+    # from the trainer config
+    max_steps: int
+    learning_rate: float
+    batch_size: int
+    checkpoint_every_steps: int
+    # pinned in dvc.lock ("" when there is no dvc.lock yet: the form then asks for a version)
+    dataset_version: str
+
+    @property
+    def dataset_asset_uri(self) -> str:
+        return f"dvc://gangflow/{self.dataset_out}"
+
+    @property
+    def trainer_config_in_project(self) -> str | None:
+        """The trainer config relative to the project root (as the images hold it), or None."""
+        path = Path(self.trainer_config)
+        root = settings.PROJECT_ROOT.resolve()
+        return path.resolve().relative_to(root).as_posix() if path.resolve().is_relative_to(root) else None
+
+    @property
+    def backend_names(self) -> list[str]:
+        return [*BUILTIN_BACKENDS, *sorted(b for b in self.backends if b not in BUILTIN_BACKENDS)]
+
+
+#: Kept for callers that predate pipelines-as-configuration: the defaults of one pipeline.
+PipelineDefaults = PipelineConfig
+
+_KEYS = {
+    "name", "dag_id", "publish_dag_id", "description", "schedule", "dataset", "trainer_config", "metric",
+    "gate", "model_name", "backends", "default_backend", "world_size", "local_world_sizes", "retries",
+    "retry_base_delay_seconds", "allowed_models",
+}  # fmt: skip
+_DATASET_KEYS = {"stage", "out", "asset", "suite"}
+_METRIC_KEYS = {"name", "direction", "minimum", "maximum"}
+_GATE_KEYS = {"floor", "min_improvement"}
+
+
+def pipelines_dir() -> Path:
+    """Where pipeline files live: `GANGFLOW_PIPELINES` when set, else `<project>/pipelines`."""
+    return Path(os.environ.get("GANGFLOW_PIPELINES") or settings.PROJECT_ROOT / "pipelines")
+
+
+def _load_yaml(path):
+    import yaml
+
+    try:
+        with open(path) as fh:
+            return yaml.load(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    except FileNotFoundError:
+        return {}
+
+
+def _pinned_version(out: str) -> str:
+    from operators.hooks.dvc import pinned_version
+    from operators.exceptions import DatasetVersionNotFound
+
+    try:
+        return pinned_version(settings.PROJECT_ROOT, out)
+    except DatasetVersionNotFound:  # no dvc.lock entry yet: the form then asks for a version
+        return ""
+
+
+def _check_keys(where: str, given: Mapping[str, Any], accepted: set[str]) -> None:
+    unknown = sorted(set(given) - accepted)
+    if unknown:
+        raise PipelineConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; accepted keys: {', '.join(sorted(accepted))}")
+
+
+def _number(where: str, value: Any, *, integer: bool = False) -> Any:
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float)) and math.isfinite(value)
+    if isinstance(value, bool) or not ok:
+        raise PipelineConfigError(f"{where}={value!r}: must be {'an integer' if integer else 'a finite number'}")
+    return value
+
+
+def _string(where: str, value: Any, pattern: re.Pattern | None = None, accepted: str = "") -> str:
+    if not isinstance(value, str) or not value or (pattern is not None and not pattern.match(value)):
+        raise PipelineConfigError(f"{where}={value!r}: must be {accepted or 'a non-empty string'}")
+    return value
+
+
+def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = None) -> PipelineConfig:
+    """A `PipelineConfig` from one pipeline file's mapping; raises PipelineConfigError naming the key."""
+    if not isinstance(raw, Mapping):
+        raise PipelineConfigError(f"{source}: must be a mapping of keys (see docs/extending.md)")
+    _check_keys(source, raw, _KEYS)
+    pname = _string(f"{source}: name", raw.get("name", name), _NAME_RE,
+                    "lower-case letters, digits and '_', starting with a letter (at most 40)")
+    if name is not None and pname != name:
+        raise PipelineConfigError(f"{source}: name={pname!r} differs from the file name {name!r}.yaml")
+    dataset = raw.get("dataset") or {}
+    if not isinstance(dataset, Mapping):
+        raise PipelineConfigError(f"{source}: dataset must be a mapping with keys {', '.join(sorted(_DATASET_KEYS))}")
+    _check_keys(f"{source}: dataset", dataset, _DATASET_KEYS)
+    for key in ("stage", "out", "suite"):
+        if key not in dataset:
+            raise PipelineConfigError(f"{source}: dataset.{key} is required (keys: {', '.join(sorted(_DATASET_KEYS))})")
+    metric_raw = raw.get("metric") or {}
+    if not isinstance(metric_raw, Mapping):
+        raise PipelineConfigError(f"{source}: metric must be a mapping with keys {', '.join(sorted(_METRIC_KEYS))}")
+    _check_keys(f"{source}: metric", metric_raw, _METRIC_KEYS)
+    direction = metric_raw.get("direction", "higher")
+    if direction not in DIRECTIONS:
+        raise PipelineConfigError(f"{source}: metric.direction={direction!r}: accepted values are {', '.join(DIRECTIONS)}")
+    bounds = {k: None if metric_raw.get(k) is None else float(_number(f"{source}: metric.{k}", metric_raw[k]))
+              for k in ("minimum", "maximum")}
+    metric = Metric(_string(f"{source}: metric.name", metric_raw.get("name", "accuracy"), re.compile(r"^[a-z][a-z0-9_]*$"),
+                            "a metric key such as accuracy, macro_f1, rmse, mae"), direction, **bounds)
+    gate = raw.get("gate") or {}
+    if not isinstance(gate, Mapping):
+        raise PipelineConfigError(f"{source}: gate must be a mapping with keys {', '.join(sorted(_GATE_KEYS))}")
+    _check_keys(f"{source}: gate", gate, _GATE_KEYS)
+    backends = raw.get("backends") or {}
+    if not isinstance(backends, Mapping):
+        raise PipelineConfigError(f"{source}: backends must map a backend name to 'module:Class'")
+    for bname, path in backends.items():
+        _string(f"{source}: backends key", bname, re.compile(r"^[a-z][a-z0-9_]*$"), "a lower-case name")
+        if bname in BUILTIN_BACKENDS:
+            raise PipelineConfigError(f"{source}: backends.{bname}: {bname!r} is built in; choose another name")
+        _string(f"{source}: backends.{bname}", path, re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$"), "'module:Class'")
+    allowed = raw.get("allowed_models") or []
+    if not isinstance(allowed, list):
+        raise PipelineConfigError(f"{source}: allowed_models must be a list of 'module:function'")
+    for i, spec in enumerate(allowed):
+        _string(f"{source}: allowed_models[{i}]", spec, _FACTORY_RE, "'module:function'")
+    trainer_config = Path(raw.get("trainer_config", "params.yaml"))
+    if not trainer_config.is_absolute():
+        trainer_config = settings.PROJECT_ROOT / trainer_config
+    trainer = _load_yaml(trainer_config)
+    if not trainer:
+        raise PipelineConfigError(f"{source}: trainer_config={str(trainer_config)!r}: no such file, or it is empty")
+    if "pipeline" in trainer:  # used to be read from params.yaml: refuse rather than ignore it
+        raise PipelineConfigError(
+            f"{trainer_config}: a `pipeline` section is not read any more; pipeline settings live in {source}"
+        )
+    train = trainer.get("train") or {}
+    task = train.get("task", "classification")  # one place: the trainer's config (and so the model card)
+    if task not in TASKS:
+        raise PipelineConfigError(f"{trainer_config}: train.task={task!r}: accepted values are {', '.join(TASKS)}")
+    schedule = os.environ.get("GANGFLOW_SCHEDULE", raw.get("schedule"))
+    sizes = raw.get("local_world_sizes", [1, 2, 4, 8])
+    if not isinstance(sizes, list) or not sizes:
+        raise PipelineConfigError(f"{source}: local_world_sizes={sizes!r}: must be a non-empty list of integers >= 1")
+    default_backend = raw.get("default_backend", "local")
+    config = PipelineConfig(
+        name=pname,
+        dag_id=_string(f"{source}: dag_id", raw.get("dag_id", f"train_{pname}"), _ID_RE, "an Airflow DAG id"),
+        publish_dag_id=_string(f"{source}: publish_dag_id", raw.get("publish_dag_id", f"publish_{pname}"), _ID_RE,
+                               "an Airflow DAG id"),
+        description=str(raw.get("description", "")),
+        source=source,
+        schedule=None if schedule in (None, "", "none", "None") else str(schedule),
+        dataset_stage=_string(f"{source}: dataset.stage", dataset["stage"]),
+        dataset_out=_string(f"{source}: dataset.out", dataset["out"], re.compile(r"^[A-Za-z0-9_./-]+$"),
+                            "a relative path, e.g. data/<name>"),
+        dataset_asset=_string(f"{source}: dataset.asset", dataset.get("asset", f"gangflow-dataset-{pname}")),
+        suite=_string(f"{source}: dataset.suite", dataset["suite"], _FACTORY_RE, "'module:function'"),
+        trainer_config=str(trainer_config),
+        task=task,
+        data_factory=str((trainer.get("data") or {}).get("factory") or "trainer.data:parquet_dataset"),
+        metric=metric,
+        promotion_floor=float(_number(f"{source}: gate.floor", gate.get("floor", 0.0))),
+        min_improvement=float(_number(f"{source}: gate.min_improvement", gate.get("min_improvement", 0.0))),
+        model_name=_string(f"{source}: model_name", raw.get("model_name", f"gangflow-{pname}")),
+        backends=dict(backends),
+        default_backend=default_backend,
+        world_size=_number(f"{source}: world_size", raw.get("world_size", 2), integer=True),
+        local_world_sizes=tuple(_number(f"{source}: local_world_sizes[]", n, integer=True) for n in sizes),
+        retries=_number(f"{source}: retries", raw.get("retries", 3), integer=True),
+        retry_base_delay_s=float(os.environ.get("GANGFLOW_RETRY_BASE_DELAY") or _number(
+            f"{source}: retry_base_delay_seconds", raw.get("retry_base_delay_seconds", 5))),
+        allowed_models=tuple(allowed),
+        max_steps=int(train.get("max_steps", 600)),
+        learning_rate=float(train.get("lr", 0.05)),
+        batch_size=int(train.get("batch_size", 64)),
+        checkpoint_every_steps=int((trainer.get("checkpoint") or {}).get("every_steps", 100)),
+        dataset_version=_pinned_version(dataset["out"]),
+    )
+    if default_backend not in config.backend_names:
+        raise PipelineConfigError(f"{source}: default_backend={default_backend!r}: accepted values are "
+                                  f"{', '.join(config.backend_names)}")
+    return config
+
+
+@functools.cache
+def load_pipelines(folder: str | None = None) -> dict[str, PipelineConfig]:
+    """Every pipeline file (`*.yaml`) in `folder` (default `pipelines_dir()`), by name, sorted.
+
+    Two pipelines may not share a DAG id, a dataset output or an Asset: each raises
+    PipelineConfigError naming both files.
+    """
+    root = Path(folder) if folder else pipelines_dir()
+    found: dict[str, PipelineConfig] = {}
+    for path in sorted(root.glob("*.yaml")):
+        try:
+            raw = _load_yaml(path)
+        except Exception as exc:  # noqa: BLE001 - a YAML syntax error names the file
+            raise PipelineConfigError(f"{path}: not valid YAML ({exc})") from None
+        config = parse_pipeline(raw, source=str(path), name=path.stem)
+        for other in found.values():
+            for attr in ("dag_id", "publish_dag_id", "dataset_out", "dataset_asset", "model_name"):
+                if getattr(other, attr) == getattr(config, attr):
+                    raise PipelineConfigError(f"{path} and {other.source} share {attr}={getattr(config, attr)!r}")
+        found[config.name] = config
+    return found
+
+
+def pipeline(name: str = DEFAULT_PIPELINE) -> PipelineConfig:
+    """The pipeline called `name`; PipelineConfigError lists the known ones otherwise."""
+    pipelines = load_pipelines()
+    if name not in pipelines:
+        raise PipelineConfigError(
+            f"pipeline={name!r}: no {pipelines_dir() / (name + '.yaml')}; known pipelines: {', '.join(pipelines) or 'none'}"
+        )
+    return pipelines[name]
+
+
+def pipeline_of_dag(dag_id: str) -> PipelineConfig:
+    """The pipeline whose training DAG is `dag_id`."""
+    for config in load_pipelines().values():
+        if config.dag_id == dag_id:
+            return config
+    raise PipelineConfigError(f"dag_id={dag_id!r} is no pipeline's training DAG "
+                              f"(known: {', '.join(c.dag_id for c in load_pipelines().values())})")
+
+
+def defaults(name: str = DEFAULT_PIPELINE) -> PipelineConfig:
+    """The defaults of one pipeline (the digits pipeline unless named)."""
+    return pipeline(name)
+
+
+# --------------------------------------------------------------------------------------------
+# Run-time checks of a run's Params (admit_gang), and the dataset version a run trains
+
+
+def check_params(values: Mapping[str, Any], schemas: Mapping[str, Mapping[str, Any]]) -> None:
+    """Refuse what the trigger form's JSON Schemas let through, before a gang is admitted.
+
+    JSON Schema counts 2.0 as an integer and NaN passes every bound; and it cannot relate two
+    fields. `schemas` are the DAG's Param schemas (`{name: param.schema}`), so the accepted
+    ranges live in one place. Raises `InvalidParams` naming every offending field.
+    """
+    problems = []
+    for name, schema in schemas.items():
+        if name in values and (problem := _check_value(name, values[name], schema)):
+            problems.append(problem)
+    world_size, batch_size = values.get("world_size"), values.get("batch_size")
+    if _is_int(world_size) and _is_int(batch_size) and world_size >= 1 and batch_size % world_size:
+        lower, upper = batch_size // world_size * world_size, (batch_size // world_size + 1) * world_size
+        hint = f"{lower} or {upper}" if lower else str(upper)
+        problems.append(
+            f"batch_size={batch_size} is not a multiple of world_size={world_size}: each rank takes "
+            f"batch_size / world_size samples (e.g. batch_size {hint})"
+        )
+    if problems:
+        raise InvalidParams("; ".join(problems))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_value(name: str, value: Any, schema: Mapping[str, Any]) -> str | None:
+    kind = schema.get("type")
+    if kind == "integer":
+        if not _is_int(value):
+            return f"{name}={value!r}: must be an integer, written without a decimal point ({_accepted(schema)})"
+    elif kind == "number":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"{name}={value!r}: must be a finite number ({_accepted(schema)})"
+    else:
+        return None
+    low, high = schema.get("minimum"), schema.get("maximum")
+    xlow, xhigh = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    if (low is not None and value < low) or (high is not None and value > high) or (
+        (xlow is not None and value <= xlow) or (xhigh is not None and value >= xhigh)
+    ):
+        return f"{name}={value!r}: out of range ({_accepted(schema)})"
+    return None
+
+
+def _accepted(schema: Mapping[str, Any]) -> str:
+    bounds = []
+    if schema.get("minimum") is not None:
+        bounds.append(f">= {schema['minimum']}")
+    if schema.get("exclusiveMinimum") is not None:
+        bounds.append(f"> {schema['exclusiveMinimum']}")
+    if schema.get("maximum") is not None:
+        bounds.append(f"<= {schema['maximum']}")
+    if schema.get("exclusiveMaximum") is not None:
+        bounds.append(f"< {schema['exclusiveMaximum']}")
+    what = "integers" if schema.get("type") == "integer" else "finite numbers"
+    return f"accepted: {what} {' and '.join(bounds)}".rstrip()
+
+
+def dataset_version_of_run(params: Mapping[str, Any], dag_run: Any, asset_name: str = DATASET_ASSET_NAME) -> str:
+    """The dataset version a DAG run trains (a template macro of every pipeline DAG).
+
+    A run started by events on the dataset Asset (`asset_name`, the pipeline's) trains the newest event's version
+    (`extra["version"]`, as `publish_dataset` emits it), not the parse-time default of the
+    `dataset_version` Param; any other run trains its Param. An event without a version (one
+    posted by hand) falls back to the Param.
+    """
+    events = [
+        event
+        for event in (getattr(dag_run, "consumed_asset_events", None) or ())
+        if getattr(event.asset, "name", None) == asset_name
+        and isinstance(event.extra, Mapping)
+        and event.extra.get(ASSET_VERSION_KEY) not in (None, "")
+    ]
+    if events:
+        return str(max(events, key=lambda event: event.timestamp).extra[ASSET_VERSION_KEY])
+    return params["dataset_version"]

@@ -1,0 +1,121 @@
+"""Where gangflow keeps its state, and the embedded defaults derived from it.
+
+The state dir is `.gangflow/` in the project root unless `GANGFLOW_HOME` says otherwise.
+Everything one machine needs lives under it:
+
+    <state>/airflow/        AIRFLOW_HOME (SQLite metadata DB, logs)
+    <state>/mlflow.db       MLflow tracking + registry store (SQLite)
+    <state>/mlartifacts/    MLflow artifacts
+    <state>/dvc-remote/     DVC's local remote
+    <state>/dvc-cache/      DVC's cache (content-addressed, read-only data versions)
+    <state>/runs/           training run dirs, one per DAG run
+    <state>/reports/        Great Expectations Data Docs
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from urllib.parse import urlsplit
+
+PROJECT_ROOT = Path(os.environ.get("GANGFLOW_PROJECT", Path(__file__).resolve().parents[2]))
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("GANGFLOW_HOME") or PROJECT_ROOT / ".gangflow").resolve()
+
+
+def airflow_home() -> Path:
+    return state_dir() / "airflow"
+
+
+def tracking_uri() -> str:
+    """MLflow tracking URI: MLFLOW_TRACKING_URI when set, else SQLite under the state dir."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{state_dir() / 'mlflow.db'}"
+
+
+def artifact_root() -> Path:
+    return state_dir() / "mlartifacts"
+
+
+def dvc_remote() -> Path:
+    return state_dir() / "dvc-remote"
+
+
+def dvc_cache() -> Path:
+    return state_dir() / "dvc-cache"
+
+
+def runs_dir() -> Path:
+    return state_dir() / "runs"
+
+
+def deployment_id() -> str:
+    """Which gangflow deployment this is: part of every run identity (see `run_identity`).
+
+    `GANGFLOW_DEPLOYMENT` when set (pin it on Kubernetes: e.g. the Airflow release and
+    namespace). Otherwise the location of Airflow's metadata database, without credentials or
+    options: every component of one deployment shares it and two deployments never do (two
+    Airflows in one namespace have two databases). Airflow's `[api] instance_name` is not used:
+    it is a display title that two installs may well share.
+    """
+    explicit = os.environ.get("GANGFLOW_DEPLOYMENT", "").strip()
+    if explicit:
+        return explicit
+    try:
+        from airflow.configuration import conf
+
+        conn = conf.get("database", "sql_alchemy_conn", fallback="") or ""
+    except ImportError:  # no Airflow installed: the state dir is the deployment
+        conn = ""
+    if not conn:
+        return f"state:{state_dir()}"
+    url = urlsplit(conn)
+    netloc = url.hostname or ""
+    if url.port:
+        netloc = f"{netloc}:{url.port}"
+    return f"{url.scheme}://{netloc}{url.path}"
+
+
+def run_identity(dag_id: str, run_id: str) -> str:
+    """The identity of one DAG run, as 64 hex digits: the same for all its tries, distinct for
+    any other run of any DAG in any deployment.
+
+    Airflow's unique key of a DAG run is (dag_id, run_id) within one metadata database; the
+    deployment id makes it unique across deployments that share a namespace, a bucket or an
+    MLflow server. The raw run id goes in unchanged (no lossy sanitising before the hash).
+    """
+    if not isinstance(dag_id, str) or not dag_id or not isinstance(run_id, str) or not run_id:
+        raise ValueError(f"a run identity needs a non-empty dag_id and run_id (got {dag_id!r}, {run_id!r})")
+    payload = json.dumps([deployment_id(), dag_id, run_id])
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def run_key(dag_id: str, run_id: str) -> str:
+    """One DAG run as a folder or file name: a readable stem of the run id plus 16 hex digits
+    of `run_identity`, e.g. `manual__2026-11-30T10_00_00_00_00-3f2a9c01b7d4e855`.
+
+    Never '.', '..' or empty, and distinct runs never share one (the stem alone would:
+    `retrain:v2` and `retrain+v2`).
+    """
+    # The stem is for humans only (lossy: ':' and '+' both become '_'); the hash makes it unique.
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)[:60].strip("._-") or "run"
+    return f"{stem}-{run_identity(dag_id, run_id)[:16]}"
+
+
+def run_dir(dag_id: str, run_id: str) -> Path:
+    """The training run dir of one DAG run: the same for all its tries, so a retry resumes."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", dag_id or "") or not dag_id.strip("."):
+        raise ValueError(f"dag_id={dag_id!r} cannot name a folder (Airflow allows letters, digits, '_', '.', '-')")
+    return runs_dir() / dag_id / run_key(dag_id, run_id)
+
+
+def reports_dir() -> Path:
+    return state_dir() / "reports"
+
+
+def params_file() -> Path:
+    return PROJECT_ROOT / "params.yaml"

@@ -1,0 +1,1 @@
+"""Great Expectations pieces gangflow adds: multi-column expectations and cached Data Docs views."""

@@ -1,0 +1,1 @@
+"""Clients of the outside systems gangflow talks to: MLflow, DVC, the Kubernetes API."""

@@ -1,0 +1,187 @@
+"""MLflow plumbing shared by the training, evaluation and promotion tasks.
+
+One MLflow run per DAG run: the training operator calls `ensure_run` (which reuses the run on a
+retried task) and relays the ranks' metrics into it (`operators.hooks.mlflow_relay`, local gangs) or hands
+the run id to the trainer (Kubernetes), and the evaluate/promote tasks log into the same run. Every call that talks to MLflow goes through `mlflow_errors`, which turns connection
+and server-side failures into `RegistryUnavailable` (an InfraError: the task is retried) with
+the tracking URI in the message.
+
+Nothing here imports mlflow at import time: Airflow parses the DAG files that import this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+
+from operators.config import settings
+from operators.exceptions import RegistryUnavailable
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+log = logging.getLogger(__name__)
+
+TAG_DAG_ID = "gangflow.dag_id"
+TAG_DAG_RUN_ID = "gangflow.dag_run_id"
+# What a retry looks its run up by: `settings.run_identity` (deployment, DAG id, raw run id), so
+# two deployments sharing an MLflow server never adopt each other's run.
+TAG_RUN_IDENTITY = "gangflow.run_identity"
+
+# MLflow error codes that mean "the service is there but cannot answer now". INTERNAL_ERROR
+# counts only when a server sent it (HTTP 500): locally it is MlflowException's default code.
+_UNAVAILABLE_CODES = frozenset({"TEMPORARILY_UNAVAILABLE", "DEADLINE_EXCEEDED", "REQUEST_LIMIT_EXCEEDED"})
+_SERVER_UNAVAILABLE_CODES = _UNAVAILABLE_CODES | {"INTERNAL_ERROR", "ABORTED"}
+_LOCAL_SCHEMES = frozenset({"", "file", "sqlite"})
+
+
+def is_local_store(tracking_uri: str) -> bool:
+    """True for the embedded default (SQLite or a file store), where MLflow would otherwise put
+    artifacts in ./mlruns relative to whatever the worker's cwd happens to be."""
+    if tracking_uri.split(":", 1)[0] in ("databricks", "databricks-uc", "uc"):
+        return False
+    scheme = urlparse(tracking_uri).scheme
+    return scheme in _LOCAL_SCHEMES or len(scheme) == 1  # "C:" on Windows paths
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` means MLflow could not be reached (retry) rather than a wrong request."""
+    from mlflow.exceptions import MlflowException, RestException
+
+    if isinstance(exc, RegistryUnavailable):
+        return True
+    if isinstance(exc, RestException) and exc.error_code in _SERVER_UNAVAILABLE_CODES:
+        return True
+    if isinstance(exc, MlflowException):
+        if exc.error_code in _UNAVAILABLE_CODES:
+            return True
+        # The REST client's wording once its own retries are spent (connection refused, DNS,
+        # timeouts, too many 5xx).
+        message = str(exc.message)
+        return message.startswith("API request to ") and "failed with exception" in message
+    from trainer.failure_catalogue import transient_exception
+
+    if transient_exception(exc):  # connection errors, timeouts, HTTP 5xx/429: the one catalogue
+        return True
+    try:
+        import sqlalchemy.exc as saexc
+
+        if isinstance(exc, saexc.OperationalError):
+            return True
+    except ImportError:  # pragma: no cover
+        pass
+    return False
+
+
+@contextlib.contextmanager
+def mlflow_errors(tracking_uri: str | None, what: str) -> Iterator[None]:
+    """Translate "MLflow is unreachable" into `RegistryUnavailable` naming the URI.
+
+    Other errors (a bad request, a missing run) pass through unchanged.
+    """
+    try:
+        yield
+    except RegistryUnavailable:
+        raise
+    except Exception as exc:
+        if is_unavailable(exc):
+            uri = tracking_uri or settings.tracking_uri()
+            raise RegistryUnavailable(f"MLflow at {uri} unavailable while trying to {what}: {exc}") from exc
+        raise
+
+
+def get_client(tracking_uri: str | None = None) -> MlflowClient:
+    """An `MlflowClient` for tracking and the model registry (both on the same URI).
+
+    Default: `settings.tracking_uri()` (MLFLOW_TRACKING_URI, else SQLite under the state dir).
+    Also turns MLflow's artifact progress bars off (unless set): they flood Airflow task logs.
+    """
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    from mlflow import MlflowClient
+
+    uri = tracking_uri or settings.tracking_uri()
+    with mlflow_errors(uri, "connect"):
+        return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def client_uri(client: MlflowClient) -> str:
+    """The tracking URI a client talks to (for error messages and store-kind checks)."""
+    return getattr(client, "_tracking_client").tracking_uri
+
+
+def ensure_experiment(client: MlflowClient, name: str) -> str:
+    """The id of experiment `name`, created if missing.
+
+    On a local store (SQLite/file) the experiment's artifacts go to
+    `settings.artifact_root()/<name>` as a file URI; a remote server keeps its own default
+    artifact root.
+    """
+    uri = client_uri(client)
+    with mlflow_errors(uri, f"get or create experiment {name!r}"):
+        from mlflow.exceptions import MlflowException
+
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            if experiment.lifecycle_stage == "deleted":
+                client.restore_experiment(experiment.experiment_id)
+            return experiment.experiment_id
+        location = None
+        if is_local_store(uri):
+            path = settings.artifact_root() / name
+            path.mkdir(parents=True, exist_ok=True)
+            location = path.as_uri()
+        try:
+            return client.create_experiment(name, artifact_location=location)
+        except MlflowException as exc:  # created concurrently by another task
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            return client.get_experiment_by_name(name).experiment_id
+
+
+def find_run(client: MlflowClient, experiment_id: str, *, dag_id: str, dag_run_id: str) -> str | None:
+    """The id of the MLflow run created for this DAG run (by its run identity), or None."""
+    from mlflow.entities import ViewType
+
+    uri = client_uri(client)
+    flt = f"tags.`{TAG_RUN_IDENTITY}` = '{settings.run_identity(dag_id, dag_run_id)}'"
+    with mlflow_errors(uri, f"search runs of DAG run {dag_id}/{dag_run_id}"):
+        runs = client.search_runs(
+            [experiment_id], filter_string=flt, run_view_type=ViewType.ACTIVE_ONLY,
+            max_results=1, order_by=["attributes.start_time ASC"],
+        )
+    return runs[0].info.run_id if runs else None
+
+
+def ensure_run(
+    client: MlflowClient,
+    experiment_id: str,
+    *,
+    dag_id: str,
+    dag_run_id: str,
+    run_name: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> str:
+    """The MLflow run id for this DAG run: reused when a run tagged with the same
+    `gangflow.run_identity` exists (a retried task), created otherwise. The run also carries
+    `gangflow.dag_id`/`gangflow.dag_run_id` for people."""
+    existing = find_run(client, experiment_id, dag_id=dag_id, dag_run_id=dag_run_id)
+    if existing is not None:
+        log.info("reusing MLflow run %s for DAG run %s/%s", existing, dag_id, dag_run_id)
+        return existing
+    all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
+    all_tags.update({TAG_DAG_ID: dag_id, TAG_DAG_RUN_ID: dag_run_id,
+                     TAG_RUN_IDENTITY: settings.run_identity(dag_id, dag_run_id)})
+    with mlflow_errors(client_uri(client), f"create a run for DAG run {dag_id}/{dag_run_id}"):
+        run = client.create_run(experiment_id, tags=all_tags, run_name=run_name)
+    log.info("created MLflow run %s for DAG run %s/%s", run.info.run_id, dag_id, dag_run_id)
+    return run.info.run_id
+
+
+def _literal(value: str) -> str:
+    """A string literal for MLflow's search filter (single-quoted unless the value has one)."""
+    value = str(value)
+    return f'"{value}"' if "'" in value else f"'{value}'"

@@ -1,0 +1,204 @@
+"""The training task's MLflow relay: ranks of a local gang never import MLflow.
+
+Rank 0 writes every metric, event, param and tag to `<run_dir>/metrics.jsonl`
+(`trainer.tracking`). For a backend that runs the gang beside the task (`local`), the task's own
+process, which pays for MLflow once anyway, opens the DAG run's MLflow run in a thread while
+torchrun starts, tails the file and sends what it finds with `log_batch` (through
+`trainer.tracking.mlflow_items`, the same mapping as the rank's own sink), and after a
+successful gang logs `final/` as the run's artifacts under `final`.
+
+Nothing here may hang or stop the task: the thread is a daemon, joins are bounded, MLflow
+errors while relaying metrics are reported once, and `stop` ends the thread at its next wake.
+While MLflow is unreachable (`InfraError`: `RegistryUnavailable`) the relay keeps trying to
+open the run, with backoff, while the gang trains, and once more after it: an outage that ends
+before the gang does costs nothing. Any other error opening the run (a refused request, a bad
+URI) cannot heal: `on_fatal` is called at once, so the task can stop the gang instead of letting
+it train for a try that must fail. Only two things fail the task: the run could not be opened
+(the error itself; `RegistryUnavailable` is retried) and the final weights could not be logged
+(`FinalUploadFailed`, retried).
+
+Nothing here imports mlflow at import time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from operators.exceptions import InfraError, RegistryUnavailable
+
+OpenRun = Callable[[], tuple[Any, str]]  # -> (MlflowClient, run id)
+# The relay's thread runs this much nicer than the task (Linux: per thread): opening the run (mlflow import,
+# store init: seconds of CPU) then takes idle CPU first instead of slowing the gang's start-up,
+# which on a machine with a core per rank has none to spare (benchmarks/README.md, pipeline.py).
+RELAY_NICE = 10
+
+
+class FinalUploadFailed(InfraError):
+    """The gang finished but its final weights could not be logged to the MLflow run (retried:
+    the retry resumes from the last checkpoint and logs them again)."""
+
+
+class TrackingRelay:
+    """Tail `run_dir/metrics.jsonl` from where it ends now into the MLflow run `open_run` returns.
+
+    :param open_run: called once, in the relay's thread: returns (client, run id).
+    :param flush_every_s: how often new lines are sent while the gang runs.
+    :param log: where the one warning and the final-weights line go (the task log).
+    """
+
+    def __init__(self, run_dir: str | Path, *, open_run: OpenRun, flush_every_s: float = 2.0,
+                 log: Callable[[str], None] = print, join_timeout_s: float = 120.0,
+                 on_fatal: Callable[[BaseException], None] | None = None, max_backoff_s: float = 30.0):
+        from trainer.tracking import METRICS  # light: the trainer package does not import torch
+
+        self.path = Path(run_dir) / METRICS
+        self.open_run = open_run
+        self.flush_every_s = flush_every_s
+        self.join_timeout_s = join_timeout_s
+        self.log = log
+        self.on_fatal = on_fatal
+        self.max_backoff_s = max_backoff_s
+        self.fatal: BaseException | None = None  # an error opening the run that retrying cannot heal
+        # Lines of earlier tries are not sent again: the relay starts at the file's current end.
+        self.offset = self.path.stat().st_size if self.path.is_file() else 0
+        self.client: Any = None
+        self.run_id: str | None = None
+        self.error: BaseException | None = None
+        self.sent = 0  # lines relayed
+        self._warned = False
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # one pump at a time (thread or finish)
+        self._thread = threading.Thread(target=self._main, name="gangflow-relay", daemon=True)
+
+    def start(self) -> TrackingRelay:
+        self._thread.start()
+        return self
+
+    def _main(self) -> None:
+        if sys.platform.startswith("linux"):
+            try:
+                tid = threading.get_native_id()
+                os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + RELAY_NICE))
+            except OSError:  # not permitted here: run at the task's priority
+                pass
+        if not self._open():
+            return
+        while not self._stop.wait(self.flush_every_s):
+            self.pump()
+
+    def _open(self) -> bool:
+        """Open the run: retry while MLflow is unreachable, give up at once on anything else."""
+        delay = min(1.0, self.max_backoff_s)
+        while True:
+            try:
+                self.client, self.run_id = self.open_run()
+            except InfraError as exc:  # unreachable: it may come back before the gang ends
+                if self.error is None:
+                    self.log(f"gangflow: MLflow run could not be opened ({type(exc).__name__}: {exc}); the gang "
+                             "trains on and the relay retries (this try fails at its end if MLflow stays down)")
+                self.error = exc
+                if self._stop.wait(delay):
+                    return False
+                delay = min(delay * 2, self.max_backoff_s)
+                continue
+            except BaseException as exc:  # noqa: BLE001 - cannot heal: the task stops the gang and reports it
+                self.error = self.fatal = exc
+                self.log(f"gangflow: MLflow run could not be opened ({type(exc).__name__}: {exc}); retrying "
+                         "cannot help, stopping the gang")
+                if self.on_fatal is not None:
+                    self.on_fatal(exc)
+                return False
+            if self.error is not None:
+                self.log(f"gangflow: MLflow run {self.run_id} opened after all; relaying")
+                self.error = None
+            return True
+
+    def pump(self) -> int:
+        """Send the complete lines appended since the last pump; returns how many were read."""
+        if self.run_id is None:
+            return 0
+        with self._lock:
+            try:
+                with open(self.path, "rb") as fh:
+                    fh.seek(self.offset)
+                    chunk = fh.read()
+            except FileNotFoundError:
+                return 0
+            end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next pump
+            if end == 0:
+                return 0
+            self.offset += end
+            lines = chunk[:end].decode(errors="replace").splitlines()
+            self._send(lines)
+            self.sent += len(lines)
+            return len(lines)
+
+    def _send(self, lines: list[str]) -> None:
+        from trainer.tracking import log_records
+
+        records = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a torn line after a crash: skip it, as a reader of the file would
+            if isinstance(record, dict):
+                records.append(record)
+        if not records:
+            return
+        try:
+            log_records(self.client, self.run_id, records)
+        except Exception as exc:  # noqa: BLE001 - metrics must never fail the task
+            if not self._warned:
+                self._warned = True
+                self.log(f"gangflow: warning: relaying metrics to MLflow run {self.run_id} failed "
+                         f"({type(exc).__name__}: {exc}); continuing")
+
+    def stop(self, timeout_s: float = 0.0) -> bool:
+        """Stop the thread (at its next wake; `on_kill` does not wait). True once it has ended."""
+        self._stop.set()
+        if self._thread.is_alive() and timeout_s > 0:
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def finish(self, *, succeeded: bool, final_dir: str | Path | None = None) -> str | None:
+        """After the gang: flush what metrics.jsonl has; when it `succeeded`, log `final_dir` as
+        artifacts under `final`. Returns the run id (None when the run never opened and the gang
+        failed: the gang's own failure is what the task reports)."""
+        started = time.monotonic()
+        if not self.stop(self.join_timeout_s):
+            if not succeeded:
+                return None
+            raise RegistryUnavailable(f"MLflow did not answer within {self.join_timeout_s:.0f}s while the relay "
+                                      f"opened or logged to the run (after {time.monotonic() - started:.0f}s)")
+        if self.run_id is None:
+            if self.fatal is not None:
+                raise self.fatal  # the request's own error: the gang was stopped for it
+            if not succeeded:
+                return None  # the gang's own failure is what the task reports
+            try:  # MLflow may be back by now: one last try before failing a finished gang
+                self.client, self.run_id = self.open_run()
+            except BaseException as exc:  # noqa: BLE001 - as before the relay: RegistryUnavailable (retried)
+                raise exc from self.error
+            self.log(f"gangflow: MLflow run {self.run_id} opened after the gang ended; relaying")
+        self.pump()
+        if succeeded and final_dir is not None:
+            from operators.hooks.mlflow import client_uri
+            from trainer.tracking import FINAL_ARTIFACT_PATH, redact
+
+            try:
+                if not any(Path(final_dir).glob("*")):
+                    raise FileNotFoundError(f"{final_dir} is missing or empty")
+                self.client.log_artifacts(self.run_id, str(final_dir), artifact_path=FINAL_ARTIFACT_PATH)
+            except Exception as exc:  # noqa: BLE001 - reported with what failed
+                raise FinalUploadFailed(f"logging the final weights ({final_dir}) to MLflow run {self.run_id} at "
+                                        f"{redact(client_uri(self.client))} failed ({type(exc).__name__}: {exc})") from exc
+            self.log(f"gangflow: final weights logged to MLflow as runs:/{self.run_id}/{FINAL_ARTIFACT_PATH}")
+        return self.run_id

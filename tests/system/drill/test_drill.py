@@ -1,0 +1,193 @@
+"""`make cluster-drill` end to end (slow): `train_pipeline` with backend=kubernetes, the rendered
+pods run as local processes, moto's S3 API and an MLflow server on 127.0.0.1.
+
+Each drill runs in a subprocess (`python -m operators.cli.drill --keep DIR`) on a state dir
+of its own; its report.json says what every pod was rendered with and started with, and the
+audit hook's logs say what every pod process opened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pipeline_runs import PROJECT_ROOT, pipeline_env, setup_state
+from pipeline_runs import finish as finish_run
+
+from operators.cli.drill.audit_hook import read
+
+pytestmark = pytest.mark.slow
+
+CONF = {"max_steps": 60, "checkpoint_every_steps": 10}
+
+
+def processes_touching(folder: Path) -> list[str]:
+    """Live processes whose command line, environment or working dir names `folder`."""
+    needle = str(folder).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                environ = fh.read()
+            cwd = os.readlink(f"/proc/{entry}/cwd").encode()
+        except OSError:
+            continue
+        if needle in cmdline or needle in environ or cwd.startswith(needle):
+            found.append(entry + ": " + cmdline.replace(b"\0", b" ").decode(errors="replace")[:200])
+    return found
+
+
+def start_drill(home: Path, keep: Path, log: Path, conf: dict | None = None, **env: str) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "operators.cli.drill", "--keep", str(keep), "--conf", json.dumps(conf or CONF)]
+    return subprocess.Popen(argv, cwd=PROJECT_ROOT, env=pipeline_env(home, **env), stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def finish(proc: subprocess.Popen, log: Path, keep: Path, timeout: float = 1200) -> dict:
+    summary, output, code = finish_run(proc, log, timeout)  # the drill ends with a JSON summary line, as demo does
+    report_path = keep / "report.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    return {"code": code, "summary": summary, "output": output, "report": report}
+
+
+@pytest.fixture(scope="module")
+def drill_home(tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("gangflow-drill-home")
+    setup_state(home)
+    return home
+
+
+@pytest.fixture(scope="module")
+def clean_run(drill_home, tmp_path_factory) -> dict:
+    keep = tmp_path_factory.mktemp("drill-clean")
+    log = keep.parent / "drill-clean.log"
+    result = finish(start_drill(drill_home, keep, log), log, keep)
+    result["keep"] = keep
+    return result
+
+
+def _pods(report: dict) -> list[dict]:
+    return report.get("pods") or []
+
+
+def test_drill_trains_evaluates_promotes_through_the_kubernetes_backend(clean_run):
+    summary = clean_run["summary"]
+    assert clean_run["code"] == 0, clean_run["output"][-8000:]
+    assert summary["state"] == "success" and summary["backend"] == "kubernetes"
+    assert summary["checkpoint_uri"].startswith("s3://gangflow-drill/checkpoints/train-pipeline-")
+    assert summary["train_attempts"] == 1 and summary["resumed_from_step"] is None
+    assert summary["tracking_uri"].startswith("http://127.0.0.1:")
+    assert summary["model_version"] and summary["accuracy"] > 0.5
+    assert len(summary["dataset_version"]) == 32
+
+
+def test_pods_run_exactly_the_rendered_container(clean_run):
+    report = clean_run["report"]
+    pods = _pods(report)
+    assert len(pods) == 2, [p["pod"] for p in pods]
+    keep = str(clean_run["keep"])
+    for index, pod in enumerate(sorted(pods, key=lambda p: p["pod"])):
+        rendered, run = pod["rendered_argv"], pod["argv"]
+        assert rendered[0] == "torchrun" and f"--node-rank={index}" in rendered  # $(JOB_COMPLETION_INDEX) expanded
+        assert not any("$(" in a for a in rendered)
+        assert len(rendered) == len(run)
+        for before, after in zip(rendered, run):
+            if before == after:
+                continue
+            # the only rewrites: the rank-0 host -> 127.0.0.1, and container paths -> their mounts
+            host_rewrite = before.startswith("--rdzv-endpoint=") and after.startswith("--rdzv-endpoint=127.0.0.1:")
+            mount_rewrite = before.startswith(("/app/", "/tmp", "/dev/termination-log")) and after.startswith(keep)
+            assert host_rewrite or mount_rewrite, (before, after)
+        env, rendered_env = pod["env"], pod["rendered_env"]
+        for name, value in rendered_env.items():
+            if value.startswith(("/tmp", "/dev/termination-log", "/app")):
+                assert env[name].startswith(keep), (name, env[name])
+            else:
+                assert env[name] == value, name
+        # credentials came from the Secrets in the API double, not from the drill's environment
+        assert rendered_env["AWS_ACCESS_KEY_ID"].startswith("drill") and rendered_env["AWS_SECRET_ACCESS_KEY"]
+        assert rendered_env.get("MLFLOW_TRACKING_TOKEN")
+        assert env["HOME"] == env["TMPDIR"] == str(Path(pod["dir"]) / "tmp")
+        # the drill's own additions are only these
+        assert set(env) - set(rendered_env) <= {"PYTHONPATH", "GANGFLOW_DRILL_AUDIT", "GANGFLOW_DRILL_POD",
+                                                 "PATH", "PYTHONDONTWRITEBYTECODE", "XDG_CACHE_HOME", "MPLCONFIGDIR",
+                                                 "TORCHINDUCTOR_CACHE_DIR"}  # fmt: skip
+        assert "GANGFLOW_FAULT" not in env and "GANGFLOW_ALLOW_FAULTS" not in env
+        assert pod["exit_code"] == 0
+
+
+def test_no_pod_touched_the_worker_state_dir(clean_run, drill_home):
+    report = clean_run["report"]
+    state = str(Path(report["state_dir"]).resolve())
+    assert state == str(drill_home.resolve())
+    for pod in _pods(report):
+        paths = read(pod["audit_path"])
+        # the hook saw the rank at work: the dataset it fetched into its own /tmp, the image's params
+        assert any(p.startswith(pod["dir"] + "/tmp/") and p.endswith(".parquet") for p in paths), paths[-50:]
+        assert any(p.endswith("/image/app/params.yaml") for p in paths)
+        # the image's params.yaml is the read-only copy, never the checkout's; no data from the checkout
+        assert str(PROJECT_ROOT / "params.yaml") not in paths
+        assert not any(p.startswith(str(PROJECT_ROOT / "data") + "/") for p in paths)
+        touched = [p for p in paths if p == state or p.startswith(state + "/")]
+        assert touched == [], touched
+        assert not any(state in item for item in [*pod["argv"], *pod["env"].values()])
+
+
+def test_nothing_left_running_after_the_drill(clean_run):
+    assert processes_touching(clean_run["keep"]) == []
+
+
+@pytest.fixture(scope="module")
+def fault_run(drill_home, tmp_path_factory) -> dict:
+    keep = tmp_path_factory.mktemp("drill-fault")
+    log = keep.parent / "drill-fault.log"
+    proc = start_drill(drill_home, keep, log, GANGFLOW_FAULT="kill@step=30,rank=1", GANGFLOW_RETRY_BASE_DELAY="1")
+    result = finish(proc, log, keep)
+    result["keep"] = keep
+    return result
+
+
+def test_killed_rank_is_retried_once_and_resumes_from_step_30(fault_run):
+    summary = fault_run["summary"]
+    assert fault_run["code"] == 0, fault_run["output"][-8000:]
+    assert summary["state"] == "success" and summary["train_attempts"] == 2
+    assert summary["resumed_from_step"] == 30
+    pods = _pods(fault_run["report"])
+    assert len(pods) == 4
+    first_try = [p for p in pods if "-t1-" in p["pod"]]
+    assert any(p["exit_code"] not in (0, None) for p in first_try)
+    # the drill gave the fault to its pods; the backend itself never forwards it
+    assert all(p["env"].get("GANGFLOW_FAULT") == "kill@step=30,rank=1" and p["env"]["GANGFLOW_ALLOW_FAULTS"] == "1" for p in pods)
+    assert all("GANGFLOW_FAULT" not in p["rendered_env"] for p in pods)
+    assert any("JobSet" in e and "failed" in e for e in fault_run["report"]["events"])
+    assert processes_touching(fault_run["keep"]) == []
+
+
+def test_an_interrupted_drill_stops_everything_it_started(drill_home, tmp_path):
+    keep = tmp_path / "drill"
+    log = tmp_path / "drill.log"
+    proc = start_drill(drill_home, keep, log, {"max_steps": 400, "checkpoint_every_steps": 50})
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        if "[cluster] pod " in log.read_text() and " started (pid " in log.read_text():
+            break
+        time.sleep(1)
+    assert proc.poll() is None, log.read_text()[-6000:]
+    time.sleep(3)  # the ranks are up
+    assert processes_touching(keep), "expected the pods and servers to be running"
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(120)
+    assert code != 0
+    summary = json.loads(log.read_text().strip().splitlines()[-1])
+    assert summary["state"] == "failed"
+    time.sleep(1)
+    assert processes_touching(keep) == []

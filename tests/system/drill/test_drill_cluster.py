@@ -1,0 +1,143 @@
+"""The drill's emulated cluster (Kueue, Job controller, kubelet) on the API test double, with tiny
+Python containers instead of the trainer: seconds, not minutes."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import time
+
+import pytest
+
+from operators.kubernetes import status as st
+from operators.cli.drill.api_double import InMemoryKubernetesApi
+from operators.cli.drill.cluster import JS, KQ, EmulatedCluster, processes_with_marker
+from operators.cli.drill.image import Image
+
+NS = "ml"
+# index 0 writes its error record and fails with 3; index 1 would run for a minute
+SCRIPT = """
+import json, os, sys, time
+index = sys.argv[1]
+print("rank", index, "token", os.environ["TOKEN"], "home", os.environ["HOME"], "cwd", os.getcwd(), flush=True)
+if index == "0":
+    time.sleep(1.5)
+    with open(os.environ["GANGFLOW_TERMINATION_LOG"], "w") as fh:
+        json.dump({"type": "ValueError", "message": "bad value"}, fh)
+    sys.exit(3)
+time.sleep(60)
+"""
+
+
+def jobset(name: str, script: str = SCRIPT, completions: int = 2) -> dict:
+    container = {
+        "name": "trainer",
+        "image": "example.com/t@sha256:" + "0" * 64,
+        "command": ["python", "-c", script],
+        "args": ["$(JOB_COMPLETION_INDEX)"],
+        "env": [
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "GANGFLOW_TERMINATION_LOG", "value": "/dev/termination-log"},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
+        ],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "resources": {"limits": {"cpu": "1"}},
+    }
+    pod_spec = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [container], "volumes": [{"name": "tmp", "emptyDir": {}}]}
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name, "namespace": NS, "labels": {"kueue.x-k8s.io/queue-name": "q", "gangflow.io/gang": name, "gangflow.io/attempt": "1"}},
+        "spec": {
+            "suspend": True,
+            "network": {"enableDNSHostnames": True, "subdomain": name},
+            "replicatedJobs": [{"name": "rank", "replicas": 1, "template": {
+                "metadata": {"labels": {"gangflow.io/gang": name, "gangflow.io/attempt": "1"}},
+                "spec": {"completions": completions, "parallelism": completions, "completionMode": "Indexed", "backoffLimit": 0,
+                         "template": {"metadata": {"labels": {"gangflow.io/gang": name, "gangflow.io/attempt": "1"}}, "spec": pod_spec}}}}],
+        },
+    }  # fmt: skip
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    api = InMemoryKubernetesApi().start()
+    api.put("", "secrets", {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": NS}, "data": {"token": base64.b64encode(b"s3cr3t").decode()}})
+    image = Image(env={"PATH": f"{sys.prefix}/bin:/usr/bin:/bin"}, mounts={})
+    emu = EmulatedCluster(api, workdir=tmp_path / "pods", image=image, audit_dir=tmp_path / "audit", drill_id="test-drill", period=0.05).start()
+    yield api, emu
+    emu.stop(grace=1)
+    api.stop()
+    assert processes_with_marker("test-drill/") == []
+
+
+def wait(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def pods(api):
+    return sorted(api.items("", "pods", NS), key=lambda p: p["metadata"]["name"])
+
+
+def test_admission_pods_from_processes_failure_and_teardown(cluster):
+    api, emu = cluster
+    api.put(*JS, jobset("g-t1"))
+    wait(lambda: len(pods(api)) == 2 and all(st.pod_view(p).ready for p in pods(api)))
+    # Kueue admitted and unsuspended; the Workload points at the JobSet
+    js = api.get(*JS, NS, "g-t1")
+    assert js["spec"]["suspend"] is False
+    workload = api.items(*KQ)[0]
+    assert workload["metadata"]["labels"]["kueue.x-k8s.io/job-uid"] == js["metadata"]["uid"]
+    assert st.workload_state(workload).admitted
+    # the indexed pods: index annotation, JOB_COMPLETION_INDEX expanded in args, Secret resolved
+    runs = sorted(emu.history, key=lambda r: r.name)
+    assert [r.rendered_argv[-1] for r in runs] == ["0", "1"]
+    assert all(r.rendered_env["TOKEN"] == "s3cr3t" for r in runs)
+    assert [st.pod_rank(p) for p in pods(api)] == [0, 1]
+    # index 0 fails with its termination message; the Job fails; index 1 is deleted and killed
+    wait(lambda: st.gang_state("JobSet", api.get(*JS, NS, "g-t1")).state == "failed")
+    failed = wait(lambda: [p for p in pods(api) if p["status"]["phase"] == "Failed"])
+    evidence = st.pod_evidence(failed[0])
+    assert evidence["exit_code"] == 3 and evidence["termination_reason"] == "Error" and evidence["rank"] == 0
+    assert evidence["error_file"] == {"type": "ValueError", "message": "bad value"}
+    wait(lambda: len(pods(api)) == 1)  # the deleted pod is gone once its process ended
+    assert processes_with_marker("test-drill/") == []
+    log = api.logs[(NS, failed[0]["metadata"]["name"])]
+    run0 = runs[0]
+    assert f"home {run0.dir / 'tmp'} cwd {run0.dir / 'tmp'}" in log  # its own empty /tmp as HOME and cwd
+    # teardown of the gang object removes the rest
+    api.handle("DELETE", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets/g-t1", None)
+    assert pods(api) == [] and api.items(*KQ) == []
+
+
+def test_success_and_fallback_message_and_signal_exit_code(cluster):
+    api, emu = cluster
+    api.put(*JS, jobset("ok-t1", script="import sys; print('fine', sys.argv[1])"))
+    wait(lambda: st.gang_state("JobSet", api.get(*JS, NS, "ok-t1")).state == "succeeded")
+    assert {p["status"]["phase"] for p in pods(api)} == {"Succeeded"}
+    api.handle("DELETE", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets/ok-t1", None)
+    # killed by a signal, nothing in the termination file: exit 128+9 and the log's tail as message
+    api.put(*JS, jobset("kill-t1", script="import os, signal; print('about to die', flush=True); os.kill(os.getpid(), signal.SIGKILL)", completions=1))
+    failed = wait(lambda: [p for p in pods(api) if p["status"]["phase"] == "Failed"])
+    term = failed[0]["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 137 and "about to die" in term["message"]
+    assert st.pod_evidence(failed[0])["signal"] == 9
+
+
+def test_missing_secret_is_create_container_config_error(cluster):
+    api, emu = cluster
+    api.remove("", "secrets", NS, "creds")
+    api.put(*JS, jobset("nosecret-t1", completions=1))
+    pod = wait(lambda: [p for p in pods(api) if (p["status"].get("containerStatuses") or [{}])[0].get("state", {}).get("waiting")])[0]
+    view = st.pod_view(pod)
+    assert view.waiting_reason == "CreateContainerConfigError" and 'secret "creds" not found' in view.waiting_message
+    assert json.dumps(emu.history[0].argv) == "[]"  # nothing was started

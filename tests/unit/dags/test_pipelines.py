@@ -1,0 +1,141 @@
+"""Pipelines as configuration: the pipeline files' format and the DAG factory (fast: no DAG run)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from operators.config.pipelines import Metric, PipelineConfigError, load_pipelines, parse_pipeline
+
+from pipeline_runs import PROJECT_ROOT, pipeline_env
+
+DIGITS = yaml.safe_load((PROJECT_ROOT / "pipelines" / "digits.yaml").read_text())
+
+
+def test_the_digits_pipeline_keeps_its_dag_id_and_gate():
+    digits = load_pipelines(str(PROJECT_ROOT / "pipelines"))["digits"]
+    assert digits.dag_id == "train_pipeline" and digits.publish_dag_id == "publish_dataset"
+    assert digits.metric == Metric("accuracy", "higher", 0.0, 1.0)
+    assert (digits.promotion_floor, digits.model_name, digits.dataset_out) == (0.9, "gangflow-digits", "data/digits")
+    assert digits.dataset_asset == "gangflow-dataset-digits" and digits.dataset_asset_uri == "dvc://gangflow/data/digits"
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"modle_name": "x"}, "unknown key(s) modle_name; accepted keys:"),
+        ({"metric": {"name": "rmse", "direction": "down"}}, "metric.direction='down': accepted values are higher, lower"),
+        ({"dataset": {"stage": "prepare", "out": "data/digits"}}, "dataset.suite is required"),
+        ({"backends": {"local": "x:Y"}}, "'local' is built in"),
+        ({"backends": {"slurm": "not a path"}}, "backends.slurm='not a path': must be 'module:Class'"),
+        ({"default_backend": "slurm"}, "default_backend='slurm': accepted values are local, kubernetes"),
+        ({"trainer_config": "nowhere.yaml"}, "trainer_config="),
+        ({"gate": {"floor": "high"}}, "gate.floor='high': must be a finite number"),
+    ],
+)
+def test_a_bad_pipeline_file_is_refused_naming_the_key(change, needle):
+    with pytest.raises(PipelineConfigError) as caught:
+        parse_pipeline(DIGITS | change, source="pipelines/x.yaml")
+    assert needle in str(caught.value) and "pipelines/x.yaml" in str(caught.value)
+
+
+def test_a_pipeline_section_in_a_trainer_config_is_refused_not_ignored(tmp_path):
+    trainer = tmp_path / "params.yaml"
+    trainer.write_text("train: {max_steps: 5}\npipeline: {model_name: mine}\n")
+    with pytest.raises(PipelineConfigError, match="`pipeline` section is not read any more"):
+        parse_pipeline(DIGITS | {"trainer_config": str(trainer)}, source="pipelines/x.yaml")
+
+
+def test_two_pipelines_may_not_share_a_dag_id(tmp_path):
+    shutil.copy(PROJECT_ROOT / "pipelines" / "digits.yaml", tmp_path / "digits.yaml")
+    other = DIGITS | {"name": "other", "model_name": "m", "dataset": DIGITS["dataset"] | {"out": "data/o", "asset": "a"},
+                      "publish_dag_id": "publish_other"}  # fmt: skip
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    with pytest.raises(PipelineConfigError, match="share dag_id='train_pipeline'"):
+        load_pipelines.__wrapped__(str(tmp_path))
+
+
+def test_a_new_pipeline_file_is_a_new_dag_with_its_own_backend_and_gate(tmp_path):
+    """Adding a pipeline needs no edit to dags/, operators/ or trainer/: a file is enough."""
+    for name in ("digits.yaml",):
+        shutil.copy(PROJECT_ROOT / "pipelines" / name, tmp_path / name)
+    third = {
+        "name": "third", "description": "a third one",
+        "dataset": {"stage": "prepare", "out": "data/third", "suite": "data.expectations:digits_suite"},
+        "metric": {"name": "mae", "direction": "lower", "minimum": 0},
+        "gate": {"floor": 50.0, "min_improvement": 0.5}, "schedule": "none",
+        "backends": {"slurm": "mypkg.slurm:SlurmBackend"},
+    }  # fmt: skip
+    (tmp_path / "third.yaml").write_text(yaml.safe_dump(third))
+    code = (
+        "import json\n"
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        "bag = DagBag(dag_folder='dags')\n"
+        "assert not bag.import_errors, bag.import_errors\n"
+        "dag = bag.dags['train_third']\n"
+        "p = {k: dag.params.get_param(k).schema for k in ('backend', 'promotion_floor', 'min_improvement')}\n"
+        "print(json.dumps({'dags': sorted(bag.dags), 'tasks': sorted(t.task_id for t in dag.tasks), 'params': p,\n"
+        "  'floor': dag.params['promotion_floor'], 'task': __import__('operators.config.pipelines', fromlist=['pipeline']).pipeline('third').task, 'suite': dag.get_task('validate_dataset').suite,\n"
+        "  'out': dag.get_task('validate_dataset').dvc_out, 'model': dag.get_task('promote').model_name}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=180,
+                          env=pipeline_env(tmp_path / "home", GANGFLOW_PIPELINES=str(tmp_path)))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    shape = json.loads(done.stdout.strip().splitlines()[-1])
+    assert shape["dags"] == ["publish_dataset", "publish_third", "train_pipeline", "train_third"]
+    assert shape["task"] == "classification"  # from the trainer config it names (params.yaml)
+    assert "train_slurm" in shape["tasks"] and "train_kubernetes" in shape["tasks"]
+    assert shape["params"]["backend"]["enum"] == ["local", "kubernetes", "slurm"]
+    assert shape["params"]["promotion_floor"]["minimum"] == 0 and "maximum" not in shape["params"]["promotion_floor"]
+    assert "exclusiveMaximum" not in shape["params"]["min_improvement"]
+    assert (shape["floor"], shape["out"], shape["model"]) == (50.0, "data/third", "gangflow-third")
+
+
+def test_admission_picks_a_registered_backends_task(monkeypatch):
+    from operators import backends
+    from operators.exceptions import GangCapacityError
+    from operators.training import gang_task_id
+
+    monkeypatch.setattr(backends, "_BACKENDS", dict(backends._BACKENDS))
+    with pytest.raises(GangCapacityError, match="backend='slurm': accepted values are kubernetes, local"):
+        gang_task_id(backend="slurm", world_size=4, local_world_sizes=(1, 2))
+    backends.register_backend("slurm", "mypkg.slurm:SlurmBackend")
+    assert gang_task_id(backend="slurm", world_size=4, local_world_sizes=(1, 2)) == "train_slurm"
+    assert gang_task_id(backend="kubernetes", world_size=4, local_world_sizes=(1, 2)) == "train_kubernetes"
+
+
+def test_kubernetes_gangs_name_a_trainer_config_the_training_image_holds(tmp_path):
+    """Pods read the trainer config from their image, not the worker's disk: every pipeline's
+    train_kubernetes task names it relative to the project, and docker/training.Dockerfile's
+    runtime stage copies that file to where the pod looks (/app/<path>)."""
+    import posixpath
+    from types import SimpleNamespace
+
+    from operators.kubernetes.builders import _config_path
+    from operators.cli.drill.image import parse_runtime_stage
+
+    code = (
+        "import json\n"
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        "bag = DagBag(dag_folder='dags')\n"
+        "assert not bag.import_errors, bag.import_errors\n"
+        "print(json.dumps({d: bag.dags[d].get_task('train_kubernetes').config_path for d in bag.dags if d.startswith('train_')}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=180,
+                          env=pipeline_env(tmp_path / "home"))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    configs = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"train_pipeline", "train_diabetes"} <= set(configs)
+    _, copies, workdir = parse_runtime_stage((PROJECT_ROOT / "docker" / "training.Dockerfile").read_text())
+    in_image = {posixpath.join(workdir, target): src for target, src in copies.items()}
+    for dag_id, config in configs.items():
+        assert not config.startswith("/"), f"{dag_id}: {config} is a worker path"
+        pod_path = _config_path(SimpleNamespace(config_path=config), None)  # refuses worker paths
+        held = [t for t, src in in_image.items() if pod_path == t or (src.endswith("/") and pod_path.startswith(t.rstrip("/") + "/"))]
+        assert held, f"{dag_id}: the pod reads {pod_path}, which docker/training.Dockerfile does not copy ({sorted(in_image)})"
+        assert (PROJECT_ROOT / config).is_file()

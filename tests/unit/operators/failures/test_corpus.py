@@ -1,0 +1,294 @@
+"""The corpus loader, the frozen split, the precedent matcher and the classifier benchmark.
+
+Synthetic corpora exercise the machinery; the real corpus is checked only through its train and
+dev files (the test split's cases are never read by tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from operators.failures import cases as corpus
+from operators.failures.cases import CorpusError, load_cases, load_split, load_split_cases, test_sha256
+from operators.failures.evidence import Evidence
+from operators.failures.precedent import PrecedentBase
+
+PROJECT_ROOT = Path(__file__).resolve().parents[4]
+
+
+def case(i: int, label: str, log: str, project: str = "acme/train", hard: bool = False) -> dict:
+    return {
+        "id": f"{project.replace('/', '__')}-{i}",
+        "project": project,
+        "url": f"https://github.com/{project}/issues/{i}",
+        "label": label,
+        "hard": hard,
+        "why": f"case {i} is {label}",
+        "evidence": {"exit_code": 1, "log_tail": log},
+    }
+
+
+def write(folder: Path, project: str, rows: list[dict]) -> Path:
+    path = folder / f"{project.replace('/', '__')}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def synthetic(tmp_path) -> Path:
+    write(tmp_path, "acme/train", [
+        case(1, "infra", "quux frobnicator lost its lease on the widget bus", "acme/train"),
+        case(2, "user", "zorp config field wibble has no value for the plumbus", "acme/train"),
+        case(3, "infra", "RuntimeError: NCCL watchdog timed out", "acme/train"),
+    ])  # fmt: skip
+    write(tmp_path, "acme/dev", [case(1, "infra", "quux frobnicator lost its lease on the widget bus again", "acme/dev")])
+    test = write(tmp_path, "acme/test", [case(1, "user", "zorp config field wibble has no value", "acme/test")])
+    split = {"train": ["acme/train"], "dev": ["acme/dev"], "test": ["acme/test"],
+             "test_sha256": hashlib.sha256(test.read_bytes()).hexdigest()}  # fmt: skip
+    (tmp_path / "split.json").write_text(json.dumps(split))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda c: c.pop("label"), "missing field 'label'"),
+        (lambda c: c.update(label="maybe"), "field 'label' must be one of infra, user"),
+        (lambda c: c.update(hard="yes"), "field 'hard' must be a bool"),
+        (lambda c: c.update(evidence="exit 1"), "field 'evidence' must be a dict"),
+        (lambda c: c.update(url="github.com/x"), "field 'url' must be an https:// URL"),
+    ],
+)
+def test_loader_names_file_line_and_field(tmp_path, mutate, message):
+    rows = [case(1, "infra", "a"), case(2, "user", "b")]
+    mutate(rows[1])
+    path = write(tmp_path, "acme/train", rows)
+    with pytest.raises(CorpusError) as info:
+        load_cases([path])
+    assert str(info.value) == f"acme__train.jsonl:2: {message}"
+
+
+def test_loader_rejects_duplicate_ids_and_non_json(tmp_path):
+    with pytest.raises(CorpusError, match="duplicate case ids: acme__train-1"):
+        load_cases([write(tmp_path, "acme/train", [case(1, "infra", "a"), case(1, "user", "b")])])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": \n')
+    with pytest.raises(CorpusError, match=r"bad.jsonl:1: not a JSON object"):
+        load_cases([bad])
+
+
+def test_split_hash_is_verified_before_test_cases_load(synthetic):
+    split = load_split(synthetic)
+    assert test_sha256(split, synthetic) == split.test_sha256
+    assert [c.label for c in load_split_cases(split, "test", synthetic)] == ["user"]
+    with (synthetic / "acme__test.jsonl").open("a") as fh:
+        fh.write(json.dumps(case(2, "infra", "x", "acme/test")) + "\n")
+    with pytest.raises(CorpusError, match="the test split changed"):
+        load_split_cases(split, "test", synthetic)
+    assert load_split_cases(split, "train", synthetic)  # the other splits do not depend on it
+
+
+def test_split_rejects_a_project_in_two_splits(synthetic):
+    split = json.loads((synthetic / "split.json").read_text())
+    split["dev"].append("acme/train")
+    (synthetic / "split.json").write_text(json.dumps(split))
+    with pytest.raises(CorpusError, match="more than one split"):
+        load_split(synthetic)
+
+
+def test_precedent_decides_above_the_threshold_and_cites_the_case(synthetic):
+    split = load_split(synthetic)
+    base = PrecedentBase(load_split_cases(split, "train", synthetic))
+    similar = Evidence.parse({"log_tail": "the quux frobnicator lost its lease"})
+    verdict = base.verdict(similar, threshold=0.2)
+    assert (verdict.kind, verdict.retryable, verdict.rule) == ("infra", True, "precedent")
+    assert verdict.reason.startswith("infra: like https://github.com/acme/train/issues/1: case 1 is infra (similarity ")
+    assert base.verdict(Evidence.parse({"log_tail": "completely unrelated words here"}), threshold=0.2) is None
+    assert base.verdict(similar, threshold=0.99) is None
+    assert base.verdict(similar, threshold=0.2, exclude={"acme__train-1"}) is None  # leave-one-out
+
+
+def test_a_weak_infra_precedent_stays_unknown_a_weak_user_one_decides(tmp_path):
+    """With an infra margin (the knob; the shipped INFRA_MARGIN is the plain majority, chosen by
+    cross-validation), infra by precedent needs that many times the user votes' weight."""
+    margin = 2.0
+
+    rows = [
+        case(1, "infra", "upload to the bucket timed out after the write stalled", "acme/a"),
+        case(2, "infra", "upload to the bucket timed out while the write stalled", "acme/a"),
+        case(3, "user", "upload to the bucket timed out: the write was too large for one request", "acme/a"),
+        case(4, "user", "the plumbus config has no wibble value for the dataset", "acme/a"),
+        case(5, "user", "the plumbus config has no wibble value for the loader", "acme/a"),
+        case(6, "infra", "the plumbus config could not be read: connection reset", "acme/a"),
+    ]
+    base = PrecedentBase(load_cases([write(tmp_path, "acme/a", rows)]))
+    weak = Evidence.parse({"log_tail": "upload timed out: write too large"})
+    near = base.nearest(weak, 3)
+    infra = sum(p.similarity for p in near if p.case.label == "infra")
+    user = sum(p.similarity for p in near if p.case.label == "user")
+    assert user < infra < margin * user  # infra wins the vote, but not by the margin
+    assert base.verdict(weak, threshold=0.05, k=3, infra_margin=margin) is None
+    assert base.verdict(weak, threshold=0.05, k=3, infra_margin=1.0).kind == "infra"  # the plain majority
+    clear = Evidence.parse({"log_tail": "upload to the bucket timed out"})
+    assert base.verdict(clear, threshold=0.05, k=3, infra_margin=margin).kind == "infra"  # two close infra cases outweigh one user case
+    config = Evidence.parse({"log_tail": "the plumbus config has no wibble value"})
+    assert base.verdict(config, threshold=0.05, k=3, infra_margin=margin).kind == "user"  # user needs no margin
+
+
+def run_benchmark(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "benchmarks/classifier.py", *args], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=300
+    )
+
+
+def test_benchmark_reports_each_split_and_refuses_a_changed_test_split(synthetic):
+    proc = run_benchmark("--corpus", str(synthetic), "--test")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(result["splits"]) == {"train", "dev", "test"}
+    test = result["splits"]["test"]
+    assert test["n"] == 1 and set(test["confusion"]) == {"infra", "user"}
+    assert {"accuracy", "unknown_rate", "user_bugs_retried", "per_class"} <= set(test)
+    assert test["user_bugs_retried"] == test["user_bugs_retried_as_infra"] + test["user_bugs_retried_once_as_unknown"]
+    assert "MISS [test]" not in proc.stderr
+    (synthetic / "acme__test.jsonl").write_text("")
+    proc = run_benchmark("--corpus", str(synthetic), "--test")
+    assert proc.returncode == 2 and "the test split changed" in proc.stderr and proc.stdout == ""
+
+
+def test_benchmark_can_score_train_without_a_cases_own_project_as_precedent(synthetic):
+    proc = run_benchmark("--corpus", str(synthetic), "--leave-project-out")
+    assert proc.returncode == 0, proc.stderr
+    splits = json.loads(proc.stdout.strip().splitlines()[-1])["splits"]
+    assert set(splits) == {"train", "train_leave_project_out", "dev"}
+    assert splits["train_leave_project_out"]["n"] == splits["train"]["n"] == 3
+
+
+# -- the real corpus (train and dev only) ---------------------------------------------------------
+
+REAL_SPLIT = corpus.CORPUS_DIR / corpus.SPLIT_FILE
+needs_split = pytest.mark.skipif(not REAL_SPLIT.is_file(), reason="the corpus split is not frozen yet")
+
+
+@needs_split
+def test_real_train_and_dev_files_are_valid():
+    split = load_split()
+    for name in ("train", "dev"):
+        cases = load_split_cases(split, name)
+        assert cases, name
+        assert {c.label for c in cases} == {"infra", "user"}
+
+
+@needs_split
+def test_the_shipped_precedent_base_never_holds_test_or_holdout_cases():
+    from operators.failures import precedent
+
+    split = load_split()
+    base = precedent.default_base()
+    held_out = {p.name for name in split.names if name not in ("train", "dev") for p in split.files(name)}
+    assert base is not None and base.cases
+    assert {p.name for p in split.files("test")} <= held_out
+    assert not {c.file for c in base.cases} & held_out
+
+
+def test_the_corpus_ships_with_the_package():
+    import tomllib
+
+    data = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    patterns = data["operators.failures"]
+    assert "corpus/*.jsonl" in patterns and "corpus/*.json" in patterns
+
+
+# -- a later hold-out (holdout2): frozen like test, never a precedent ------------------------------
+
+
+def with_holdout(folder: Path) -> Path:
+    held = write(folder, "acme/held", [case(1, "infra", "quux frobnicator lost its lease", "acme/held")])
+    split = json.loads((folder / "split.json").read_text())
+    split |= {"holdout2": ["acme/held"], "holdout2_sha256": hashlib.sha256(held.read_bytes()).hexdigest()}
+    (folder / "split.json").write_text(json.dumps(split))
+    return held
+
+
+def test_holdout2_hash_is_verified_before_its_cases_load(synthetic):
+    held = with_holdout(synthetic)
+    split = load_split(synthetic)
+    assert [c.label for c in load_split_cases(split, "holdout2", synthetic)] == ["infra"]
+    with held.open("a") as fh:
+        fh.write(json.dumps(case(2, "user", "x", "acme/held")) + "\n")
+    with pytest.raises(CorpusError, match="the holdout2 split changed"):
+        load_split_cases(split, "holdout2", synthetic)
+    assert load_split_cases(split, "test", synthetic)  # the test split does not depend on it
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda s: s.pop("holdout2_sha256"), "holdout2_sha256"),
+    (lambda s: s.update(holdout2=[]), "non-empty list"),
+    (lambda s: s["holdout2"].append("acme/test"), "more than one split"),
+])  # fmt: skip
+def test_split_rejects_a_malformed_holdout2(synthetic, mutate, message):
+    with_holdout(synthetic)
+    split = json.loads((synthetic / "split.json").read_text())
+    mutate(split)
+    (synthetic / "split.json").write_text(json.dumps(split))
+    with pytest.raises(CorpusError, match=message):
+        load_split(synthetic)
+
+
+def test_a_split_without_holdout2_refuses_to_load_it(synthetic):
+    with pytest.raises(CorpusError, match="accepted values are train, dev, test$"):
+        load_split_cases(load_split(synthetic), "holdout2", synthetic)
+
+
+def test_holdouts_are_frozen_in_number_order_and_each_checked_by_its_own_hash(synthetic):
+    with_holdout(synthetic)
+    later = write(synthetic, "acme/later", [case(1, "user", "zorp config wibble", "acme/later")])
+    raw = json.loads((synthetic / "split.json").read_text())
+    raw |= {"holdout10": ["acme/later"], "holdout10_sha256": hashlib.sha256(later.read_bytes()).hexdigest()}
+    (synthetic / "split.json").write_text(json.dumps(raw))
+    split = load_split(synthetic)
+    assert split.names == ("train", "dev", "test", "holdout2", "holdout10")
+    assert split.frozen == ("test", "holdout2", "holdout10")
+    later.write_text("")
+    with pytest.raises(CorpusError, match="the holdout10 split changed"):
+        load_split_cases(split, "holdout10", synthetic)
+    assert load_split_cases(split, "holdout2", synthetic)
+
+
+def test_benchmark_scores_holdout2_with_the_shipped_base_and_refuses_a_changed_one(synthetic):
+    held = with_holdout(synthetic)
+    proc = run_benchmark("--corpus", str(synthetic), "--holdout", "holdout2", "--show-errors")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(result["splits"]) == {"train", "dev", "holdout2"}
+    assert result["splits"]["holdout2"]["n"] == 1 and "goals_met_on_holdout2" in result
+    assert result["holdout2_sha256"] == hashlib.sha256(held.read_bytes()).hexdigest()
+    assert "[holdout2]" not in proc.stderr  # its misses are never printed
+    held.write_text(held.read_text().replace("lease", "lease!"))
+    proc = run_benchmark("--corpus", str(synthetic), "--holdout", "holdout2")
+    assert proc.returncode == 2 and "the holdout2 split changed" in proc.stderr and proc.stdout == ""
+
+
+@needs_split
+def test_the_blind_reader_saw_train_and_dev_cases_only_and_is_scored_beside_the_classifier():
+    """The blind reader's labels (benchmarks/data/classifier_blind_reader.jsonl) cover train and
+    dev cases, never a test or hold-out one; --blind-reader scores them on the same cases as the
+    classifier, hard and not hard apart."""
+    split = load_split()
+    seen = {json.loads(line)["id"] for line in (PROJECT_ROOT / "benchmarks/data/classifier_blind_reader.jsonl").open()}
+    train_dev = {c.id for name in ("train", "dev") for c in load_split_cases(split, name)}
+    assert seen and seen <= train_dev
+    proc = run_benchmark("--blind-reader")
+    assert proc.returncode == 0, proc.stderr
+    reader = json.loads(proc.stdout.strip().splitlines()[-1])["blind_reader"]
+    assert set(reader) == {"train", "dev"} and sum(r["n"] for r in reader.values()) == len(seen)
+    for r in reader.values():
+        assert sum(r["agreement"].values()) == r["n"]
+        for who in ("reader", "classifier"):
+            assert r[who]["hard"]["n"] + r[who]["not_hard"]["n"] == r["n"]

@@ -1,0 +1,435 @@
+"""The training task relays the ranks' metrics.jsonl to MLflow (operators.hooks.mlflow_relay, issue 11): the
+ranks of a local gang import no MLflow; metrics arrive while the gang runs; the final weights are
+logged after a successful gang only; a retry logs into the same run; the relay stops on kill.
+All against a real MLflow SQLite store; the slow test runs a real torchrun gang."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from operators.hooks.mlflow_relay import FinalUploadFailed, TrackingRelay
+from trainer.tracking import Tracker, mlflow_items
+
+ROOT = Path(__file__).resolve().parents[4]
+
+
+@pytest.fixture(scope="module")
+def experiment(client):
+    from operators.hooks import mlflow as tracking
+
+    return tracking.ensure_experiment(client, "relay-tests")
+
+
+def _new_run(client, experiment) -> str:
+    return client.create_run(experiment).info.run_id
+
+
+def _wait(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_one_mapping_for_lines(tmp_path):
+    """Tracker lines carry what MLflow gets: steps as metrics, events by their `mlflow` key only."""
+    tracker = Tracker(tmp_path, enabled=True, params={"train": {"lr": 0.1, "hidden": [8, 4]}}, tags={"gangflow.world_size": "2"})
+    tracker.step(5, loss=0.5, lr=0.1)
+    tracker.event("checkpoint", 5, mlflow_prefix="checkpoint_", duration_s=0.2, bytes=10, path="p")
+    tracker.event("start", 0, world_size=2)  # not for MLflow
+    tracker.event("attempt", 9, attempt=3, run_s=1.5, queue_wait_s=None, mlflow_prefix="attempt_", mlflow_step=3)
+    tracker.close()
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    items = [mlflow_items(r) for r in lines]
+    assert items[0][1] == [("train.lr", "0.1"), ("train.hidden", "[8, 4]")] and items[0][2] == [("gangflow.world_size", "2")]
+    assert sorted((k, v, s) for k, v, _, s in items[1][0]) == [("loss", 0.5, 5), ("lr", 0.1, 5)]
+    assert sorted((k, v, s) for k, v, _, s in items[2][0]) == [("checkpoint_bytes", 10.0, 5), ("checkpoint_duration_s", 0.2, 5)]
+    assert items[3] == ([], [], [])
+    assert [(k, v, s) for k, v, _, s in items[4][0]] == [("attempt_run_s", 1.5, 3)]
+
+
+def test_metrics_arrive_while_running_and_final_is_logged(client, experiment, tmp_path):
+    run_id = _new_run(client, experiment)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 9.0, "time": 1.0}) + "\n")  # an earlier try
+    relay = TrackingRelay(tmp_path, open_run=lambda: (client, run_id), flush_every_s=0.1, log=lambda m: None).start()
+    tracker = Tracker(tmp_path, enabled=True, params={"train": {"lr": 0.1}})
+    tracker.step(10, loss=1.0)
+    tracker.event("progress", 10, mlflow_prefix="progress_", sync=False, loss=1.0, samples_per_sec=50.0)
+    assert _wait(lambda: "progress_samples_per_sec" in client.get_run(run_id).data.metrics), "not relayed while running"
+    assert client.get_run(run_id).data.params["train.lr"] == "0.1"
+    tracker.step(20, loss=0.5)
+    tracker.close()
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "model.safetensors").write_bytes(b"weights")
+    assert relay.finish(succeeded=True, final_dir=final) == run_id
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")] == [(10, 1.0), (20, 0.5)]  # not step 1
+    assert [f.path for f in client.list_artifacts(run_id, "final")] == ["final/model.safetensors"]
+
+
+def test_failure_flushes_metrics_and_never_logs_final(client, experiment, tmp_path):
+    run_id = _new_run(client, experiment)
+    relay = TrackingRelay(tmp_path, open_run=lambda: (client, run_id), flush_every_s=60, log=lambda m: None).start()
+    tracker = Tracker(tmp_path, enabled=True)
+    tracker.step(7, loss=2.0)
+    tracker.close()
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / "model.safetensors").write_bytes(b"half")
+    assert relay.finish(succeeded=False, final_dir=tmp_path / "final") == run_id
+    assert client.get_run(run_id).data.metrics["loss"] == 2.0  # flushed at the end, not by the 60 s timer
+    assert client.list_artifacts(run_id) == []
+
+
+def test_run_that_cannot_open_fails_a_finished_gang_only(tmp_path):
+    from operators.exceptions import RegistryUnavailable
+
+    def down():
+        raise RegistryUnavailable("MLflow at http://127.0.0.1:9 unavailable")
+
+    logged: list[str] = []
+    relay = TrackingRelay(tmp_path, open_run=down, flush_every_s=0.1, log=logged.append).start()
+    assert relay.finish(succeeded=False) is None  # the gang's own failure is what the task reports
+    assert len(logged) == 1 and "could not be opened" in logged[0]
+    relay = TrackingRelay(tmp_path, open_run=down, flush_every_s=0.1, log=logged.append).start()
+    with pytest.raises(RegistryUnavailable, match="127.0.0.1:9"):
+        relay.finish(succeeded=True, final_dir=tmp_path)
+
+
+def test_final_upload_failure_is_infra(client, experiment, tmp_path, monkeypatch):
+    run_id = _new_run(client, experiment)
+    relay = TrackingRelay(tmp_path, open_run=lambda: (client, run_id), flush_every_s=0.1, log=lambda m: None).start()
+    with pytest.raises(FinalUploadFailed, match=f"MLflow run {run_id}.*missing or empty") as info:
+        relay.finish(succeeded=True, final_dir=tmp_path / "no-such-final")
+    assert info.value.retryable and info.value.kind == "infra"
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "model.safetensors").write_bytes(b"w")
+
+    def refused(*args, **kwargs):
+        raise PermissionError("artifact store refused the write")
+
+    monkeypatch.setattr(client, "log_artifacts", refused)
+    relay = TrackingRelay(tmp_path, open_run=lambda: (client, run_id), flush_every_s=0.1, log=lambda m: None).start()
+    with pytest.raises(FinalUploadFailed, match="PermissionError: artifact store refused"):
+        relay.finish(succeeded=True, final_dir=final)
+
+
+def test_relay_errors_are_reported_once_and_never_raise(tmp_path):
+    class Broken:
+        calls = 0
+
+        def log_batch(self, *a, **k):
+            Broken.calls += 1
+            raise ConnectionError("refused")
+
+    logged: list[str] = []
+    relay = TrackingRelay(tmp_path, open_run=lambda: (Broken(), "r1"), flush_every_s=0.05, log=logged.append).start()
+    tracker = Tracker(tmp_path, enabled=True)
+    for step in range(1, 4):
+        tracker.step(step, loss=1.0)
+        assert _wait(lambda s=step: Broken.calls >= s)
+    tracker.close()
+    assert relay.finish(succeeded=False) == "r1"
+    assert len(logged) == 1 and "ConnectionError" in logged[0]
+
+
+def test_relay_stops_on_kill_even_while_mlflow_hangs(tmp_path):
+    """on_kill must not wait: stop() returns at once, the thread ends at its next wake; a run that
+    never opens cannot hold finish() beyond its bounded join."""
+    relay = TrackingRelay(tmp_path, open_run=lambda: (object(), "r1"), flush_every_s=0.05, log=lambda m: None).start()
+    assert _wait(lambda: relay.run_id == "r1")
+    relay.stop()
+    assert _wait(lambda: not relay._thread.is_alive(), 2.0)
+
+    gate = threading.Event()
+
+    def hang():
+        gate.wait(30)
+        return object(), "r2"
+
+    hung = TrackingRelay(tmp_path, open_run=hang, log=lambda m: None, join_timeout_s=0.3).start()
+    t0 = time.monotonic()
+    assert hung.stop() is False and time.monotonic() - t0 < 0.2
+    from operators.exceptions import RegistryUnavailable
+
+    with pytest.raises(RegistryUnavailable, match="did not answer"):
+        hung.finish(succeeded=True, final_dir=tmp_path)
+    assert time.monotonic() - t0 < 5
+    gate.set()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
+def test_relay_yields_the_cpu_to_the_gang(tmp_path):
+    """The relay's thread (not the task's) runs at RELAY_NICE above the task's niceness."""
+    import os
+
+    from operators.hooks.mlflow_relay import RELAY_NICE
+
+    seen: list[int] = []
+    gate = threading.Event()
+
+    def open_run():
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        gate.set()
+        return object(), "r1"
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    relay = TrackingRelay(tmp_path, open_run=open_run, flush_every_s=0.05, log=lambda m: None).start()
+    assert gate.wait(5)
+    relay.stop(2)
+    assert seen == [min(19, base + RELAY_NICE)] and os.getpriority(os.PRIO_PROCESS, 0) == base
+
+
+def test_operator_kill_stops_the_relay(tmp_path):
+    from operators.training import GangTrainingOperator
+
+    op = GangTrainingOperator(task_id="t", world_size=1)
+    op._relay = TrackingRelay(tmp_path, open_run=lambda: (object(), "r1"), flush_every_s=0.05, log=lambda m: None).start()
+    op.on_kill()
+    assert _wait(lambda: not op._relay._thread.is_alive(), 2.0)
+
+
+def test_queue_wait_is_from_the_try_start(tmp_path, monkeypatch):
+    """The task passes its try's start (GANGFLOW_TRY_STARTED_AT, forwarded to pods too); rank 0
+    records launch - start as attempt_queue_wait_s at its first step."""
+    from operators.kubernetes.builders import FORWARDED_ENV
+    from operators.training import GangTrainingOperator, try_started_at
+    from trainer import tracking
+
+    start = datetime(2026, 12, 1, 0, 0, 0, tzinfo=timezone.utc)
+    assert try_started_at(SimpleNamespace(start_date=start)) == start.timestamp()
+    assert try_started_at(SimpleNamespace(start_date=start.replace(tzinfo=None))) == start.timestamp()  # naive = UTC
+    assert try_started_at(SimpleNamespace(start_date=None)) is None
+    ti = SimpleNamespace(dag_id="d", try_number=2, start_date=start)
+    spec = GangTrainingOperator(task_id="t", world_size=1).build_spec({"ti": ti, "run_id": "r"}, mlflow_run_id=None)
+    assert float(spec.env["GANGFLOW_TRY_STARTED_AT"]) == start.timestamp()
+    assert "GANGFLOW_TRY_STARTED_AT" in FORWARDED_ENV  # Kubernetes pods measure it too
+
+    launched = time.time() - 2.0
+    monkeypatch.setenv("GANGFLOW_TRY_STARTED_AT", f"{launched - 4.25:.3f}")
+    monkeypatch.setattr(tracking, "launch_time", lambda: (launched, "torchrun launch"))
+    tracker = tracking.Tracker(tmp_path, enabled=True)
+    progress = tracking.Progress(tracker, log=lambda m: None, every_s=0, total=10, global_batch=8, start_step=0, committed_step=None)
+    progress.tick(1)
+    tracker.close()
+    first = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines() if '"first_step"' in x][0]
+    assert first["queue_wait_s"] == 4.25
+    monkeypatch.setenv("GANGFLOW_TRY_STARTED_AT", f"{launched + 30:.3f}")  # a node clock behind the worker's
+    (tmp_path / "skew").mkdir()
+    progress = tracking.Progress(tracking.Tracker(tmp_path / "skew", enabled=True), log=lambda m: None, every_s=0, total=10,
+                                 global_batch=8, start_step=0, committed_step=None)
+    progress.tick(1)
+    assert progress.queue_wait_s == 0.0
+
+
+_PROBE = """
+import atexit, json, os, sys
+def _dump():
+    if os.environ.get("RANK") is not None:
+        path = os.path.join(os.environ["GANGFLOW_TEST_PROBE"], "rank%s.json" % os.environ["RANK"])
+        heavy = [m for m in ("mlflow", "sqlalchemy", "pandas", "sklearn", "dvc", "boto3", "s3fs") if m in sys.modules]
+        with open(path, "w") as fh:
+            json.dump({"heavy": heavy}, fh)
+atexit.register(_dump)
+# Ranks forked by trainer.launch end through multiprocessing (its finalizers), not atexit; a
+# multiprocessing child clears the finalizers it inherited, then runs these after-fork hooks.
+import multiprocessing.util
+class _Hook:
+    pass
+_HOOK = _Hook()
+multiprocessing.util.register_after_fork(_HOOK, lambda _: multiprocessing.util.Finalize(None, _dump, exitpriority=100))
+"""
+
+
+@pytest.mark.slow
+def test_task_relays_a_real_gang_and_ranks_import_no_mlflow(client, home, tmp_path, monkeypatch):
+    """A real 2-rank gang through GangTrainingOperator.execute: try 1 is killed by a fault
+    (`kill@step=40,rank=1`, synchronised) after a checkpoint: its metrics reach the run, no final
+    weights do; try 2 resumes, logs into the same run, and its final weights are the run's
+    artifacts. Neither rank ever imports mlflow, nor pandas and the like (a sitecustomize probe
+    records sys.modules at exit; a rank forked by trainer.launch holds what the launcher imported
+    too)."""
+    from operators.exceptions import InfraFailure
+    from operators.training import GangTrainingOperator
+
+    data = tmp_path / "digits"
+    data.mkdir()
+    folder = ROOT / "data" / "digits"
+    if not (folder / "train.parquet").is_file():
+        subprocess.run([sys.executable, "data/prepare.py", "--out", "data/digits"], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    for name in ("train.parquet", "test.parquet"):
+        shutil.copyfile(folder / name, data / name)
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "sitecustomize.py").write_text(_PROBE)
+    monkeypatch.setenv("PYTHONPATH", str(probe))
+    monkeypatch.setenv("GANGFLOW_TEST_PROBE", str(probe))
+    monkeypatch.setenv("GANGFLOW_PROJECT", str(ROOT))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{home / 'mlflow.db'}")  # a worker's setting: must not reach ranks
+    op = GangTrainingOperator(
+        task_id="train_local_2", world_size=2, experiment="relay-gang", run_dir=str(tmp_path / "run"),
+        config_path=str(ROOT / "params.yaml"), backend_options={"nproc_limit": 2},
+        overrides={"data.train_path": str(data / "train.parquet"), "data.test_path": str(data / "test.parquet"),
+                   "train.max_steps": 80, "checkpoint.every_steps": 20, "train.log_every_steps": 10},
+    )
+
+    def context(try_number):
+        ti = SimpleNamespace(dag_id="relay_dag", try_number=try_number, start_date=datetime.now(timezone.utc))
+        return {"ti": ti, "run_id": "manual__relay"}
+
+    monkeypatch.setenv("GANGFLOW_ALLOW_FAULTS", "1")
+    monkeypatch.setenv("GANGFLOW_FAULT", "kill@step=40,rank=1")
+    with pytest.raises(InfraFailure):
+        op.execute(context(1))
+    run_id = op._relay.run_id
+    assert run_id and client.get_run(run_id).data.metrics.get("loss") is not None, "try 1's metrics not relayed"
+    assert client.list_artifacts(run_id) == []  # a failed try never logs final
+    for rank in (0, 1):
+        if (probe / f"rank{rank}.json").is_file():  # the killed rank writes nothing
+            assert json.loads((probe / f"rank{rank}.json").read_text())["heavy"] == []
+        (probe / f"rank{rank}.json").unlink(missing_ok=True)
+
+    monkeypatch.delenv("GANGFLOW_FAULT")
+    result = op.execute(context(2))
+    assert result["mlflow_run_id"] == run_id and result["model_uri"] == f"runs:/{run_id}/final"
+    assert result["resumed_from_step"] == 40
+    assert {f.path for f in client.list_artifacts(run_id, "final")} >= {"final/model.safetensors", "final/model_card.json"}
+    for rank in (0, 1):
+        assert json.loads((probe / f"rank{rank}.json").read_text())["heavy"] == [], f"rank {rank} imported heavy modules"
+    run = client.get_run(run_id)
+    history = client.get_metric_history(run_id, "attempt_queue_wait_s")
+    assert {m.step for m in history} == {1, 2} and all(0 <= m.value < 120 for m in history)  # per try, at its first step
+    assert {m.step for m in client.get_metric_history(run_id, "attempt_startup_s")} >= {2}
+    assert run.data.params["train.max_steps"] == "80" and run.data.tags["gangflow.world_size"] == "2"
+    assert run.data.tags["gangflow.gang"] == op.build_spec(context(2), mlflow_run_id=None).name
+    assert "test_accuracy" in run.data.metrics and max(m.step for m in client.get_metric_history(run_id, "loss")) == 80
+
+
+def test_a_refused_param_does_not_cost_the_metrics(client, experiment, tmp_path):
+    """A retry whose params differ (MLflow refuses to change a logged param) still relays its metrics."""
+    run_id = _new_run(client, experiment)
+    client.log_param(run_id, "train.log_every_steps", "10")
+    logged: list[str] = []
+    relay = TrackingRelay(tmp_path, open_run=lambda: (client, run_id), flush_every_s=60, log=logged.append).start()
+    tracker = Tracker(tmp_path, enabled=True, params={"train": {"log_every_steps": 20}})
+    tracker.step(3, loss=0.25)
+    tracker.close()
+    assert relay.finish(succeeded=False) == run_id
+    assert client.get_run(run_id).data.metrics["loss"] == 0.25
+    assert len(logged) == 1 and "failed" in logged[0]
+
+
+def test_an_outage_that_ends_while_the_gang_trains_costs_nothing(client, experiment, tmp_path):
+    """MLflow unreachable when the try starts (RegistryUnavailable twice): the relay retries with
+    backoff and relays once it opens. Before, the first failure ended the relay and a gang that
+    trained to the end failed its try."""
+    from operators.exceptions import RegistryUnavailable
+
+    run_id = _new_run(client, experiment)
+    calls = []
+
+    def flaky():
+        calls.append(time.monotonic())
+        if len(calls) < 3:
+            raise RegistryUnavailable("MLflow at http://127.0.0.1:9 unavailable")
+        return client, run_id
+
+    logged: list[str] = []
+    relay = TrackingRelay(tmp_path, open_run=flaky, flush_every_s=0.1, log=logged.append, max_backoff_s=0.2).start()
+    tracker = Tracker(tmp_path, enabled=True)
+    tracker.step(10, loss=1.0)
+    assert _wait(lambda: "loss" in client.get_run(run_id).data.metrics), "not relayed after the outage"
+    tracker.close()
+    assert relay.finish(succeeded=False) == run_id and len(calls) == 3
+    assert sum("could not be opened" in m for m in logged) == 1 and any("opened after all" in m for m in logged)
+
+
+def test_mlflow_back_only_after_the_gang_still_gets_the_final_weights(client, experiment, tmp_path):
+    """Down for the whole try (the relay keeps retrying), back when the gang ends: finish opens
+    the run once more and logs final/ instead of failing a finished gang."""
+    from operators.exceptions import RegistryUnavailable
+
+    run_id = _new_run(client, experiment)
+    up = threading.Event()
+
+    def down_until_up():
+        if not up.is_set():
+            raise RegistryUnavailable("MLflow at http://127.0.0.1:9 unavailable")
+        return client, run_id
+
+    relay = TrackingRelay(tmp_path, open_run=down_until_up, flush_every_s=0.1, log=lambda m: None, max_backoff_s=5.0).start()
+    time.sleep(0.3)
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "model.safetensors").write_bytes(b"weights")
+    up.set()
+    assert relay.finish(succeeded=True, final_dir=final) == run_id
+    assert [f.path for f in client.list_artifacts(run_id, "final")] == ["final/model.safetensors"]
+
+
+def test_an_error_that_cannot_heal_stops_the_gang_at_once(tmp_path):
+    """A refused request (not an outage) is fatal: on_fatal fires without retrying, and finish
+    raises that error whether or not the gang finished (it was stopped for it)."""
+    calls, fatal = [], []
+
+    def refused():
+        calls.append(1)
+        raise PermissionError("403 Forbidden: user may not create runs in experiment 'gangflow'")
+
+    relay = TrackingRelay(tmp_path, open_run=refused, flush_every_s=0.1, log=lambda m: None, on_fatal=fatal.append).start()
+    assert _wait(lambda: bool(fatal), 5.0) and isinstance(fatal[0], PermissionError)
+    with pytest.raises(PermissionError, match="403"):
+        relay.finish(succeeded=False)
+    assert len(calls) == 1
+
+
+def test_local_backend_killed_before_its_gang_starts_stops_it_at_start(tmp_path, monkeypatch):
+    """The relay may give up before `run` has launched the gang: kill() then has no process to
+    signal, so run() must stop the gang as soon as it starts instead of letting it train."""
+    from operators.backends import GangSpec
+    from operators.backends.local import LocalBackend
+
+    backend = LocalBackend(grace_period_s=5)
+    sleeper = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
+    monkeypatch.setattr(backend, "command", lambda spec, log_dir: sleeper)
+    backend.kill()
+    started = time.monotonic()
+    result = backend.run(GangSpec(name="g", run_dir=str(tmp_path), world_size=1), lambda line: None)
+    assert not result.succeeded and result.exit_code == -15
+    assert time.monotonic() - started < 20
+
+
+def test_task_stops_its_gang_when_the_run_cannot_open_for_good(tmp_path, monkeypatch):
+    """Through GangTrainingOperator.execute with the local backend (its gang replaced by a 60 s
+    sleeper): the MLflow run is refused (not an outage), so the task stops the gang at once and
+    fails with that error, instead of training for a try that must fail."""
+    from operators.backends.local import LocalBackend
+    from operators.training import GangTrainingOperator
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    monkeypatch.setattr(LocalBackend, "command", lambda self, spec, log_dir: sleeper)
+    op = GangTrainingOperator(task_id="train_local_1", world_size=1, run_dir=str(tmp_path / "run"),
+                              config_path=str(ROOT / "params.yaml"), backend_options={"grace_period_s": 5})
+
+    def refused(context):
+        time.sleep(0.5)  # the gang has started by now, or has not: either way it must stop
+        raise PermissionError("403 Forbidden: user may not create runs")
+
+    monkeypatch.setattr(op, "_open_run", refused)
+    ti = SimpleNamespace(dag_id="relay_dag", try_number=1, start_date=datetime.now(timezone.utc))
+    started = time.monotonic()
+    with pytest.raises(PermissionError, match="403"):
+        op.execute({"ti": ti, "run_id": "manual__refused"})
+    assert time.monotonic() - started < 30

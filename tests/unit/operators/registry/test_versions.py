@@ -1,0 +1,298 @@
+"""operators.registry.versions: the gate, idempotent registration, the alias and the audit trail, against a
+real MLflow on a temporary SQLite store (one store for the module: migrations are slow)."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from model_cards import tiny_mlp, write_final_dir
+
+from operators import evaluation
+
+from operators.registry import versions as registry
+
+from operators.hooks import mlflow as tracking
+from operators.registry.versions import Decision, PromotionGate, decide
+
+PROJECT_ROOT = Path(__file__).resolve().parents[4]
+TEST_SPLIT = PROJECT_ROOT / "data" / "digits" / "test.parquet"
+
+
+@pytest.fixture(autouse=True)
+def _allow_test_model(monkeypatch):
+    """The tests' own factory is allowed the way a deployment allows one (the env var)."""
+    monkeypatch.setenv("GANGFLOW_ALLOWED_MODELS", "model_cards:tiny_mlp")
+
+
+# --------------------------------------------------------------------------- the gate
+
+
+def test_gate_defaults():
+    gate = PromotionGate()
+    assert (gate.floor, gate.min_improvement, gate.metric) == (0.9, 0.0, "accuracy")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "accepted"),
+    [
+        ({"floor": 1.5}, "floor", r"\[0, 1\]"),
+        ({"floor": -0.1}, "floor", r"\[0, 1\]"),
+        ({"floor": math.nan}, "floor", r"\[0, 1\]"),
+        ({"floor": "0.9"}, "floor", r"\[0, 1\]"),
+        ({"floor": True}, "floor", r"\[0, 1\]"),
+        ({"min_improvement": 1.0}, "min_improvement", r"\[0, 1\)"),
+        ({"min_improvement": -0.01}, "min_improvement", r"\[0, 1\)"),
+        ({"min_improvement": math.inf}, "min_improvement", r"\[0, 1\)"),
+        ({"metric": ""}, "metric", "name"),
+    ],
+)
+def test_bad_gate_values_are_rejected_naming_the_field(kwargs, field, accepted):
+    with pytest.raises(ValueError, match=rf"^{field}=.*{accepted}"):
+        PromotionGate(**kwargs)
+
+
+def test_gate_accepts_edges():
+    assert PromotionGate(floor=0, min_improvement=0).floor == 0.0
+    assert PromotionGate(floor=1, min_improvement=0.999).floor == 1.0
+
+
+def test_no_champion_promotes_when_the_floor_is_reached():
+    d = decide(0.95, None, PromotionGate(floor=0.9))
+    assert d == Decision(True, d.reason) and d.promote
+    assert "0.9500" in d.reason and "floor 0.9000" in d.reason and "no champion" in d.reason
+
+
+def test_floor_is_inclusive():
+    assert decide(0.9, None, PromotionGate(floor=0.9)).promote
+
+
+def test_below_floor_is_rejected_even_without_champion_or_with_a_worse_one():
+    gate = PromotionGate(floor=0.9)
+    for champion in (None, 0.5):
+        d = decide(0.85, champion, gate, champion_version=1)
+        assert not d.promote
+        assert "0.8500 is below the floor 0.9000" in d.reason
+
+
+def test_better_candidate_is_promoted():
+    d = decide(0.9711, 0.9622, PromotionGate(), champion_version=1)
+    assert d.promote
+    assert "0.9711" in d.reason and "champion v1 (0.9622)" in d.reason and "0.0089" in d.reason
+
+
+def test_equal_scores_are_not_promoted():
+    d = decide(0.9622, 0.9622, PromotionGate(), champion_version=1)
+    assert not d.promote
+    assert d.reason == ("not promoted: candidate accuracy 0.9622 does not beat champion v1 (0.9622) "
+                        "by more than the minimum improvement 0.0000")
+
+
+def test_worse_candidate_is_not_promoted():
+    assert not decide(0.95, 0.96, PromotionGate(), champion_version=3).promote
+
+
+def test_min_improvement_is_a_strict_margin():
+    gate = PromotionGate(floor=0.0, min_improvement=0.2)
+    assert not decide(0.3, 0.1, gate).promote  # exactly the margin (0.1 + 0.2 != 0.3 in floats)
+    assert not decide(0.7, 0.5, gate).promote  # exactly the margin, rounding the other way
+    assert not decide(0.35, 0.2, gate).promote
+    assert decide(0.41, 0.2, gate).promote
+
+
+def test_nan_scores_are_never_promoted():
+    assert not decide(math.nan, None, PromotionGate(floor=0)).promote
+    assert not decide(0.99, math.nan, PromotionGate(), champion_version=1).promote
+
+
+def test_lineage_tags_and_git_commit():
+    tags = registry.lineage_tags({"dataset_version": "abc", "nested": {"a": 1}, "skip": None},
+                                 dag_id="d", dataset_version="ignored-default")
+    assert tags == {"gangflow.dataset_version": "abc", "gangflow.nested": '{"a": 1}', "gangflow.dag_id": "d"}
+    sha = registry.git_commit(PROJECT_ROOT)
+    assert sha == "unknown" or re.fullmatch(r"[0-9a-f]{40}", sha)
+    assert registry.git_commit("/") == "unknown"
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+@pytest.fixture(scope="module")
+def experiment_id(client):
+    return tracking.ensure_experiment(client, "gangflow")
+
+
+@pytest.fixture
+def new_run(client, experiment_id, request):
+    counter = iter(range(1000))
+
+    def make() -> str:
+        return tracking.ensure_run(client, experiment_id, dag_id="gangflow_train",
+                                   dag_run_id=f"{request.node.name}-{next(counter)}")
+
+    return make
+
+
+@pytest.fixture
+def final_dir(tmp_path):
+    torch.manual_seed(0)
+    final = write_final_dir(tmp_path / "run", tiny_mlp())
+    (final / "optimizer_state.bin").write_bytes(b"not part of the model")  # must not be registered
+    return final
+
+
+def test_register_version_is_idempotent_per_run(client, new_run, final_dir):
+    run_id = new_run()
+    first = registry.register_version(client, "digits-idem", run_id=run_id, source_dir_or_artifact_path=final_dir,
+                                      tags={"gangflow.dataset_version": "v1"})
+    again = registry.register_version(client, "digits-idem", run_id=run_id, source_dir_or_artifact_path=final_dir,
+                                      tags={"gangflow.dataset_version": "v1"})
+    assert str(first.version) == str(again.version) == "1"
+    assert len(client.search_model_versions("name='digits-idem'")) == 1
+    assert first.tags["gangflow.dataset_version"] == "v1"
+    assert first.tags["gangflow.mlflow_run_id"] == run_id
+    assert first.run_id == run_id
+    # Only one model logged for the run (no second LoggedModel on the retry).
+    assert [f"models:/{o.model_id}" for o in client.get_run(run_id).outputs.model_outputs] == [first.source]
+    other = registry.register_version(client, "digits-idem", run_id=new_run(), source_dir_or_artifact_path=final_dir)
+    assert str(other.version) == "2"
+
+
+def test_registered_model_is_a_pyfunc_from_code_without_pickle(client, new_run, final_dir, tmp_path, monkeypatch):
+    import mlflow
+
+    run_id = new_run()
+    version = registry.register_version(client, "digits-load", run_id=run_id, source_dir_or_artifact_path=final_dir)
+    registry.promote(client, version)
+
+    local = Path(mlflow.artifacts.download_artifacts(
+        artifact_uri=client.get_model_version_download_uri("digits-load", str(version.version)),
+        dst_path=str(tmp_path / "dl"), tracking_uri=tracking.client_uri(client)))
+    files = {p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()}
+    assert {"MLmodel", "served_model.py", "artifacts/final/model.safetensors",
+            "artifacts/final/model_card.json"} <= files
+    assert not [f for f in files if f.endswith((".pkl", ".pickle", ".pt", ".pth", ".bin"))], files
+    flavor = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["python_function"]
+    assert flavor["loader_module"] == "mlflow.pyfunc.loaders.code_model"  # models-from-code
+    assert "python_model" not in flavor  # the cloudpickled-PythonModel key
+
+    # Loadable by alias, like a consumer would.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking.client_uri(client))
+    monkeypatch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", None)
+    model = mlflow.pyfunc.load_model("models:/digits-load@champion")
+    frame = pd.read_parquet(TEST_SPLIT).head(7)
+    out = model.predict(frame)
+    assert list(out.columns[:2]) == ["prediction", "prob_0"] and len(out) == 7
+    expected = evaluation.load_final_model(final_dir)(torch.from_numpy(
+        frame.drop(columns="label").to_numpy(np.float32, copy=True))).argmax(1).numpy()
+    np.testing.assert_array_equal(out["prediction"].to_numpy(), expected)
+    np.testing.assert_allclose(out.filter(like="prob_").sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_champion_alias_and_audit_trail(client, new_run, final_dir):
+    name = "digits-audit"
+    assert registry.current_champion(client, name) is None  # no such model yet
+    v1 = registry.register_version(client, name, run_id=new_run(), source_dir_or_artifact_path=final_dir)
+    assert registry.current_champion(client, name) is None  # model exists, no alias
+    gate = PromotionGate(floor=0.5)
+    d1 = decide(0.96, None, gate)
+    tags = registry.record_decision(client, v1, d1, candidate_score=0.96, gate=gate)
+    registry.promote(client, v1)
+    assert str(registry.current_champion(client, name).version) == "1"
+    assert registry.holds_champion(client, v1)
+
+    recorded = client.get_model_version(name, "1")
+    assert recorded.tags["gangflow.decision"] == "promoted"
+    assert recorded.tags["gangflow.reason"] == d1.reason == recorded.description
+    assert recorded.tags["gangflow.candidate_accuracy"] == "0.960000"
+    assert recorded.tags["gangflow.champion_version"] == "none"
+    assert recorded.tags["gangflow.champion_accuracy"] == "none"
+    assert recorded.tags["gangflow.gate_metric"] == "accuracy"
+    assert "floor 0.5000" in recorded.tags["gangflow.gate"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", recorded.tags["gangflow.decided_at"])
+    assert tags.items() <= recorded.tags.items()
+
+    v2 = registry.register_version(client, name, run_id=new_run(), source_dir_or_artifact_path=final_dir)
+    d2 = decide(0.96, 0.96, gate, champion_version=1)
+    registry.record_decision(client, v2, d2, candidate_score=0.96, champion=v1, champion_score=0.96, gate=gate)
+    assert str(registry.current_champion(client, name).version) == "1"  # record_decision never moves it
+    recorded = client.get_model_version(name, "2")
+    assert recorded.tags["gangflow.decision"] == "rejected"
+    assert recorded.tags["gangflow.champion_version"] == "1"
+    assert recorded.tags["gangflow.champion_accuracy"] == "0.960000"
+    model = client.get_registered_model(name)
+    assert model.tags["gangflow.last_decision"] == f"v2 rejected: {d2.reason}"
+    assert "Champion: v1" in model.description  # written when v1 was promoted, kept
+
+
+def test_download_version_finds_the_weights(client, new_run, final_dir, tmp_path):
+    v = registry.register_version(client, "digits-dl", run_id=new_run(), source_dir_or_artifact_path=final_dir)
+    got = registry.download_version(client, v, tmp_path / "dl")
+    assert (got / "model.safetensors").read_bytes() == (final_dir / "model.safetensors").read_bytes()
+    assert not (got / "optimizer_state.bin").exists()
+
+
+def test_register_a_plain_artifact_folder(client, new_run, final_dir, tmp_path):
+    """A version whose source is a folder of run artifacts (no pyfunc) is downloadable too."""
+    run_id = new_run()
+    client.log_artifacts(run_id, str(final_dir), "model")
+    v = registry.register_version(client, "digits-plain", run_id=run_id,
+                                  source_dir_or_artifact_path=f"{client.get_run(run_id).info.artifact_uri}/model")
+    got = registry.download_version(client, v, tmp_path / "dl")
+    m = evaluation.evaluate_final_dir(got, TEST_SPLIT)
+    assert m == evaluation.evaluate_final_dir(final_dir, TEST_SPLIT) | {"test_path": str(TEST_SPLIT)}
+
+
+def test_the_trainers_own_final_dir_registers_and_loads(client, new_run, tmp_path):
+    export = pytest.importorskip("trainer.export")
+    models = pytest.importorskip("trainer.models")
+    model = models.mlp(hidden=16)
+    final = export.write_final(tmp_path / "run", model, {"model": {"factory": "trainer.models:mlp",
+                                                                   "kwargs": {"hidden": 16}}})
+    v = registry.register_version(client, "digits-trainer", run_id=new_run(), source_dir_or_artifact_path=final)
+    got = registry.download_version(client, v, tmp_path / "dl")
+    assert evaluation.evaluate_final_dir(got, TEST_SPLIT)["accuracy"] == \
+        evaluation.evaluate_final_dir(final, TEST_SPLIT)["accuracy"]
+    # The trainer's model code travels with the model (loadable without gangflow installed).
+    root = got.parents[1]  # <model>/artifacts/final -> <model>
+    assert (root / "code" / "trainer" / "models.py").read_text() == Path(models.__file__).read_text()
+    assert not list(root.rglob("__pycache__"))
+
+
+def test_the_served_pyfunc_refuses_a_card_off_the_allow_list(client, new_run, final_dir, monkeypatch):
+    """12.1: the registered model's own code (operators/registry/served_model.py) loads through the same
+    allow-list: a card naming a factory the serving deployment does not allow is refused."""
+    import mlflow
+
+    v = registry.register_version(client, "digits-serve-guard", run_id=new_run(), source_dir_or_artifact_path=final_dir)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking.client_uri(client))
+    monkeypatch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", None)
+    uri = f"models:/digits-serve-guard/{v.version}"
+    assert len(mlflow.pyfunc.load_model(uri).predict(pd.read_parquet(TEST_SPLIT).head(3))) == 3
+    monkeypatch.delenv("GANGFLOW_ALLOWED_MODELS")  # this deployment allows only the built-ins
+    with pytest.raises(Exception, match=r"model\.factory='model_cards:tiny_mlp' is not an allowed model architecture"):
+        mlflow.pyfunc.load_model(uri)
+
+
+def test_the_version_carries_the_runs_lineage_tags(client, new_run, final_dir):
+    """9.7: gang, job UID, image digest, dataset version recorded on the run reach the version."""
+    run_id = new_run()
+    lineage = {"gangflow.gang": "train-pipeline-1a2b3c4d5e", "gangflow.job_uid": "5f0c-uid",
+               "gangflow.image_digest": "ghcr.io/x/gangflow@sha256:" + "ab" * 32,
+               "gangflow.dataset_version": "d82dc74b3a3f4e8b3b51d13271f59bb3"}
+    for key, value in lineage.items():
+        client.set_tag(run_id, key, value)
+    client.set_tag(run_id, "mlflow.note.content", "not lineage")
+    v = registry.register_version(client, "digits-lineage", run_id=run_id, source_dir_or_artifact_path=final_dir,
+                                  tags={"gangflow.dataset_version": "d82dc74b3a3f4e8b3b51d13271f59bb3",
+                                        "gangflow.train_try_number": "2"})
+    tags = client.get_model_version("digits-lineage", str(v.version)).tags
+    assert lineage.items() <= tags.items()
+    assert tags["gangflow.train_try_number"] == "2" and "mlflow.note.content" not in tags

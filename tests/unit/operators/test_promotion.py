@@ -1,0 +1,393 @@
+"""PromoteModelOperator against a real MLflow on a temporary SQLite store, with small models
+trained here on the real digits split (bad ~0.25, ok ~0.9, good ~0.96 accuracy)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from operators import evaluation
+
+from operators.registry import versions as registry
+
+from operators.hooks import mlflow as tracking
+from operators.exceptions import RegistryUnavailable, UserError
+from operators.promotion import PromoteModelOperator
+
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
+TEST_SPLIT = PROJECT_ROOT / "data" / "digits" / "test.parquet"
+TRAIN_SPLIT = PROJECT_ROOT / "data" / "digits" / "train.parquet"
+
+
+@pytest.fixture(autouse=True)
+def _allow_test_model(monkeypatch):
+    """This module's factory is allowed the way a deployment allows one (the env var)."""
+    monkeypatch.setenv("GANGFLOW_ALLOWED_MODELS", f"{__name__}:tiny_mlp")
+
+
+RESULT_KEYS = {"promoted", "reason", "model_name", "model_version", "candidate_accuracy", "champion_version",
+               "champion_accuracy"}
+
+
+def tiny_mlp(hidden: int = 16, num_classes: int = 10) -> torch.nn.Module:
+    """The test model factory named in the model cards below (`<this module>:tiny_mlp`)."""
+    return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, num_classes))
+
+
+def write_final_dir(run_dir: Path, state_dict: dict, factory: str | None = None) -> Path:
+    """A run's `final/` as the trainer leaves it (trainer/export.py's card layout)."""
+    final = run_dir / "final"
+    final.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state_dict.items()}, str(final / "model.safetensors"))
+    card = {"format": "gangflow-model-card/1",
+            "model": {"factory": factory or f"{__name__}:tiny_mlp", "kwargs": {"hidden": 16}},
+            "data": {"train_md5": evaluation.file_md5(TRAIN_SPLIT)}}
+    (final / "model_card.json").write_text(json.dumps(card))
+    return final
+
+
+@pytest.fixture(scope="module")
+def weights():
+    """State dicts after 5 (bad), 40 (ok) and 200 (good) full-batch Adam steps, one training."""
+    torch.set_num_threads(1)
+    x, y = (torch.from_numpy(a) for a in evaluation.load_test_arrays(TRAIN_SPLIT))
+    torch.manual_seed(0)
+    model = tiny_mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    snaps = {}
+    for step in range(1, 201):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if step in (5, 40, 200):
+            snaps[{5: "bad", 40: "ok", 200: "good"}[step]] = {k: v.clone() for k, v in model.state_dict().items()}
+    return snaps
+
+
+DATASET_VERSION = "d82dc74b3a3f4e8b3b51d13271f59bb3"
+
+
+def manifest(test_split: Path = TEST_SPLIT) -> dict:
+    """The validate task's manifest as promote reads it (the worker's DVC cache holds the file)."""
+    return {"version": DATASET_VERSION, "test_path": str(test_split), "test_md5": evaluation.file_md5(test_split)}
+
+
+class Candidate:
+    """A training run as the DAG leaves it: final/ logged to its MLflow run (`runs:/<id>/final`,
+    as the trainer's rank 0 does), and the evaluate task's metrics."""
+
+    def __init__(self, client, tmp: Path, label: str, state_dict: dict, *, factory: str | None = None):
+        self.dag_run_id = f"manual__{label}"
+        self.run_dir = tmp / label
+        write_final_dir(self.run_dir, state_dict, factory)
+        exp = tracking.ensure_experiment(client, "gangflow")
+        self.mlflow_run_id = tracking.ensure_run(client, exp, dag_id="gangflow_train", dag_run_id=self.dag_run_id)
+        client.log_artifacts(self.mlflow_run_id, str(self.run_dir / "final"), "final")
+        self.model_uri = f"runs:/{self.mlflow_run_id}/final"
+        loadable = factory is None or factory.startswith("model_cards:")
+        self.metrics = evaluation.evaluate_final_dir(self.run_dir / "final", TEST_SPLIT) if loadable else None
+
+    def operator(self, name: str, **kwargs) -> PromoteModelOperator:
+        args = dict(task_id="promote", model_name=name, model_uri=self.model_uri, dataset=manifest(),
+                    mlflow_run_id=self.mlflow_run_id, candidate_metrics=self.metrics, floor=0.5,
+                    lineage={"train_try_number": 1})
+        return PromoteModelOperator(**(args | kwargs))
+
+    def context(self, try_number: int = 1) -> dict:
+        ti = SimpleNamespace(dag_id="gangflow_train", run_id=self.dag_run_id, try_number=try_number)
+        return {"ti": ti, "run_id": self.dag_run_id}
+
+    def promote(self, name: str, try_number: int = 1, **kwargs) -> dict:
+        result = self.operator(name, **kwargs).execute(self.context(try_number))
+        json.dumps(result)  # XCom-serialisable
+        return result
+
+
+@pytest.fixture
+def make(client, weights, tmp_path):
+    def _make(label: str, which: str, **kwargs) -> Candidate:
+        return Candidate(client, tmp_path, label, weights[which], **kwargs)
+
+    return _make
+
+
+def test_template_fields_cover_every_argument():
+    assert set(PromoteModelOperator.template_fields) == {
+        "model_name", "model_uri", "dataset", "mlflow_run_id", "candidate_metrics", "floor", "min_improvement",
+        "lineage", "tracking_uri", "allowed_models", "data_factory"}
+
+
+def test_a_model_of_other_data_is_refused_before_anything_is_registered(client, make):
+    """Issue 13: a candidate trained on another dataset's columns was registered as a version of
+    the champion's model, then failed: an orphan version with no decision tags."""
+    from operators.registry.versions import SchemaMismatch
+
+    name = "digits-schema"
+    champion = make("schema-champion", "ok")
+    assert champion.promote(name)["promoted"]
+    other = make("schema-other", "good")
+    wine = {c: "float32" for c in ("alcohol", "malic_acid", "ash")} | {"label": "int64"}
+    with pytest.raises(SchemaMismatch) as caught:
+        other.promote(name, dataset=manifest() | {"schema": wine})
+    assert str(caught.value).startswith("expected columns [pixel_00, pixel_01,")
+    assert "got [alcohol, malic_acid, ash]" in str(caught.value) and "Nothing was registered" in str(caught.value)
+    versions = client.search_model_versions(f"name='{name}'")
+    assert [str(v.version) for v in versions] == ["1"]  # no orphan version
+
+
+def test_promotion_lifecycle(client, make):
+    name = "digits"
+    ok = make("ok", "ok")
+    assert 0.85 < ok.metrics["accuracy"] < 0.95
+
+    # 1. First candidate, no champion: promoted.
+    first = ok.promote(name)
+    assert set(first) >= RESULT_KEYS
+    assert first["promoted"] is True and first["model_version"] == "1" and first["model_name"] == name
+    assert first["champion_version"] is None and first["champion_accuracy"] is None
+    assert first["candidate_accuracy"] == ok.metrics["accuracy"]
+    assert "no champion yet" in first["reason"]
+    assert str(registry.current_champion(client, name).version) == "1"
+    v1 = client.get_model_version(name, "1")
+    assert v1.tags["gangflow.decision"] == "promoted"
+    assert v1.tags["gangflow.candidate_accuracy"] == f"{ok.metrics['accuracy']:.6f}"
+    assert v1.tags["gangflow.champion_version"] == "none"
+    # Lineage.
+    assert v1.tags["gangflow.dataset_version"] == DATASET_VERSION
+    assert v1.tags["gangflow.model_uri"] == ok.model_uri
+    assert v1.tags["gangflow.dag_id"] == "gangflow_train"
+    assert v1.tags["gangflow.dag_run_id"] == "manual__ok"
+    assert v1.tags["gangflow.try_number"] == "1"
+    assert v1.tags["gangflow.mlflow_run_id"] == ok.mlflow_run_id == v1.run_id
+    assert v1.tags["gangflow.git_commit"] == registry.git_commit()
+    assert v1.tags["gangflow.test_data_md5"] == evaluation.file_md5(TEST_SPLIT)
+    assert v1.tags["gangflow.card_data_train_md5"] == evaluation.file_md5(TRAIN_SPLIT)
+    assert v1.tags["gangflow.card_model_factory"].endswith(":tiny_mlp")
+
+    # 2. The same task retried after the alias moved: same version, promoted, nothing re-decided.
+    retry = ok.promote(name, try_number=2)
+    assert retry["promoted"] is True and retry["model_version"] == "1" and retry["reason"] == first["reason"]
+    assert retry["champion_version"] is None and retry["candidate_accuracy"] == first["candidate_accuracy"]
+    assert len(client.search_model_versions(f"name='{name}'")) == 1
+
+    # 3. Identical training re-run (the second `make demo`): equal scores, NOT promoted.
+    same = make("ok-again", "ok")
+    tie = same.promote(name)
+    assert tie["promoted"] is False and tie["model_version"] == "2"
+    assert tie["champion_version"] == "1" and tie["champion_accuracy"] == ok.metrics["accuracy"]
+    assert tie["candidate_accuracy"] == tie["champion_accuracy"]
+    assert "does not beat champion v1" in tie["reason"]
+    assert str(registry.current_champion(client, name).version) == "1"
+    v2 = client.get_model_version(name, "2")
+    assert v2.tags["gangflow.decision"] == "rejected" and v2.tags["gangflow.reason"] == tie["reason"]
+    assert v2.tags["gangflow.champion_version"] == "1"
+    assert v2.tags["gangflow.champion_accuracy"] == f"{ok.metrics['accuracy']:.6f}"
+    assert client.get_registered_model(name).tags["gangflow.last_decision"] == f"v2 rejected: {tie['reason']}"
+
+    # 4. A bad model: below the floor, NOT promoted, and not a task failure.
+    bad = make("bad", "bad")
+    low = bad.promote(name)
+    assert low["promoted"] is False and "below the floor 0.5000" in low["reason"]
+    assert str(registry.current_champion(client, name).version) == "1"
+
+    # 5. A better model: promoted; the champion was re-evaluated on the same split.
+    good = make("good", "good")
+    win = good.promote(name)
+    assert win["promoted"] is True and win["model_version"] == "4"
+    assert win["champion_version"] == "1" and win["champion_accuracy"] == ok.metrics["accuracy"]
+    assert win["candidate_accuracy"] == good.metrics["accuracy"] > ok.metrics["accuracy"]
+    assert "beats champion v1" in win["reason"]
+    assert str(registry.current_champion(client, name).version) == "4"
+    assert "Champion: v4" in client.get_registered_model(name).description
+
+    # 6. A worse model than the new champion (ok beat the floor, not v4): NOT promoted.
+    worse = make("ok-3", "ok")
+    lose = worse.promote(name, min_improvement="0.0")
+    assert lose["promoted"] is False and lose["champion_version"] == "4"
+    assert str(registry.current_champion(client, name).version) == "4"
+
+
+def test_min_improvement_blocks_a_small_gain(client, make):
+    name = "digits-margin"
+    make("m-ok", "ok").promote(name)
+    result = make("m-good", "good").promote(name, min_improvement=0.5)
+    assert result["promoted"] is False
+    assert "minimum improvement 0.5000" in result["reason"]
+
+
+def test_templated_gate_values_and_missing_candidate_metrics(client, make):
+    cand = make("tmpl", "ok")
+    # Rendered templates arrive as strings; no candidate metrics: the operator evaluates itself.
+    result = cand.promote("digits-templated", floor="0.5", min_improvement="0.01", candidate_metrics=None)
+    assert result["promoted"] is True
+    assert result["candidate_accuracy"] == cand.metrics["accuracy"]
+
+
+def test_candidate_metrics_of_another_test_file_are_recomputed(client, make):
+    cand = make("other-split", "ok")
+    stale = dict(cand.metrics, accuracy=0.99, test_md5="0" * 32)
+    result = cand.promote("digits-stale", candidate_metrics=stale)
+    assert result["candidate_accuracy"] == cand.metrics["accuracy"]
+
+
+def test_bad_gate_values(make):
+    with pytest.raises(ValueError, match=r"floor=1.5: must be a number in \[0, 1\]"):
+        PromoteModelOperator(task_id="p", model_name="m", model_uri="runs:/x/final", dataset={}, mlflow_run_id="x",
+                             floor=1.5)
+    cand = make("bad-gate", "ok")
+    with pytest.raises(UserError, match="min_improvement='lots'"):
+        cand.promote("digits-bad-gate", min_improvement="lots")
+    with pytest.raises(UserError, match=r"floor=2.0: must be a number in \[0, 1\]"):
+        cand.promote("digits-bad-gate", floor="2.0")
+
+
+def test_subclass_gates_on_macro_f1(client, make):
+    class F1Gate(PromoteModelOperator):
+        metric_name = "macro_f1"
+
+        def score(self, metrics):
+            return float(metrics["macro_f1"])
+
+    cand = make("f1", "ok")
+    result = F1Gate(task_id="promote", model_name="digits-f1", model_uri=cand.model_uri, dataset=manifest(),
+                    mlflow_run_id=cand.mlflow_run_id, candidate_metrics=cand.metrics, floor=0.5
+                    ).execute(cand.context())
+    assert result["metric"] == "macro_f1" and result["candidate_score"] == cand.metrics["macro_f1"]
+    assert result["candidate_accuracy"] == cand.metrics["accuracy"]
+    tags = client.get_model_version("digits-f1", "1").tags
+    assert tags["gangflow.candidate_macro_f1"] == f"{cand.metrics['macro_f1']:.6f}"
+    assert tags["gangflow.gate_metric"] == "macro_f1"
+
+
+def test_champion_that_cannot_be_evaluated_fails_the_task(client, make, monkeypatch):
+    name = "digits-broken-champion"
+    # An allowed factory whose module is gone (removed after the champion was promoted).
+    monkeypatch.setenv("GANGFLOW_ALLOWED_MODELS", f"{__name__}:tiny_mlp,gangflow_no_such_module:mlp")
+    broken = make("broken", "ok", factory="gangflow_no_such_module:mlp")
+    # Register and crown it directly (as if the factory was removed after it was promoted).
+    version = registry.register_version(client, name, run_id=broken.mlflow_run_id,
+                                        source_dir_or_artifact_path=broken.run_dir / "final")
+    registry.promote(client, version)
+    with pytest.raises(registry.ChampionEvaluationFailed, match="cannot evaluate champion"):
+        make("after-broken", "good").promote(name)
+    assert str(registry.current_champion(client, name).version) == "1"
+
+
+def test_a_champion_whose_card_names_arbitrary_code_is_refused_and_nothing_is_promoted(client, make, tmp_path):
+    """12.1, the attack: anyone who can reach the registry registers a version whose model card
+    names `subprocess:run` and sets @champion on it; the next promote must not run it."""
+    name = "digits-attacked"
+    proof = tmp_path / "pwned"
+    evil = make("evil", "ok")
+    card = json.loads((evil.run_dir / "final" / "model_card.json").read_text())
+    card["model"] = {"factory": "subprocess:run", "kwargs": {"args": ["sh", "-c", f"id > {proof}"]}}
+    (evil.run_dir / "final" / "model_card.json").write_text(json.dumps(card))
+    client.log_artifacts(evil.mlflow_run_id, str(evil.run_dir / "final"), "attack")
+    version = registry.register_version(
+        client, name, run_id=evil.mlflow_run_id,
+        source_dir_or_artifact_path=f"{client.get_run(evil.mlflow_run_id).info.artifact_uri}/attack")
+    registry.promote(client, version)
+
+    good = make("after-attack", "good")
+    with pytest.raises(registry.ChampionEvaluationFailed,
+                       match=r"refusing to load champion digits-attacked v1: .*model\.factory='subprocess:run' "
+                             r"is not an allowed model architecture; nothing was imported.*Nothing was promoted"):
+        good.promote(name)
+    assert not proof.exists(), f"the champion's card ran code: {proof.read_text()}"
+    assert str(registry.current_champion(client, name).version) == "1"  # no alias move
+    assert not client.get_model_version(name, "2").tags.get("gangflow.decision") == "promoted"
+
+
+def test_missing_final_weights_is_a_user_error(client, make):
+    cand = make("never-logged", "ok")
+    with pytest.raises(UserError, match=rf"no model at runs:/{cand.mlflow_run_id}/nothing"):
+        cand.promote("digits-missing", model_uri=f"runs:/{cand.mlflow_run_id}/nothing")
+    assert registry.current_champion(client, "digits-missing") is None
+
+
+def test_a_test_split_that_differs_from_the_manifest_is_refused(client, make, tmp_path):
+    """12.7: promote scores on the validated bytes only (the champion's re-scoring included)."""
+    from operators.exceptions import DatasetHashMismatch
+
+    cand = make("tampered-split", "ok")
+    tampered = tmp_path / "test.parquet"
+    tampered.write_bytes(TEST_SPLIT.read_bytes() + b"\0")
+    with pytest.raises(DatasetHashMismatch, match=r"test split of dataset version d82dc74b\w+: md5 \w{32}, but the "
+                                                 r"validated manifest says test_md5 " + manifest()["test_md5"]):
+        cand.promote("digits-tampered", dataset=manifest() | {"test_path": str(tampered)})
+    assert registry.current_champion(client, "digits-tampered") is None
+
+
+def test_unreachable_registry_is_retryable(make, monkeypatch):
+    cand = make("offline", "ok")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    with pytest.raises(RegistryUnavailable, match=r"http://127\.0\.0\.1:9") as info:
+        cand.promote("digits-offline", tracking_uri="http://127.0.0.1:9")
+    assert info.value.retryable
+
+
+def test_two_promotions_racing_from_separate_processes_leave_the_better_champion(client, make, home, monkeypatch):
+    """12.4: the champion alias moves by compare-and-set. Two promote tasks in two processes on
+    the real SQLite store both decide against the same old champion; the worse one's alias
+    write comes last. The better model must end as champion, and the loser says why."""
+    import multiprocessing
+
+    import promotion_race
+
+    name = "digits-race"
+    factory = "model_cards:tiny_mlp"  # the same module, importable by name in a fresh process
+    monkeypatch.setenv("GANGFLOW_ALLOWED_MODELS", factory)
+    make("race-bad", "bad", factory=factory).promote(name, floor=0.0)  # the old champion both racers beat
+    racers = {"better": make("race-good", "good", factory=factory), "worse": make("race-ok", "ok", factory=factory)}
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    delays = {"better": (0.0, 0.5), "worse": (0.3, 3.0)}  # (start after the barrier, alias write)
+    procs = []
+    for label, cand in racers.items():
+        args = {"home": str(home), "allowed": factory, "name": name, "model_uri": cand.model_uri,
+                "dataset": manifest(), "run_id": cand.mlflow_run_id, "metrics": cand.metrics, "label": label,
+                "start_delay_s": delays[label][0], "set_delay_s": delays[label][1]}
+        procs.append(ctx.Process(target=promotion_race.promote, args=(args, barrier, out)))
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    results = {k: json.loads(v) for k, v in results.items()}
+    assert "error" not in results["better"] and "error" not in results["worse"], results
+
+    champion = registry.current_champion(client, name)
+    better = results["better"]
+    assert better["promoted"] is True and str(champion.version) == better["model_version"], results
+    # The loser found the alias moved, decided again against the new champion, and says why.
+    worse = results["worse"]
+    assert worse["promoted"] is False, results
+    assert worse["champion_version"] == better["model_version"]
+    assert f"does not beat champion v{better['model_version']}" in worse["reason"]
+    tags = client.get_model_version(name, worse["model_version"]).tags
+    assert tags["gangflow.decision"] == "rejected" and tags["gangflow.champion_version"] == better["model_version"]
+
+
+def test_move_champion_is_a_compare_and_set(client, make):
+    name = "digits-cas"
+    first = make("cas-1", "ok")
+    first.promote(name)
+    v1 = registry.current_champion(client, name)
+    v2 = registry.register_version(client, name, run_id=make("cas-2", "good").mlflow_run_id,
+                                   source_dir_or_artifact_path=first.run_dir / "final")
+    # Decided against "no champion", but v1 is champion now: nothing moves.
+    assert registry.move_champion(client, v2, expected=None) == (False, v1) or \
+        registry.current_champion(client, name).version == v1.version
+    assert str(registry.current_champion(client, name).version) == "1"
+    # The same version with another recorded score is a change too.
+    client.set_model_version_tag(name, "1", "gangflow.candidate_accuracy", "0.100000")
+    moved, now = registry.move_champion(client, v2, expected=v1)
+    assert not moved and str(now.version) == "1"
+    moved, _ = registry.move_champion(client, v2, expected=registry.current_champion(client, name))
+    assert moved and str(registry.current_champion(client, name).version) == "2"

@@ -1,0 +1,94 @@
+"""GangTrainingOperator's spec and result: the ranks get a dataset VERSION (fetched by content
+address), never a path of the worker's DVC cache; the result names the model by MLflow URI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from operators.config import settings
+from operators.backends import GangResult
+from operators.backends.local import LocalBackend
+from operators.exceptions import UserError
+from operators.training import GangTrainingOperator
+
+VERSION = "d82dc74b3a3f4e8b3b51d13271f59bb3"
+
+
+@pytest.fixture
+def worker_manifest(tmp_path, monkeypatch):
+    """A validate-task manifest whose files live in THIS worker's DVC cache."""
+    monkeypatch.setenv("GANGFLOW_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("GANGFLOW_DVC_REMOTE", raising=False)
+    cache = settings.dvc_cache() / "files" / "md5"
+    return {"version": VERSION, "uri": f"{settings.dvc_remote().as_uri()}/files/md5/d8/2dc74b.dir",
+            "train_path": str(cache / "aa" / "train"), "test_path": str(cache / "bb" / "test"),
+            "train_md5": "a" * 32, "test_md5": "b" * 32}
+
+
+def _context(try_number: int = 1):
+    ti = SimpleNamespace(dag_id="train_pipeline", try_number=try_number)
+    return {"ti": ti, "run_id": "manual__2026-11-30T21:00:00+00:00"}
+
+
+def _spec(manifest, **kwargs):
+    kwargs.setdefault("overrides", {"train.max_steps": 5})
+    op = GangTrainingOperator(task_id="train_local_2", world_size=2, dataset=manifest, **kwargs)
+    return op, op.build_spec(_context(), mlflow_run_id="0123456789abcdef")
+
+
+def test_ranks_get_the_dataset_version_and_no_worker_path(worker_manifest, tmp_path):
+    _, spec = _spec(worker_manifest)
+    assert spec.dataset_version == VERSION
+    assert f"data.version={VERSION}" in spec.overrides
+    argv = LocalBackend().command(spec, tmp_path / "logs")
+    # The local backend supplies its DVC remote, as a URL the rank fetches from (like a pod does).
+    assert argv[argv.index(f"data.remote={settings.dvc_remote().as_uri()}") - 1] == "--set"
+    text = json.dumps({"argv": argv, "env": dict(spec.env)})
+    for key in ("train_path", "test_path"):
+        assert worker_manifest[key] not in text and f"data.{key}" not in text
+    assert str(settings.dvc_cache()) not in text
+    assert "data.train_md5" not in text  # the version pins every md5 (the rank checks them itself)
+
+
+def test_another_remote_for_the_local_backend(worker_manifest, tmp_path):
+    _, spec = _spec(worker_manifest)
+    argv = LocalBackend(dataset_remote="s3://bucket/dvc").command(spec, tmp_path / "logs")
+    assert "data.remote=s3://bucket/dvc" in argv
+    _, spec = _spec(worker_manifest, overrides={"data.remote": "gs://other/dvc"})
+    argv = LocalBackend().command(spec, tmp_path / "logs")
+    assert [a for a in argv if a.startswith("data.remote=")] == ["data.remote=gs://other/dvc"]
+
+
+def test_result_names_the_model_by_mlflow_uri_not_by_worker_path(worker_manifest):
+    op, spec = _spec(worker_manifest)
+    result = op._finish(spec, GangResult(succeeded=True, exit_code=0, resumed_from_step=30))
+    assert result["model_uri"] == "runs:/0123456789abcdef/final"
+    assert result["mlflow_run_id"] == "0123456789abcdef" and result["dataset_version"] == VERSION
+    assert result["resumed_from_step"] == 30 and result["gang"] == spec.name and result["world_size"] == 2
+    assert not {"run_dir", "final_dir"} & set(result)
+    assert spec.run_dir not in json.dumps(result) and str(settings.state_dir()) not in json.dumps(result)
+
+
+def test_a_gang_without_an_mlflow_run_leaves_no_loadable_model(worker_manifest):
+    op = GangTrainingOperator(task_id="t", world_size=1, dataset=worker_manifest)
+    spec = op.build_spec(_context(), mlflow_run_id=None)
+    with pytest.raises(UserError, match="without an MLflow run"):
+        op._finish(spec, GangResult(succeeded=True, exit_code=0))
+
+
+def test_spec_round_trips_through_the_deferral_kwargs(worker_manifest):
+    from operators.backends import GangSpec
+    from operators.training import _spec_to_dict
+
+    _, spec = _spec(worker_manifest)
+    assert GangSpec(**json.loads(json.dumps(_spec_to_dict(spec)))) == spec
+
+
+def test_manifest_as_rendered_json(worker_manifest):
+    _, spec = _spec(json.dumps(worker_manifest))
+    assert spec.dataset_version == VERSION
+    assert Path(spec.run_dir).parent.name == "train_pipeline"

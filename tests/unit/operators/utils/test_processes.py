@@ -1,0 +1,38 @@
+"""operators.utils.processes.stop_group: the one way the UI runner and the cluster drill stop what they started."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+
+from operators.utils.processes import stop_group
+
+# A leader whose child ignores SIGTERM and outlives it: only the group SIGKILL stops the child.
+CODE = """
+import signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"])
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_stop_group_terms_then_kills_the_whole_group():
+    proc = subprocess.Popen([sys.executable, "-c", CODE], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child_pid = int(proc.stdout.readline())
+    assert proc.stdout.readline().strip() == "up"
+    started = time.monotonic()
+    stop_group(proc, grace=1.0)
+    assert proc.returncode is not None
+    time.sleep(0.2)
+    assert not psutil.pid_exists(child_pid) or psutil.Process(child_pid).status() == psutil.STATUS_ZOMBIE
+    assert time.monotonic() - started < 8
+
+
+def test_stop_group_of_an_exited_process_is_quiet():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    proc.wait()
+    stop_group(proc, grace=0.1)
+    assert proc.returncode == 0

@@ -1,0 +1,153 @@
+"""trainer.datastore: a dataset version fetched by content address from a DVC 3 remote, md5-verified.
+
+The remote here is laid out with dvc_data's own Tree (what `dvc push` writes); the digest is
+checked against dvc_data's. The same remote is served over S3 by a moto server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from trainer.datastore import (
+    ChecksumMismatch,
+    DatasetNotFound,
+    dir_listing,
+    fetch_dataset,
+    listing_digest,
+    object_path,
+)
+from trainer.errors import DataError
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+FILES = {"train.parquet": b"train-bytes" * 100, "test.parquet": b"test-bytes" * 50, "README": b"x"}
+
+
+@pytest.fixture()
+def remote(tmp_path, make_remote):
+    root = tmp_path / "remote"
+    return root, make_remote(root, FILES)
+
+
+def test_version_is_dvc_datas_digest_and_files_arrive_verified(remote, tmp_path):
+    root, version = remote
+    listing = dir_listing(f"file://{root}", version)
+    assert sorted(e["relpath"] for e in listing) == sorted(FILES)
+    assert listing_digest(listing) == version
+    got = fetch_dataset(str(root), version, tmp_path / "scratch")
+    assert set(got) == {"train.parquet", "test.parquet"}
+    assert got["train.parquet"] == tmp_path / "scratch" / version / "train.parquet"
+    assert got["train.parquet"].read_bytes() == FILES["train.parquet"]
+    assert not [p for p in got["train.parquet"].parent.iterdir() if p.name.startswith(".")]  # no temporaries left
+
+
+@pytest.mark.slow
+def test_against_a_real_dvc_push(tmp_path):
+    """`dvc add` + `dvc push` into a local remote; the version is the .dir md5 dvc records."""
+    dvc = str(Path(sys.executable).with_name("dvc"))
+    repo = tmp_path / "repo"
+    (repo / "digits").mkdir(parents=True)
+    for name in ("train.parquet", "test.parquet"):
+        (repo / "digits" / name).write_bytes(FILES[name])
+    remote = tmp_path / "dvc-remote"
+    for args in (["init", "--no-scm", "-q"], ["remote", "add", "-d", "local", str(remote)], ["add", "-q", "digits"],
+                 ["push", "-q"]):
+        out = subprocess.run([dvc, *args], cwd=repo, capture_output=True, text=True, timeout=180)
+        assert out.returncode == 0, out.stdout + out.stderr
+    import yaml
+
+    version = yaml.safe_load((repo / "digits.dvc").read_text())["outs"][0]["md5"].removesuffix(".dir")
+    got = fetch_dataset(f"file://{remote}", version, tmp_path / "scratch")
+    assert got["train.parquet"].read_bytes() == FILES["train.parquet"]
+    assert listing_digest(dir_listing(str(remote), version)) == version
+
+
+def test_a_changed_object_is_refused_naming_expected_and_actual(remote, tmp_path):
+    root, version = remote
+    md5 = hashlib.md5(FILES["train.parquet"]).hexdigest()
+    Path(object_path(str(root), md5)).write_bytes(b"tampered")
+    with pytest.raises(ChecksumMismatch) as info:
+        fetch_dataset(str(root), version, tmp_path / "scratch")
+    message = str(info.value)
+    assert f"dataset version {version} file train.parquet: md5 mismatch: expected {md5}, actual " \
+           f"{hashlib.md5(b'tampered').hexdigest()}" in message
+    assert isinstance(info.value, DataError)
+    assert not (tmp_path / "scratch" / version / "train.parquet").exists()  # never lands under its name
+
+
+def test_a_changed_listing_is_refused(remote):
+    root, version = remote
+    path = Path(object_path(str(root), version, ".dir"))
+    entries = json.loads(path.read_text())
+    entries[0]["md5"] = "0" * 32
+    path.write_text(json.dumps(entries))
+    with pytest.raises(ChecksumMismatch, match=f"the listing .* has md5 [0-9a-f]{{32}}, expected {version}"):
+        dir_listing(str(root), version)
+
+
+def test_missing_version_and_missing_file_are_clear(remote, tmp_path):
+    root, version = remote
+    with pytest.raises(DatasetNotFound, match=f"dataset version {'f' * 32} is not on the remote"):
+        dir_listing(str(root), "f" * 32)
+    with pytest.raises(DatasetNotFound, match=f"dataset version {version} has no valid.parquet; its files are: "
+                                              "README, test.parquet, train.parquet"):
+        fetch_dataset(str(root), version, tmp_path, relpaths=("train.parquet", "valid.parquet"))
+    with pytest.raises(DataError, match="data.version='v1' is invalid"):
+        dir_listing(str(root), "v1")
+
+
+def test_concurrent_fetches_into_one_scratch_do_not_corrupt(remote, tmp_path):
+    """Ranks on one machine share $TMPDIR: unique temporaries + atomic rename."""
+    root, version = remote
+    code = ("import sys; from trainer.datastore import fetch_dataset; "
+            "print(fetch_dataset(sys.argv[1], sys.argv[2], sys.argv[3])['train.parquet'])")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(root), version, str(tmp_path / "scratch")], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results: list[Path] = []
+    threads = [threading.Thread(target=lambda: results.append(fetch_dataset(str(root), version, tmp_path / "scratch")["test.parquet"]))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    assert (tmp_path / "scratch" / version / "train.parquet").read_bytes() == FILES["train.parquet"]
+    assert all(r.read_bytes() == FILES["test.parquet"] for r in results)
+
+
+def test_the_module_is_torch_and_airflow_free():
+    code = "import sys, trainer.datastore; print(sorted(m for m in ('torch', 'airflow', 'mlflow') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_fetch_from_s3(s3, remote, tmp_path):
+    import fsspec
+
+    root, version = remote
+    bucket = s3.bucket("gangflow-dvc-unit")
+    fs = fsspec.filesystem("s3")
+    fs.put(str(root) + "/", bucket.removeprefix("s3://") + "/dvc/", recursive=True)
+    got = fetch_dataset(f"{bucket}/dvc", version, tmp_path / "scratch")
+    assert got["test.parquet"].read_bytes() == FILES["test.parquet"]
+    with pytest.raises(DatasetNotFound, match="is not on the remote s3://"):
+        dir_listing(f"{bucket}/dvc", "e" * 32)
+
+
+def test_a_rank_imports_only_what_it_needs():
+    """No mlflow (rank 0 imports it only with a tracking URI), no fsspec/s3fs for a local run dir
+    and local data, no Airflow: what the entry point and the loop import by themselves."""
+    code = ("import sys, trainer.__main__, trainer.loop; "
+            "print(sorted(m for m in ('mlflow', 'fsspec', 's3fs', 'boto3', 'airflow', 'dvc', 'dvc_data') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
