@@ -1,38 +1,9 @@
 """`ClassifiedRetryPolicy`: Airflow's retry decision, taken by the failure classifier.
 
-Attach it to any gangflow task; the task's `retries` stays the one retry budget:
-
     GangTrainingOperator(..., retries=3, retry_policy=ClassifiedRetryPolicy())
 
-On a failure Airflow calls `evaluate` in the worker with the exception itself:
-
-* `GangFailure` (the gang's classified failure) decides by its `Verdict`;
-* any other `GangflowError` by its `kind`/`retryable` (`InfraError` retries, `UserError` fails);
-* other exceptions: the transient ones of the failure catalogue
-  (`trainer.failure_catalogue`: connection errors, OSError with EIO, ETIMEDOUT,
-  ECONNRESET..., an MLflow/HTTP 5xx or 429, S3/GCS/Azure throttling, SQLite "database is
-  locked") count as infra; anything else gets Airflow's DEFAULT handling (the task's plain
-  `retries`).
-
-infra -> RETRY after `min(max_delay, base_delay * 2 ** (try_number - 1))`;
-user -> FAIL now, whatever `retries` says;
-unknown -> RETRY while the task has had at most `unknown_retries` unknown failures (by default
-one: the first unknown failure of a task is retried once, to see whether it recurs, whatever
-its earlier tries failed of), then FAIL "treated as user". The count is kept per task
-instance (dag, run, task, map index) in `<state>/retries/`; without an Airflow context it
-assumes every earlier try was unknown (the cautious reading).
-recurrence -> an infra verdict whose failure repeats an earlier try's exactly (the same
-exception type raised at the same training step: `failure_signature`) FAILs "treated as user":
-after a resume from an earlier checkpoint only a deterministic failure lands on the same step
-again, so the classifier's infra reading was wrong and the rest of the budget would be burnt.
-
-Every decision is logged on the `gangflow.retry` logger, so the task log says, e.g.,
-"gangflow: user failure, not retrying: ValueError raised in training code at rank 1, step 5: ...".
-
-DAG serialization: Airflow 3.3 stores only a `has_retry_policy` flag in the serialized DAG
-(the policy object itself is recovered by the worker re-parsing the DAG file), so the policy
-never enters the DAG hash. `serialize()`/`deserialize()` still round-trip the policy exactly,
-for the RetryPolicy API contract and for anything that stores policies as JSON.
+infra retries with exponential backoff, user fails at once, unknown retries once per task, and an
+infra failure that recurs at the same step fails as user (docs/failures.md, "The retry policy").
 """
 
 from __future__ import annotations

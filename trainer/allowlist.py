@@ -1,22 +1,8 @@
 """Which model architectures a model card may name, decided before anything is imported.
 
-A model card (`final/model_card.json`) is data: it comes from the model registry, an artifact
-store or a checkpoint volume that others can write. Loading a model therefore never imports or
-calls what the card names. The name is looked up in an allow-list the platform controls:
-
-* entry points of the group `gangflow.models` of the installed distributions (gangflow declares
-  its built-ins in pyproject.toml, e.g. `mlp = "trainer.models:mlp"`); a card may name one by
-  its entry-point name (`mlp`) or by its value (`trainer.models:mlp`, what the trainer records);
-* `module:function` names the deployment passes explicitly: the `allowed_models` argument of
-  the evaluate and promote operators, and the env var `GANGFLOW_ALLOWED_MODELS`
-  (comma-separated; the served pyfunc reads only this one and the entry points).
-
-Then the card's `model.kwargs` are checked against the factory's signature: unknown names,
-missing required ones, values of a type the annotation does not allow, and anything that is
-not a JSON scalar (or a list of them) are refused. Every refusal is `ModelNotAllowed` naming the
-card field and what is accepted.
-
-Importing this module imports no model code (and not torch).
+A model card is data: the factory it names must be allow-listed (entry points of the group
+`gangflow.models`, `allowed_models`, `GANGFLOW_ALLOWED_MODELS`) and its kwargs must fit the
+factory's signature, or `ModelNotAllowed` says why. Imports no model code (and not torch).
 """
 
 from __future__ import annotations

@@ -1,31 +1,9 @@
-"""Checkpoints: complete training state, committed atomically, loaded only when intact.
+"""Checkpoints: complete training state, committed atomically, loaded only when intact (contract 2).
 
-Layout of `DIR/checkpoints/` (DIR: a local folder or an fsspec URL, see trainer.storage):
-
-    step-200/                  committed
-      model.safetensors        the unwrapped model's state_dict
-      optimizer.safetensors    optimizer tensors (e.g. momentum buffers), keys "<param>/<name>"
-      state.json               step, epoch, position in the epoch, world size, config, LR
-                               scheduler, optimizer param groups, RNG states of every rank, and
-                               the run's identity (training-relevant config + data md5s/version)
-      manifest.json            written last: size and sha256 of every file above
-    .tmp-step-300-1a2b3c4d/    local disk: being written (ignored; removed on the next start)
-    .spare-step-100-5e6f7a8b/  local disk: a pruned folder the next commit overwrites in place
-                               (ignored; deleted at close and on the next start)
-    corrupt-step-250-<time>/   a committed checkpoint that failed verification (kept to inspect)
-
-Saving: on the loop thread, `save()` copies the state to CPU (cheap: it is a copy, not a
-serialization) and rank 0 encodes the safetensors headers and state.json; rank 0 then commits
-it -- from a background thread when `checkpoint.async_save` (one write in flight at most: the
-next save waits for it) -- and prunes to `keep_last`. Local disk: the safetensors files are
-encoded without copying the tensors and handed to a writer process (trainer.checkpoint_commit:
-it keeps the hashing, writing and committing off the training process's GIL), which writes
-`.tmp-step-N-*` (into the spare folder the last prune left, when there is one), fsyncs every
-file and the folder, renames it to `step-N` and fsyncs the parent. Object storage (no rename):
-write the files under `step-N/`, then the manifest LAST; a `step-N/` without a manifest is
-invisible to readers and removed at the next start. Loading: the newest `step-N` whose manifest
-is well-formed and whose checksums verify; a corrupt or malformed one is logged, moved aside,
-and the previous one is used. Nothing is unpickled: tensors are safetensors, everything else JSON.
+`DIR/checkpoints/step-N/` holds the model and optimizer tensors (safetensors), `state.json` and,
+written last, `manifest.json` (size and sha256 of each file); readers ignore a folder without it
+and set a corrupt one aside. On local disk a writer process commits by rename
+(trainer.checkpoint_commit). Layout and resume: docs/trainer.md; design: docs/design/checkpoints.md.
 """
 
 from __future__ import annotations

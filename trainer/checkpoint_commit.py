@@ -1,41 +1,9 @@
 """Committing checkpoints to local disk, in a writer process beside the training process.
 
-Why a process: a thread that hashes, writes, commits and prunes a checkpoint holds the GIL the
-training loop needs between its ops. On a fast loop that costs it several percent
-(`checkpoint_loop_cost_fraction` in benchmarks/trainer.py); torch.distributed.checkpoint's
-`async_save` offers a process for the same reason (`AsyncCheckpointerType.PROCESS`).
-
-This module imports the standard library, trainer.storage and trainer.console only (never
-torch), so the writer (`python -m trainer.checkpoint_commit`, started by rank 0 as it starts
-training) is up in tens of milliseconds. The rank sends each file's bytes as it will be on disk
-(trainer.checkpoint encodes the safetensors files without copying the tensors); the writer
-hashes them, writes the folder, commits it and prunes. One job at a time, over the writer's stdin and stdout:
-
-    rank   -> writer   <u32 length><header JSON: root, step, keep_last, handshake, files
-                       [[name, bytes], ...]>, then every file's bytes in that order (one writev)
-    writer -> rank     b"written\\n"      every data file is written; the commit is not
-    rank   -> writer   b"commit\\n"       (only with handshake: the rank's kill@save fault
-                                         strikes between these two)
-    writer -> rank     b"committed <JSON>\\n" or b"error <message>\\n"
-
-Each time the rank's thread waits on the pipe it gives up the GIL, and it must win it back from
-the training loop to go on (up to the interpreter's 5 ms switch interval): hence one writev for
-a whole job, the handshake only when a kill@save fault is armed, and a job that fits in the pipe
-(1 MiB where Linux allows it) written by the loop itself (`send_nowait`): the pipe is empty
-between jobs, so that write cannot block, and the writer starts at once.
-
-The writer exits when its parent is gone (end of input, or reparented: a forked DataLoader
-worker may keep the pipe open), whatever it is doing: a folder it has not renamed stays a
-`.tmp-*` folder, removed at the next start. It ignores SIGTERM and SIGINT: a preempted rank
-commits its final checkpoint through it, and it ends when the rank does.
-
-Pruning recycles (as PostgreSQL recycles its WAL segments): the newest folder beyond `keep_last`
-is renamed out of view to `.spare-*` instead of being deleted, and the next commit renames the
-spare to its `.tmp-step-N-*` folder and overwrites its files in place. A deletion frees the
-blocks the next write allocates again, and on this kind of disk (ext4, `discard`) deleting four
-fsynced files costs as much as writing them. At most one spare exists; it holds no committed
-state (nothing reads it), `Checkpointer.close()` deletes it after the writer has exited, and
-the next start's `cleanup_stale()` deletes one a dead rank left.
+Rank 0 starts `python -m trainer.checkpoint_commit` and sends it each checkpoint's files over a
+pipe; the writer hashes, writes, commits (rename) and prunes them off the training process's GIL.
+It imports the standard library, trainer.storage and trainer.console only (never torch).
+docs/design/checkpoints.md describes the protocol, its timing and the recycling of pruned folders.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Datasets and the resumable distributed sampler.
 
-Dataset factory signature (`data.factory: module:function`): `fn(path: str) -> Dataset` whose
-items are `(features_tensor, label_tensor)`. The default, `parquet_dataset`, reads the digits
-schema (float feature columns + an int `label` column) from any path: the file is opened with
-pyarrow as Parquet whatever its name (DVC cache objects have no suffix).
-
-Sample order. `train.batch_size` is the *global* batch. The sampler is torch's
-DistributedSampler (`drop_last=True`, seeded by `train.seed`, `set_epoch` every epoch): rank r
-takes positions r, r+W, r+2W, ... of one seeded permutation, so global step k always consumes
-permutation[k*B:(k+1)*B], whatever the world size W, and an epoch is floor(N/B) steps for every
-W. Resuming at another world size therefore continues the same global sample order.
+A dataset factory is `fn(path: str) -> Dataset` of `(features, label)` tensors; the default,
+`parquet_dataset`, reads any Parquet file. `train.batch_size` is the global batch and the sample
+order one seeded permutation whatever the world size, so a resume at another size keeps the order.
 """
 
 from __future__ import annotations

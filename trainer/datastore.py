@@ -1,23 +1,8 @@
 """A dataset version fetched by content address from a DVC 3 remote, verified by md5.
 
-A version is the md5 of a DVC directory object. The remote (any fsspec URL: a local folder,
-`file:///...`, `s3://bucket/prefix`, `gs://...`) stores it as DVC 3 does:
-
-    <remote>/files/md5/<v[:2]>/<v[2:]>.dir        JSON list [{"md5": ..., "relpath": ...}, ...]
-    <remote>/files/md5/<m[:2]>/<m[2:]>            the file whose md5 is m
-
-`dir_listing(remote, version)` reads the listing and checks that it hashes to `version` (as
-dvc_data's `Tree.digest` computes it: md5 of `json.dumps(sorted [{md5, relpath}], sort_keys=True)`;
-checked against a real `dvc push`), so a listing cannot be swapped under a version.
-`fetch_dataset(remote, version, dest_dir)` downloads the files into `dest_dir/<version>/`,
-hashing while it writes; a file whose md5 differs from the listing is refused and never lands
-under its name. Files are written to a unique temporary name and renamed into place, so ranks
-sharing a scratch folder never see each other's partial files; a file already there is
-re-verified and reused.
-
-Torch-free and Airflow-free (fsspec + hashlib): the trainer and the Airflow side both import it.
-Errors are `DataError`s (bad or missing data: the user's, not retried); storage/network errors
-propagate as the OSErrors they are (infrastructure).
+`fetch_dataset(remote, version, dest_dir)` checks that the `.dir` listing hashes to `version`,
+then downloads every file into `dest_dir/<version>/`, hashing while it writes; a file whose md5
+differs is refused (`DataError`). Torch-free and Airflow-free: both sides import it.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Process group from the launcher's environment, and the few collectives the loop needs.
 
-Launchers: torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), OpenMPI's mpirun
-(OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK plus MASTER_ADDR/MASTER_PORT, e.g.
-`mpirun -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 python -m trainer ...`; on one node
-they default to 127.0.0.1:29500), or none (a single process). Backend: NCCL when the device
-is CUDA, else gloo. Control messages (stop flag, RNG states, checkpoint choice) go over a
-separate gloo group, so they never interleave with DDP's gradient all-reduces.
-At world size 1 no process group is created and the model is not wrapped in DDP (there is
-nothing to synchronize; this keeps the single-rank loop as fast as a plain one).
+Launchers: torchrun, OpenMPI's mpirun (with MASTER_ADDR/MASTER_PORT) or none; NCCL on CUDA, else
+gloo, with control messages on a separate gloo group. At world size 1 there is no process group
+and no DDP wrapper (nothing to synchronize).
 """
 
 from __future__ import annotations

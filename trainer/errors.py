@@ -1,21 +1,8 @@
-"""Error types and the structured error records every rank leaves when it fails.
+"""Error types and the structured error record every failing rank leaves (torch-free).
 
-A failing rank writes the same record to three places:
-
-* TorchElastic's error file (env `TORCHELASTIC_ERROR_FILE`, set by torchrun), through the
-  `@record` decorator on the entry point with `ErrorHandler` below: TorchElastic's own format,
-  with gangflow's fields added under `message.extraInfo`;
-* `DIR/errors/rank-<R>.json`;
-* the Kubernetes termination-message file: `$GANGFLOW_TERMINATION_LOG` when its directory
-  exists, else `/dev/termination-log` when that file exists (Kubernetes creates it). The first
-  rank to fail wins (the file is only written while empty) and the record is kept under 4 KiB.
-
-Fields: `exc_type`, `message`, `rank`, `step`, `traceback`, `source` and `time`. `source` is
-`"user"` when the exception came out of user code (dataset or model factory, the model's
-forward/backward, the loss) or bad data, `"config"` for a rejected configuration, and `null`
-otherwise (the trainer itself, the network, storage).
-
-This module does not import torch.
+The record (`exc_type`, `message`, `rank`, `step`, `traceback`, `source`, `time`) goes to
+TorchElastic's error file, `DIR/errors/rank-<R>.json` and the Kubernetes termination message;
+`source` says whose fault it is: "user", "config" or null (docs/trainer.md, "Error records").
 """
 
 from __future__ import annotations

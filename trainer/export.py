@@ -1,12 +1,8 @@
 """Final weights: `DIR/final/model.safetensors` + `DIR/final/model_card.json`.
 
-The card records how to rebuild the model (`model.factory`, `model.kwargs`), the resolved
-config, the data files and their md5, the final metrics, world size, steps and versions.
-`load_final_model(final_dir)` rebuilds the module from the card and loads the weights; nothing
-is unpickled, and the card's factory must be on the platform's allow-list (`trainer.allowlist`):
-a card is data, so nothing it names is imported unless allow-listed. The folder is written
-aside and renamed into place (an existing `final/` is moved away first and deleted after), so a
-reader never sees a half-written `final/`.
+The card says how to rebuild the model and records the config, the data and its md5s and the final
+metrics. `load_final_model(final_dir)` rebuilds it without unpickling, for allow-listed factories
+only (trainer.allowlist). `final/` is written aside and renamed into place.
 """
 
 from __future__ import annotations

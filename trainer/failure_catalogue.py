@@ -1,23 +1,9 @@
-"""The one catalogue of transient (infrastructure) conditions.
+"""The one catalogue of transient (infrastructure) conditions: everything in gangflow that asks "is
+this failure worth another try?" asks here, so a condition added here is known everywhere at once.
 
-Everything in gangflow that asks "is this failure worth another try?" asks here: the
-classifier (text evidence), the retry policy, the dataset fetch, the tracking client, the
-Kubernetes client and the trainer's error records (live exceptions). Keep it so: a condition
-added here is known everywhere at once.
-
-An exception is judged by its TYPE first and its message second:
-
-* a type that only infrastructure raises (`ConnectionResetError`, `BrokenPipeError`, an OSError
-  whose errno is transient, botocore's `EndpointConnectionError`, torch's `DistNetworkError`...)
-  is infra wherever it was raised;
-* a generic type a program raises itself (`TimeoutError`, `ConnectionError`, `OSError`) is the
-  user's when user code raised it (a `raise` statement in a user frame), infra otherwise;
-* a type that says "the program is wrong" (`ValueError`, `KeyError`, `TypeError`...) raised by
-  user code is the user's, whatever its message says ("Connection reset by peer" included);
-* only then is the message read: error codes (S3 `SlowDown`, GCS/Azure `ServerBusy`), HTTP
-  status classes (5xx and 429 transient, other 4xx not), NCCL/gloo/CUDA error names.
-
-Pure standard library: imported by the trainer and by Airflow workers alike.
+An exception is judged by its type first (infrastructure-only types; generic ones by who raised
+them; "the program is wrong" types), its message second (error codes, HTTP status classes,
+NCCL/gloo/CUDA errors). Pure standard library: the trainer and Airflow workers both import it.
 """
 
 from __future__ import annotations

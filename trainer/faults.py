@@ -1,42 +1,9 @@
-"""Fault injection for tests, benchmarks and drills (docs/trainer.md, "Fault injection").
+"""Fault injection for tests, benchmarks and drills (contract 3, docs/contracts.md).
 
     GANGFLOW_ALLOW_FAULTS=1 GANGFLOW_FAULT="ACTION@WHEN[,rank=R]"
 
-Without GANGFLOW_ALLOW_FAULTS=1 a GANGFLOW_FAULT is ignored, with a warning at start (a stray
-export must not fail real runs); an armed fault is logged at start by every rank.
-
-ACTION is one of
-
-* `kill`     SIGKILL own process (a lost node or OOM kill),
-* `term`     SIGTERM own process (the preemption path: final checkpoint, exit 75),
-* `exit=CODE` exit at once with CODE (1-255) without cleanup,
-* `raise`    a ValueError from training step N (a user bug; recorded with source "user").
-
-WHEN is one of
-
-* `step=N`   SYNCHRONISED (reproducible tests): `kill`, `term` and `exit` fire at the step boundary
-             after step N completed and after step N's checkpoint (if N is a checkpoint step) is
-             committed; before firing, every rank waits for in-flight checkpoint writes and meets
-             at a barrier, so the newest committed checkpoint is the last one at or before step N.
-             `raise` fires inside training step N (after N-1 completed steps), before its
-             optimizer update.
-* `save[=K]` UNSYNCHRONISED, `kill` only: during the K-th checkpoint write of the attempt (default
-             1; the final one counts). The writer (rank 0) dies on its writer thread after the
-             tensors and state are written and before the manifest (the commit), so a partial
-             checkpoint is left behind; any other targeted rank dies when it hands that checkpoint
-             to rank 0 (its save call), while rank 0 writes it. No barrier, no wait.
-* `time=SECONDS` UNSYNCHRONISED, `kill` only: a timer thread SIGKILLs the rank SECONDS after its
-             training loop started (after resume), wherever it is: mid-step, mid-collective,
-             mid-write. No barrier, no wait. A loop that ends first cancels it (nothing fires).
-
-Without `rank`, the fault fires on every rank at the same step (the whole gang is lost / exits
-with CODE / is preempted / fails; torchrun's root cause then shows that very exit). With
-`rank=R` only global rank R fires; the other ranks are torn down by torchrun (kill, exit, raise)
-or stop with it at the same step boundary (term).
-
-`kill`, `term` and `exit` fire at most once per run dir: a marker `DIR/faults/<spec>.fired`
-(JSON: fault, rank, step reached, time) is written (durably: fsynced locally, one object PUT on object storage) before firing, and a fault whose marker exists when the trainer starts is
-disarmed. `raise` fires on every attempt, as a bug would.
+ACTION: kill, term, exit=CODE, raise; WHEN: step=N (synchronised), save[=K] or time=SECONDS (kill
+only, unsynchronised). docs/trainer.md, "Fault injection", says when and where each one fires.
 """
 
 from __future__ import annotations

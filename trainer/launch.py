@@ -1,17 +1,9 @@
 """`python -m trainer.launch [torchrun options] -m trainer [trainer arguments]`: torchrun, with the
-ranks forked from an interpreter that has already imported what they need.
+ranks forked from an interpreter that has already imported what they need (contract 1).
 
-torchrun starts each rank as a fresh `python -m trainer`, so every rank imports torch, then
-torch._dynamo (every `torch.optim` optimizer imports it on its first call), pyarrow and the
-trainer, after torchrun's own agent has imported torch: on a restart that is most of the time
-to the first step (benchmarks/README.md, "Where a restart's time goes"). Here the agent is
-torchrun's own (the same options, rendezvous, `--tee`/`--log-dir` output, error files, failure
-summary and exit status, SIGTERM forwarded to the ranks), but it imports those modules once and
-starts the ranks with TorchElastic's `fork` start method, calling `trainer.__main__.main`.
-
-What must hold for a fork to be safe: this process never touches CUDA (it imports torch; the
-ranks pick and initialise their device after the fork) and starts no thread of its own before
-the ranks exist. Only `-m trainer` is accepted: any other entry point runs under torchrun.
+torchrun's own agent and options; torch, torch._dynamo, pyarrow and the trainer are imported once
+and the ranks start with the `fork` method. Safe because this process never touches CUDA and
+starts no thread before the ranks exist. Only `-m trainer` is accepted.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Model factories.
+"""Model factories: `fn(**kwargs) -> torch.nn.Module` (`model.factory: module:function`).
 
-Signature (`model.factory: module:function`): `fn(**kwargs) -> torch.nn.Module`, where kwargs
-are the keys of params.yaml's `model` section other than `factory`. When the factory has an
-`input_dim` parameter and the section does not set it, the trainer passes the number of
-features of the first training sample; the value used is recorded in the model card. Likewise `feature_mean`, `feature_std`,
-`target_mean` and `target_std` (the preprocessing statistics of the training split).
-Models take raw features (the digits' pixels are in [0, 16]) and return class logits
-(`train.task: classification`) or one value per row in the target's units (`regression`).
+kwargs are params.yaml's `model` section; the trainer fills `input_dim`, `feature_mean`,
+`feature_std`, `target_mean` and `target_std` from the training split when the factory takes them
+and the section does not set them. Models return class logits or one value per row (regression).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The run dir on any storage: a local path, `file:///...`, or an fsspec URL (`s3://`, `gs://`, ...).
 
-`Storage(location)` is a folder. On local disk every write is durable and atomic (temporary
-file, fsync, rename, fsync of the folder), as before; elsewhere it goes through fsspec, where a
-single object write is atomic but a folder is not: callers that publish several files (a
-checkpoint, `final/`) write a marker file LAST and readers ignore a folder without it.
-
-Credentials and endpoints come from the storage's standard environment (for S3: AWS_ACCESS_KEY_ID,
-AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3, which botocore honours); fsspec and
-the filesystem's package (s3fs, gcsfs, ...) are imported only for a remote location.
+Local writes are durable and atomic (temporary file, fsync, rename); elsewhere one object write is
+atomic but a folder is not, so callers that publish several files write a marker file last.
+Credentials come from the storage's standard environment (for S3, the `AWS_*` variables).
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
 """Metrics: `DIR/metrics.jsonl` always; MLflow too when a tracking URI is configured.
 
-Only rank 0 tracks. Every line of metrics.jsonl is one JSON object: training steps
-(`step`, `loss`, `lr`, `samples_per_sec`, `epoch`, `time`) and events (`event`: `tracking` (the
-run's params and tags), `start`, `resume`, `first_step`, `checkpoint` with `duration_s`,
-`blocked_s` and `bytes`, `progress`, `attempt_run`, `preempted`, `final`, `attempt`). An event
-line that goes to MLflow says how in its `mlflow` key (`{"prefix": ..., "step": ...}`), so the
-file alone determines what MLflow gets: `mlflow_items` turns a line into MLflow metrics, params
-and tags, for the sink below and for the Airflow operator's relay alike (one code path).
-
-MLflow from the rank (`tracking.mlflow_uri` or env MLFLOW_TRACKING_URI) is imported lazily and
-only then; the Kubernetes backend uses it (pods have no operator beside them), the local
-backend does not (its operator relays metrics.jsonl: `operators.hooks.mlflow_relay`). The run is env
-MLFLOW_RUN_ID when set (the Airflow operator creates it; a retry logs into the same run), else
-the run recorded in `DIR/tracking.json` by an earlier attempt, else a new run in
-`tracking.experiment`. Nothing blocks the loop: lines are queued and a background thread sends
-them with `MlflowClient.log_batch` every `tracking.flush_every_s`. MLflow errors are reported
-once on stderr and never stop training, except one: with MLFLOW_RUN_ID set, `log_final` logs
-`final/` as the run's artifacts under `final` and a failure there fails the attempt (the
-pipeline loads the weights from there). On object storage metrics.jsonl is rewritten at events.
+Only rank 0 tracks. Each line of metrics.jsonl is a training step or an event and says what MLflow
+gets (`mlflow_items`, which the Airflow side's relay uses too). MLflow is imported lazily and fed
+from a background thread; its errors never stop training, except a failed upload of `final/`.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """The failure classifier: why did a training gang fail, and is it worth another try?
 
-`classify(evidence) -> Verdict` reads what the backend collected when a gang failed (contract 4
-in docs/failures.md) and says `infra` (retry: the cluster, a node, the network or storage broke),
-`user` (fail now: the code, config, data or resource request is wrong and a retry would repeat
-it) or `unknown` (nothing decided; `operators.retry.ClassifiedRetryPolicy` retries it once per
-task, then treats it as user). The same verdict is printed as JSON by
-
-    python -m operators.failures < evidence.json
-
-The package:
-
-* `evidence`: typed `Evidence`, parsed tolerantly and with bounded sizes (classify never raises);
-* `catalogue`: the one catalogue of transient conditions (errno values, exception types, cloud
-  error codes, HTTP status classes, NCCL/gloo/CUDA errors), shared with the retry policy, the
-  dataset fetch, tracking, the Kubernetes client and the trainer;
-* `rules`: the rule table, in precedence order (Kubernetes, container runtime, trainer,
-  exception, infrastructure log patterns, exit code);
-* `ranks`: each rank judged alone, then the root cause chosen across ranks;
-* `precedent`: when no rule speaks, the nearest cases of the public corpus (`corpus/`) decide
-  above a similarity threshold;
-* `cli`: the command line.
+`classify(evidence) -> Verdict` (contract 4, docs/contracts.md) says `infra` (retry), `user` (fail
+now) or `unknown`; `python -m operators.failures < evidence.json` prints it as JSON. Modules:
+`evidence`, `rules` (the rule table), `ranks` (the root cause across ranks), `precedent` (the corpus
+decides when no rule speaks), `cases` (the corpus), `cli`; transient conditions: trainer.failure_catalogue.
 """
 
 from __future__ import annotations

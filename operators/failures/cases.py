@@ -1,16 +1,8 @@
 """The public corpus of labelled failures (`corpus/*.jsonl`) and its frozen split.
 
-One JSONL file per source project, `<owner>__<repo>.jsonl`, one case per line:
-`{"id", "project", "url", "label": "infra"|"user", "hard": bool, "why", "evidence"}` where
-`evidence` has contract 4's shape. `corpus/split.json` assigns whole projects to `train`,
-`dev` and `test` and records `test_sha256`: the sha256 of the test projects' files,
-concatenated in sorted file-name order. Test cases are loaded only through `load_split_cases
-(..., "test")`, which refuses to run if that hash changed; the precedent base never holds them.
-
-Later hold-outs (`holdout2`, `holdout3`, ...; optional): projects harvested after the test split
-had been scored several times, blind to the classifier, each frozen the same way
-(`<name>_sha256`) before it was scored. Each is a split like test: never a precedent, never read
-while writing rules.
+One JSONL file per source project, one case per line with contract 4's evidence.
+`corpus/split.json` assigns whole projects to train, dev and test (and later hold-outs), each
+frozen by a sha256 that `load_split_cases` checks before it returns a held-out split.
 """
 
 from __future__ import annotations

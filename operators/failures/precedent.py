@@ -1,16 +1,8 @@
 """Verdict by precedent: when no rule speaks, the nearest corpus cases by text similarity decide.
 
-The base is the public corpus's train and dev cases (never the test split's): each case's
-evidence text, TF-IDF weighted (words, numbers, hex ids and folders masked), compared by
-cosine similarity. The `K` nearest cases at or above `THRESHOLD` vote, weighted by similarity;
-the reason cites the nearest case of the winning label: "like <url>: <why>". Below the
-threshold, on a tie, or when infra wins by less than `INFRA_MARGIN` times the user votes, there
-is no precedent and the verdict stays `unknown`.
-
-`THRESHOLD`, `K` and `INFRA_MARGIN` are chosen by leave-project-out cross-validation over the
-train and dev splits (`benchmarks/classifier.py --calibrate`, its cv column); see
-docs/failures.md for the figures.
-scikit-learn is imported only on the first lookup: DAG parsing and the trainer never pay for it.
+TF-IDF cosine similarity over the corpus's train and dev cases (never test); the `K` nearest at or
+above `THRESHOLD` vote. The constants are calibrated by `benchmarks/classifier.py --calibrate`
+(docs/failures.md has the figures). scikit-learn is imported only on the first lookup.
 """
 
 from __future__ import annotations
