@@ -1,35 +1,8 @@
-"""The Great Expectations suite every digits dataset version must pass before it is trained on.
+"""The Great Expectations suites every dataset version must pass before it is trained on.
 
-`DatasetValidationOperator` (operators/validation.py) calls `digits_suite(split)` once per
-split ("train", "test") and validates the split's DataFrame against it. Bring your own suite
-by writing a function with the same signature and passing `suite="my.module:my_suite"`.
-
-What a valid split looks like, and why (every threshold is a constant below):
-
-| expectation                                  | columns          | threshold                          |
-|----------------------------------------------|------------------|------------------------------------|
-| ExpectTableColumnsToMatchSet (exact)         | table            | pixel_00..pixel_63 + label, no more |
-| ExpectTableRowCountToBeBetween               | table            | ROW_COUNT[split]                   |
-| ExpectColumnsTypesToBe                       | all pixel_NN     | FEATURE_DTYPE ("float32")          |
-| ExpectColumnsTypesToBe                       | label            | LABEL_DTYPE ("int64")              |
-| ExpectColumnsValuesToNotBeNull               | every column     | no nulls at all                    |
-| ExpectColumnsValuesToBeBetween               | all pixel_NN     | [PIXEL_MIN, PIXEL_MAX] = [0, 16]   |
-| ExpectColumnValuesToBeInSet                  | label            | CLASSES = {0..9}                   |
-| ExpectColumnKLDivergenceToBeLessThan         | label            | KL(observed || uniform) < MAX_CLASS_KL |
-
-The `ExpectColumns*` checks (operators/expectations/columns.py) are GX expectations over many columns in
-one vectorised pass; a failure still names each failing column. 8 expectations per split instead
-of 198 (one per pixel column and check), for the same meaning: 5 s -> well under 1 s.
-
-Class balance is a distributional check: the observed class shares are compared with the uniform
-partition (each class 1/10) by Kullback-Leibler divergence. MAX_CLASS_KL = 0.01 passes the real
-split (KL ~ 0.0001: every class holds 9.6-10.3% of the rows) and refuses, for example, one class at
-half its share (KL ~ 0.015) or a class missing altogether (KL ~ 0.105).
-
-`diabetes_suite(split)` is the diabetes pipeline's suite (regression: exact columns, row
-bands, float32 everywhere, no nulls, a physiological range per column).
-
-`python data/expectations.py [train|test] [digits|diabetes]` prints the suite as JSON.
+`DatasetValidationOperator` calls `digits_suite(split)` (or `diabetes_suite`) once per split
+("train", "test"); every threshold is a constant below, tabled in docs/data.md, "The expectations".
+`python data/expectations.py [train|test] [digits|diabetes]` prints a suite as JSON.
 """
 
 from __future__ import annotations

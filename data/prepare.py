@@ -1,17 +1,11 @@
 """Build the example datasets (DVC stages) and synthetic datasets of any size (for benchmarks).
 
-Both datasets ship inside the scikit-learn wheel, so nothing is downloaded: the 8x8
-handwritten digits (classification, the default) and the diabetes progression data
-(regression: 10 clinical features in their own units, a float target). Output is
-deterministic for a given seed and pinned library versions: the same bytes, hence the same DVC
-hash, on every machine.
+The data ships in the scikit-learn wheel; the output is the same bytes (the same DVC hash) on every
+machine for a seed. Run it with the project's interpreter (`make data`, or `.venv/bin/python`).
 
     python data/prepare.py --out data/digits                        # stage `prepare` in dvc.yaml
     python data/prepare.py --dataset diabetes --out data/diabetes   # stage `prepare_diabetes`
     python data/prepare.py --synthetic 100000 --out data/synthetic  # seeded synthetic data
-
-Run it with the project's interpreter (`make data`, or `.venv/bin/python`); another Python
-lacks pyarrow and is refused with that advice.
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """`KubernetesBackend`: run a training gang as a JobSet (Kueue), a Kubeflow TrainJob (Kueue) or a
-Volcano Job, deferrably.
+Volcano Job, deferrably: `check_capacity`, `submit`, `trigger` (a `GangTrigger`), `collect`.
 
-    backend = KubernetesBackend(kubernetes_conn_id="kubernetes_default", namespace="ml",
-                                runtime={"resources": {"gpu": 8}, "queue": "team-a"})
-    backend.check_capacity(spec)         # refuse impossible gangs early
-    handle = backend.submit(spec)        # create (or re-attach to) the gang object
-    trigger = backend.trigger(handle)    # GangTrigger: waits in the triggerer, yields one event
-    result = backend.collect(handle, event)  # evidence + teardown -> GangResult
-
-The cluster never retries on its own (JobSet maxRestarts 0, Job backoffLimit 0, torchrun
---max-restarts 0, Volcano TerminateJob on PodFailed/PodEvicted, Kueue eviction treated as a
-failure): the one retry budget is Airflow's, spent by the failure classifier's verdict.
-
-Re-attach: object names are deterministic per Airflow try (`<gang>-t<try>`), so `submit` gets
-before it creates; a worker that restarts mid-try finds its gang and creates nothing. A gang of an
-earlier try that is still running (its worker died, Airflow retried) is adopted rather than
-duplicated (like `ResumableJobMixin`); a finished one is deleted.
-
-Lineage: after submit, the DAG run's MLflow run (`MLFLOW_RUN_ID` in the spec's env) is tagged
-with `gangflow.gang`, `gangflow.job_uid` (the gang object's metadata.uid), `gangflow.image_digest`
-and `gangflow.dataset_version`; the gang object carries the run id as the annotation
-`gangflow.io/mlflow-run-id`. Tagging is idempotent (a re-attached try tags again) and a tracking
-outage does not fail a gang that is already running: it is logged as a warning.
+The cluster never retries on its own: the one retry budget is Airflow's, spent by the failure
+classifier. Object names are deterministic per try, so a restarted worker re-attaches to its gang;
+after submit the DAG run's MLflow run is tagged with the gang's lineage (docs/kubernetes.md).
 """
 
 from __future__ import annotations

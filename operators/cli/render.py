@@ -1,15 +1,8 @@
-"""`python -m operators.cli.render render|validate`.
+"""`python -m operators.cli.render render|validate`: gangflow's Kubernetes objects, offline.
 
-    render   --dataset-version MD5 [--world-size N] [--queue NAME] [--scheduler kueue|volcano]
-             [--api jobset|trainjob] [--runtime FILE] [--name NAME] [--attempt N] [--namespace NS]
-             [--set k=v ...] [--validate [--crds DIR]]
-             prints every object the Kubernetes backend would submit for that pinned dataset version,
-             as multi-document YAML (built-in example runtime defaults when no --runtime file is
-             given); a summary (pods x processes per pod = world size, dataset, run dir) goes to
-             stderr. Without --dataset-version it refuses, unless the runtime says
-             dataset.imageCarriesData: true.
-    validate FILE... [--crds DIR] [--kubernetes-version 1.33]
-             validates YAML objects offline against the upstream schemas (strict, like the API server).
+`render --dataset-version MD5 ...` prints every object the Kubernetes backend would submit
+(contract 6, docs/contracts.md); `validate FILE...` checks YAML objects against the upstream
+schemas, strictly, like the API server. `--help` lists the options.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Where gangflow keeps its state, and the embedded defaults derived from it.
 
-The state dir is `.gangflow/` in the project root unless `GANGFLOW_HOME` says otherwise.
-Everything one machine needs lives under it:
-
-    <state>/airflow/        AIRFLOW_HOME (SQLite metadata DB, logs)
-    <state>/mlflow.db       MLflow tracking + registry store (SQLite)
-    <state>/mlartifacts/    MLflow artifacts
-    <state>/dvc-remote/     DVC's local remote
-    <state>/dvc-cache/      DVC's cache (content-addressed, read-only data versions)
-    <state>/runs/           training run dirs, one per DAG run
-    <state>/reports/        Great Expectations Data Docs
+The state dir is `.gangflow/` in the project root unless `GANGFLOW_HOME` says otherwise; it holds
+`airflow/`, `mlflow.db`, `mlartifacts/`, `dvc-remote/`, `dvc-cache/`, `runs/` and `reports/`
+(docs/pipeline.md, "State dir").
 """
 
 from __future__ import annotations

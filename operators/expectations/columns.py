@@ -1,25 +1,9 @@
 """Multi-column Great Expectations checks: one vectorised pass over many columns.
 
-GX's own column expectations take one column each, and every one pays GX's fixed cost (a
-validation graph, metric resolution, a result object): 64 pixel columns x (dtype, nulls, range)
-were 390 expectations and 5 s for 1.8k rows. These three are ordinary GX expectations (batch
-expectations backed by table metrics computed with pandas over all their columns at once), so
-they run in the same suite, the same validation and the same Data Docs, and keep the meaning of
-the per-column checks they replace:
-
-| expectation                           | replaces, per column              | fails when                                 |
-|---------------------------------------|-----------------------------------|--------------------------------------------|
-| `ExpectColumnsTypesToBe(column_types)`| `ExpectColumnTypeToBe`            | a column's dtype differs, or it is missing |
-| `ExpectColumnsValuesToNotBeNull`      | `ExpectColumnValuesToNotBeNull`   | a column holds a null, or it is missing     |
-| `ExpectColumnsValuesToBeBetween`      | `ExpectColumnValuesToBeBetween`   | a non-null value is outside [min, max] (inclusive), or the column is missing |
-
-Each result names every failing column: `result["details"]["columns"]` maps the column to what
-was observed there (`{"observed": dtype}`, or `{"unexpected_count", "element_count",
-"partial_unexpected_list"}`, or `{"missing": true}`), so `operators.validation` reports one line
-per failing column, as it did with one expectation per column.
-
-Importing this module registers the expectations and their metrics with GX (importing GX: import
-it from a suite module, never from a DAG file).
+`ExpectColumnsTypesToBe`, `ExpectColumnsValuesToNotBeNull` and `ExpectColumnsValuesToBeBetween` mean
+what GX's per-column expectations mean, and each result names every failing column
+(`result["details"]["columns"]`). Importing this module registers them with GX (and imports GX:
+import it from a suite module, never from a DAG file).
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""GX Data Docs views that compile each Jinja template once per process.
+"""GX Data Docs views that compile each Jinja template once per process: GX's own views, with one
+shared bytecode cache instead of a Jinja environment per view (a changed template recompiles).
 
-GX's `DefaultJinjaView` gives every view its own Jinja `Environment`, and a site build makes a
-new view per section (expectations, validations, profiling, index), so one build of the digits
-docs compiled ~50 templates (about 60% of the build) and the next build compiled them all
-again. These views are GX's own, with one in-memory bytecode cache shared by all of them: a
-template is compiled the first time any view loads it, and later loads reuse the compiled code
-(Jinja still reads the source and checks its checksum, so a changed template recompiles). The
-pages are the same; `operators.validation.run_expectations` names these classes in the site
-config.
-
-Imports GX: loaded by GX itself when it builds a site, never by a DAG file.
+Named in the site config by `operators.validation.run_expectations`; loaded by GX when it builds a
+site, never by a DAG file. Why, and what it saves: docs/design/data-docs.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Dataset versions: publish them with DVC, resolve a version to read-only files, verify their bytes.
 
-A dataset version is the md5 DVC gives the dataset directory (`data/digits`): the hash of its
-`.dir` manifest, which lists every file with its own md5. `dvc.lock` pins one version; any
-version ever pushed can be resolved. Resolving a version never reads the workspace: the files
-are DVC's content-addressed, read-only cache objects (`<cache>/files/md5/ab/cdef...`), fetched
-from the DVC remote through DVC when the cache lacks them, so an S3/GCS remote works the same
-way as the local one. `verify()` recomputes every md5, so what is validated is exactly what is
-trained on.
-
-DVC is configured here, in code, from `operators.config.settings` (nothing in `.dvc/` is edited):
-
-- cache: `<state>/dvc-cache`;
-- remote: `$GANGFLOW_DVC_REMOTE` when set, either a URL (`s3://bucket/prefix`, `/mnt/dvc`) or the
-  name of a remote configured in `.dvc/config` (credentials and all); otherwise the local remote
-  `<state>/dvc-remote`, named `gangflow`;
-- DVC's site cache (its hash DB): `<state>/dvc-site-cache`.
+A version is the md5 DVC gives the dataset directory; DVC is configured here, in code, and
+imported only when used (docs/data.md).
 
     python -m operators.hooks.dvc pinned            # the version pinned in dvc.lock
     python -m operators.hooks.dvc publish           # dvc repro prepare + dvc push; prints the version
     python -m operators.hooks.dvc resolve [VERSION] # fetch + verify; prints the manifest as JSON
-
-Nothing here imports DVC at module import time: DAG files import `operators`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """The few Kubernetes API calls the gang backend and its trigger make, on the async client.
 
-Everything goes through `kubernetes_asyncio`'s `ApiClient.call_api` (the same client the
-provider's `AsyncKubernetesHook` hands out), and returns the API server's JSON as plain dicts,
-the shape the status functions and test fixtures use. Errors are wrapped with the verb, the kind
-and namespace/name:
-
-- 5xx (but 501/505), 429, 408, timeouts, connection errors -> `KubernetesApiError` (InfraError:
-  retryable; the status classes are the failure catalogue's, `trainer.failure_catalogue`)
-- other 4xx (403 RBAC, 422 invalid, 404 missing CRD) -> `KubernetesRequestError` (UserError)
-
-The backend's synchronous methods run these coroutines with `run_sync`.
-
-RBAC used (namespace-scoped unless noted): jobsets / batch.volcano.sh jobs / trainjobs
-get,list,create,delete; kueue workloads list; podgroups list; pods list; pods/log get;
-events list; configmaps get (the runtime ConfigMap); optional for `check_capacity`:
-kueue localqueues get and clusterqueues get (cluster-scoped).
+Calls return the API server's JSON as dicts. Transient failures (5xx, 429, timeouts, connection
+errors) raise `KubernetesApiError` (infra), other 4xx `KubernetesRequestError` (user); the status
+classes are trainer.failure_catalogue's. The RBAC they need: docs/kubernetes.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
-"""The training task's MLflow relay: ranks of a local gang never import MLflow.
+"""The training task's MLflow relay (`TrackingRelay`): ranks of a local gang never import MLflow.
 
-Rank 0 writes every metric, event, param and tag to `<run_dir>/metrics.jsonl`
-(`trainer.tracking`). For a backend that runs the gang beside the task (`local`), the task's own
-process, which pays for MLflow once anyway, opens the DAG run's MLflow run in a thread while
-torchrun starts, tails the file and sends what it finds with `log_batch` (through
-`trainer.tracking.mlflow_items`, the same mapping as the rank's own sink), and after a
-successful gang logs `final/` as the run's artifacts under `final`.
-
-Nothing here may hang or stop the task: the thread is a daemon, joins are bounded, MLflow
-errors while relaying metrics are reported once, and `stop` ends the thread at its next wake.
-While MLflow is unreachable (`InfraError`: `RegistryUnavailable`) the relay keeps trying to
-open the run, with backoff, while the gang trains, and once more after it: an outage that ends
-before the gang does costs nothing. Any other error opening the run (a refused request, a bad
-URI) cannot heal: `on_fatal` is called at once, so the task can stop the gang instead of letting
-it train for a try that must fail. Only two things fail the task: the run could not be opened
-(the error itself; `RegistryUnavailable` is retried) and the final weights could not be logged
-(`FinalUploadFailed`, retried).
-
-Nothing here imports mlflow at import time.
+The task tails `<run_dir>/metrics.jsonl` while the gang trains, logs what it finds to the DAG run's
+MLflow run (`trainer.tracking.mlflow_items`), then logs `final/`. It never hangs or stops the task;
+only a run that cannot be opened or final weights that cannot be logged fail it.
 """
 
 from __future__ import annotations

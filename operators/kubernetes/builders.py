@@ -1,28 +1,9 @@
 """Build the objects the Kubernetes backend submits for one gang, from a `GangSpec` and the
-`RuntimeDefaults`.
+`RuntimeDefaults`: a JobSet or a Kubeflow TrainJob (Kueue), or a Volcano Job.
 
-One gang = one object the cluster's gang machinery admits as a whole:
-
-- `scheduler=kueue, api=jobset`: a JobSet with one replicated job `rank` whose indexed Job runs
-  N pods (completions = parallelism = N); Kueue admits the JobSet's Workload all at once.
-- `scheduler=kueue, api=trainjob`: a Kubeflow Trainer v2 TrainJob (numNodes = N) against a torch
-  ClusterTrainingRuntime; the Trainer controller builds the JobSet, Kueue admits it.
-- `scheduler=volcano`: a Volcano Job (minAvailable = N) whose controller creates the PodGroup;
-  Volcano binds all N pods or none.
-
-Every pod runs the same hardened template (`build_pod_template`), and the container runs
-`torchrun ... -m trainer ...` as an argv list (no shell).
-
-Sizes: `GangSpec.world_size` is the number of training processes (ranks). A pod runs
-`processes_per_pod` of them (one per GPU, or the runtime's `procsPerPod` on CPU), so the gang has
-`pods = world_size / processes_per_pod` pods and torchrun gets `--nnodes=pods
---nproc-per-node=processes_per_pod`; a world size that does not divide is refused.
-
-What reaches a pod is only what a pod can use (contract 6, docs/contracts.md): the run dir is the
-runtime's checkpoint location, the config is the image's, the dataset is named by version and
-fetched by the rank from the runtime's DVC remote, and the spec's env is forwarded by allow-list
-(never the worker's MLflow URI, never GANGFLOW_FAULT). Anything that still names a path on the
-Airflow worker is refused (`WorkerPathError`).
+Every pod runs one hardened template with `torchrun ... -m trainer ...` as argv; pods = world size /
+processes per pod. Only what a pod can use reaches it (contract 6, docs/contracts.md): anything
+that names a path on the Airflow worker is refused (`WorkerPathError`).
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""Offline validation of the objects gangflow submits, against the upstream schemas.
-
-- Core kinds (Pod, Job, PodTemplate, ...): `kubernetes_validate.validate(obj, version, strict=True)`.
-- Custom resources: the `openAPIV3Schema` of the upstream CRD manifests (JobSet, Kueue, Volcano,
-  Kubeflow Trainer). CRD schemas do not forbid unknown fields but the API server's strict field
-  validation does, so the schema is tightened first: `additionalProperties: false` wherever a
-  schema lists `properties` and does not say `x-kubernetes-preserve-unknown-fields`. Null fields
-  are dropped from the object first, as the API server does.
-
-The embedded Job and pod templates of a JobSet / Volcano Job are validated a second time as core
-kinds, so a misspelt pod field fails even where a CRD schema is loose.
+"""Offline validation of the objects gangflow submits, against the upstream schemas: core kinds with
+kubernetes_validate, custom resources with the vendored CRDs' schemas, tightened to refuse unknown
+fields as the API server's strict field validation does.
 
 Command line: `python -m operators.cli.render validate FILE... --crds DIR`.
 """

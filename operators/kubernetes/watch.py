@@ -1,15 +1,9 @@
 """Watch one gang until it ends: admission, startup, run. Used by `GangTrigger` (in the
 triggerer) and, for evidence and teardown, by `KubernetesBackend.collect` (in the worker).
 
-Each `GangWatcher.poll()` reads the gang object, its Kueue Workload (or Volcano PodGroup) and its
-pods, and returns None (keep waiting) or the trigger's final event:
-
-    {"status": "success" | "failed" | "timeout" | "error", "phase": "admission" | "startup" | "running",
-     "name", "namespace", "kind", "message", "waited_seconds", "waiting": [...], "evidence": {...}}
-
-`evidence` (failed only) is the classifier's evidence (contract 4): the root-cause pod's fields
-at top level and every failed pod in `ranks`, snapshotted as soon as the first rank fails,
-because the Job controller removes the remaining pods moments later.
+`GangWatcher.poll()` returns None (keep waiting) or the trigger's final event; a failure's
+evidence (contract 4) is snapshotted as soon as the first rank fails, before the Job controller
+removes the other pods.
 """
 
 from __future__ import annotations

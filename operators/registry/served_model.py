@@ -1,31 +1,9 @@
 """The registered gangflow model, as an MLflow pyfunc logged *from code* (no pickle).
 
-MLflow stores this file next to the model's artifacts (`artifacts/final/model.safetensors` and
-`artifacts/final/model_card.json`) and executes it when the model is loaded, e.g.
-
-    import mlflow, pandas as pd
-    model = mlflow.pyfunc.load_model("models:/gangflow-digits@champion")
-    model.predict(pd.read_parquet("data/digits/test.parquet").head())
-    #    prediction  prob_0 ... prob_9
-
-The input is a DataFrame with the model's feature columns: those of the validated dataset it was
-trained on, recorded as the signature and in the model's `model_config["features"]` (the
-digits' `pixel_00`..`pixel_63`; other columns, such as `label`, are ignored). A classifier
-returns the predicted class in `prediction` and the softmax probabilities in `prob_<k>`; a
-regressor (`train.task: regression` in its card) the predicted value in `prediction`. Any
-preprocessing is part of the model (its factory's kwargs in the card), so serving applies
-exactly what training and evaluation applied.
-
-Loading needs torch and safetensors. Weights are read with safetensors and the module is rebuilt
-by calling the factory the model card names, so nothing is unpickled; that factory must be on
-the allow-list (entry points group `gangflow.models`, e.g. `trainer.models:mlp`, or
-`GANGFLOW_ALLOWED_MODELS=module:function,...`): a card naming anything else is refused before
-any import (`trainer.allowlist.ModelNotAllowed`). Where gangflow is not installed (so no entry
-points), set `GANGFLOW_ALLOWED_MODELS=trainer.models:mlp`.
-
-This module is also importable as `operators.registry.served_model` (for `load_final_model` and
-`FEATURE_COLUMNS`); only when MLflow executes the file as model code does it import mlflow and
-call `mlflow.models.set_model`. It never imports Airflow.
+MLflow stores this file beside the model's weights and card and runs it when the model is loaded
+(`mlflow.pyfunc.load_model("models:/gangflow-digits@champion")`); the factory the card names must
+be allow-listed (trainer.allowlist). Only then does it import mlflow; imported as a module it gives
+`load_final_model` and `FEATURE_COLUMNS`. docs/registry.md, "What is registered".
 """
 
 from pathlib import Path

@@ -1,17 +1,9 @@
 """Model-registry logic: the promotion gate, idempotent registration, the champion alias and the
-audit trail. Small functions over an `MlflowClient`, so each is testable on its own;
-`operators.promotion.PromoteModelOperator` strings them together.
+audit trail, as small functions over an `MlflowClient` that `PromoteModelOperator` strings together.
 
-The gate (see docs/registry.md), for a metric where higher is better (accuracy); where lower
-is better (RMSE) every comparison turns around (the floor is a ceiling):
-
-* the candidate must reach the floor: ``candidate >= floor`` (lower: ``candidate <= floor``);
-* when there is a champion, the candidate must beat it by MORE than the minimum improvement:
-  ``candidate - champion > min_improvement`` (lower: ``champion - candidate > ...``; strict:
-  with ``min_improvement = 0`` a tie is not a win). Re-running identical training therefore
-  promotes nothing, and the alias never moves between two equally good models.
-
-Nothing here imports mlflow at import time.
+The gate (docs/registry.md): the candidate reaches the floor and beats the champion by MORE than
+the minimum improvement (a tie is not a win); for a lower-is-better metric every comparison turns
+around. Nothing here imports mlflow at import time.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """`GangTrigger`: waits, in the triggerer, for a Kubernetes training gang to end.
 
-It polls the gang object (JobSet / Volcano Job / TrainJob), its Kueue Workload or Volcano
-PodGroup and its pods through the provider's `AsyncKubernetesHook`, logs why it waits in the
-cluster's words (Kueue's `QuotaReserved=False` message, `FailedScheduling` events, image pull
-errors) and for how long, and yields ONE event:
-
-    {"status": "success" | "failed" | "timeout" | "error", "phase", "kind", "name", "namespace",
-     "message", "waited_seconds", "waiting": [{phase, reason, after_seconds}], "evidence": {...}}
-
-`evidence` comes with "failed" only (the classifier's keys, one entry per failed pod in `ranks`).
-"timeout" means not admitted within admissionTimeoutSeconds or not all ranks Ready within
-startupTimeoutSeconds; "error" means the API stayed unreachable for `max_api_errors` polls.
+It polls the gang through `GangWatcher`, logs why it waits in the cluster's words (Kueue's
+messages, scheduling events, image pull errors) and yields ONE event whose `status` is success,
+failed (with the classifier's `evidence`), timeout or error (docs/kubernetes.md, "Lifecycle").
 """
 
 from __future__ import annotations

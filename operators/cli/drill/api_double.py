@@ -1,25 +1,9 @@
-"""TEST DOUBLE of the Kubernetes API server: `InMemoryKubernetesApi`.
+"""TEST DOUBLE of the Kubernetes API server: `InMemoryKubernetesApi`, for the Kubernetes backend
+tests and `make cluster-drill`. Never use it as an API server for anything else.
 
-Used by the Kubernetes backend tests (tests/unit/operators/kubernetes) and by `make cluster-drill`,
-which runs the pods it stores as local processes. Never use it as an API server for anything else.
-
-An in-memory object store behind a small HTTP server on 127.0.0.1 that serves the real REST
-paths the gang backend uses, so the real clients (the provider's `AsyncKubernetesHook` ->
-`kubernetes_asyncio`) are exercised end to end:
-
-    GET/POST          /apis/{group}/{version}/namespaces/{ns}/{plural}          (labelSelector)
-    GET/DELETE        /apis/{group}/{version}/namespaces/{ns}/{plural}/{name}
-    GET               /apis/{group}/{version}/{plural}/{name}                    (cluster-scoped)
-    GET               /api/v1/namespaces/{ns}/pods                              (labelSelector)
-    GET               /api/v1/namespaces/{ns}/pods/{name}/log                   (tailLines)
-    GET               /api/v1/namespaces/{ns}/events                            (fieldSelector)
-    GET               /api/v1/namespaces/{ns}/configmaps/{name}
-
-It is NOT a cluster: no controllers run. Tests script what controllers would do (Kueue admits,
-the Job controller creates pods, a rank is OOMKilled) with `steps`, applied one per poll of the
-gang object. Objects created through POST are validated against the upstream CRD schemas when a
-validator is given (strict, like `fieldValidation=Strict`), answering 422 like the API server.
-Deleting a gang object also deletes its pods and Kueue Workload (what garbage collection does).
+An in-memory object store behind an HTTP server on 127.0.0.1 that serves the REST paths the gang
+backend uses, so the real async clients run end to end. No controllers run: tests script what
+they would do with `steps`, applied one per poll of the gang object.
 """
 
 from __future__ import annotations

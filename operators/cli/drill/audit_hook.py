@@ -1,13 +1,8 @@
 """Path audit for the drill's emulated pods, installed as `sitecustomize` (stdlib only).
 
-`make cluster-drill` copies this file to `<drill>/audit/sitecustomize.py` and puts that folder on
-the pods' PYTHONPATH, so every Python process of a pod (torchrun's agent and each rank it starts)
-runs it at start-up: it appends every path the process opens, lists, creates, renames, removes or
-executes (PEP 578 audit events) to `$GANGFLOW_DRILL_AUDIT`, one absolute path a line, each once.
-The drill then proves that no pod touched the Airflow worker's state dir.
-
-What it cannot see: paths opened by the interpreter before `sitecustomize` runs (the standard
-library's own start-up) and I/O done in C without an audit event (e.g. a C library's fopen).
+Every Python process of a pod appends each path it opens, lists, creates, renames, removes or
+executes (PEP 578 audit events) to `$GANGFLOW_DRILL_AUDIT`, so the drill proves that no pod touched
+the Airflow worker's state dir. Blind to the interpreter's own start-up and to I/O done in C.
 """
 
 from __future__ import annotations

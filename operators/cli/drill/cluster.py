@@ -1,26 +1,9 @@
 """The controllers and the kubelet of the drill: what a cluster would do with a submitted JobSet,
 played against the API test double, with each pod's container run as a local process.
 
-- **Kueue** (scripted): a suspended JobSet with a queue label gets a Workload with `QuotaReserved`
-  and `Admitted`, and is unsuspended (no quota is modelled: admission is immediate).
-- **Job controller**: one pod per completion index from the JobSet's pod template, with the
-  index annotation/label and the `JOB_COMPLETION_INDEX` env (a `fieldRef`, as the Job controller
-  adds it), hostname `<jobset>-rank-0-<i>` and subdomain `<jobset>` (JobSet's DNS hostnames).
-  A failed pod fails the Job (backoffLimit 0): the JobSet gets `Failed`, the other pods are
-  deleted (terminated). All pods succeeded: `Completed`.
-- **kubelet**: resolves the container's env (Secrets, ConfigMaps, downward API), expands `$(VAR)`
-  in command and args, maps the container paths (`Rewrites`), starts the process in its own
-  session with its own empty `/tmp` as cwd, HOME and TMPDIR, CPU-pinned to as many CPUs as the
-  container's integer `cpu` limit (the static CPU manager's exclusive CPUs for Guaranteed pods),
-  reports Running/Ready, streams the log to `pods/log`, and on exit writes the terminated state:
-  exit code (128 + signal when killed), reason, the termination message from the file mapped at
-  `/dev/termination-log` (FallbackToLogsOnError: the log's last 80 lines / 2048 bytes when the file
-  is empty and the container failed). A deleted pod gets SIGTERM on its first process, then
-  SIGKILL on every process of the pod after `terminationGracePeriodSeconds`.
-
-Every process of a pod carries `GANGFLOW_DRILL_POD=<drill id>/<pod>` in its environment: that is
-how the drill finds (and the tests check) every process it started, including torchrun's workers,
-which run in sessions of their own.
+Scripted Kueue admission, the Job controller (one pod per completion index, backoffLimit 0) and a
+kubelet (env, `$(VAR)` expansion, path rewrites, CPU pinning, the terminated state). Every process
+of a pod carries `GANGFLOW_DRILL_POD=<drill id>/<pod>`: how the drill finds what it started.
 """
 
 from __future__ import annotations

@@ -2,23 +2,11 @@
 
     python -m operators.cli.drill [--pipeline NAME] [--conf JSON] [--keep DIR]
     GANGFLOW_FAULT="kill@step=30,rank=1" python -m operators.cli.drill
-    make cluster-drill PIPELINE=diabetes    # another pipeline's training DAG (pipelines/<name>.yaml)
 
-What runs (all on 127.0.0.1, all started and stopped here):
-
-- `moto_server`: the S3 API. Bucket `gangflow-drill` holds the DVC remote (`dvc push` of the
-  pinned dataset, for real, through dvc-s3) and the checkpoints (`checkpoint.uri`).
-- `mlflow server --serve-artifacts` on SQLite: runs, metrics and weights; pods log artifacts
-  through its proxy; the Airflow side (evaluate, promote) talks to the same server.
-- `InMemoryKubernetesApi`, the API server's TEST DOUBLE, holding the runtime ConfigMap, the
-  Secrets of the S3 and MLflow credentials, the Kueue queues, and what the backend submits.
-- `EmulatedCluster`: scripted Kueue admission, the Job controller, and a kubelet that runs every
-  pod's container as a local process (see cluster.py for exactly what it does).
-- Airflow: `dag.test()` of the pipeline's training DAG (`train_pipeline` for digits) in this
-  process (as `make demo`), on the state dir.
-
-The last line is `make demo`'s JSON plus `backend`, `checkpoint_uri` and `resumed_from_step`.
-Exit code 0 only when the DAG run succeeded and no pod touched the worker's state dir.
+Starts an S3 API (moto), an MLflow server, the Kubernetes API test double and the emulated cluster
+on 127.0.0.1, and runs the DAG with dag.test(). The last line is `make demo`'s JSON plus `backend`,
+`checkpoint_uri` and `resumed_from_step`; exit 0 only when the run succeeded and no pod touched
+the worker's state dir (docs/kubernetes.md, "The cluster drill").
 """
 
 from __future__ import annotations
