@@ -2,7 +2,7 @@
 
 TF-IDF cosine similarity over the corpus's train and dev cases (never test); the `K` nearest at or
 above `THRESHOLD` vote. The constants are calibrated by `benchmarks/classifier.py --calibrate`
-(docs/failures.md has the figures). scikit-learn is imported only on the first lookup.
+(figures: docs/design/classifier-evaluation.md). scikit-learn is imported only on the first lookup.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from operators.failures.verdict import Verdict, clip
 
 __all__ = ["INFRA_MARGIN", "K", "THRESHOLD", "PrecedentBase", "default_base", "lookup"]
 
-THRESHOLD = 0.10  # chosen with K and INFRA_MARGIN by leave-project-out cross-validation: see docs/failures.md
+THRESHOLD = 0.10  # chosen with K and INFRA_MARGIN by leave-project-out CV (docs/design/classifier-evaluation.md)
 K = 5
 # An infra verdict by precedent needs this many times the similarity weight of the user votes
 # among the K nearest; a closer contest stays `unknown` (retried once). 1 is a plain majority:
