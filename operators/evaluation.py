@@ -1,13 +1,9 @@
 """Evaluation of a trained model on the held-out test split, and the Airflow task that does it.
 
-The pure part (`evaluate`, `evaluate_final_dir`, `confusion_matrix_png`) knows nothing about
-Airflow or MLflow and is what the promotion task reuses to score the current champion on the
-same test split. `EvaluateModelOperator` wraps it: load the final weights of a run dir,
-evaluate them, log the metrics, a per-class JSON report and a confusion-matrix PNG to the DAG
-run's MLflow run, and return the metrics dict (XCom).
-
-Nothing heavy is imported at module import time (torch, mlflow and matplotlib load inside the
-functions that use them): Airflow parses the DAG files that import this module.
+The pure part (`evaluate`, `evaluate_final_dir`, `confusion_matrix_png`) knows nothing of Airflow or
+MLflow (promote reuses it to score the champion); `EvaluateModelOperator` logs the metrics, a
+per-class report and a confusion matrix to the DAG run's MLflow run. torch, mlflow and matplotlib
+are imported inside functions: Airflow parses the DAG files that import this module.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Dataset validation: the first task of every gangflow DAG run.
 
-`DatasetValidationOperator` resolves a DVC-pinned dataset version to its read-only files,
-re-checks their hashes, runs a Great Expectations suite on every split, writes GX Data Docs under
-`<state>/reports/<version>/`, and returns the validated-dataset manifest (see
-`operators.hooks.dvc.manifest`) as its XCom. `run_expectations()` is the same GX run without
-Airflow, for notebooks and tests.
-
-Import cost: great_expectations, dvc, pandas and pyarrow are imported inside the methods that
-use them, never when a DAG file imports this module.
+`DatasetValidationOperator` resolves a DVC-pinned dataset version to its read-only files, re-checks
+their hashes, runs a Great Expectations suite on every split, writes GX Data Docs and returns the
+validated-dataset manifest (XCom). `run_expectations()` is the same run without Airflow. Heavy
+libraries are imported inside the methods, never when a DAG file imports this module.
 """
 
 from __future__ import annotations

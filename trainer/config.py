@@ -1,11 +1,8 @@
 """Configuration: one small dataclass per params.yaml section, validated on construction.
 
-`load_config(path, overrides)` reads the YAML params file (only the trainer's sections: data,
-model, train, checkpoint, tracking; other sections such as `prepare` belong to other stages and
-are ignored), applies `--set section.key=value` overrides (string fields keep the text as given; others
-are parsed as YAML scalars), and builds a `Config`. Every unknown key and every bad value raises `ConfigError`
-naming the field, the value and what is accepted. Nothing here imports torch; the factories
-named in the config are imported by `Config.check_factories()`.
+`load_config(path, overrides)` reads the trainer's sections of a params file, applies
+`--set section.key=value` overrides and builds a `Config`; an unknown key or a bad value raises
+`ConfigError` naming the field, the value and what is accepted. Nothing here imports torch.
 """
 
 from __future__ import annotations

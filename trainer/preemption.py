@@ -1,11 +1,8 @@
 """SIGTERM = preemption: finish the step, agree on the boundary, commit a checkpoint, exit 75.
 
-The handler only sets a flag; the loop all-reduces it every step (see
-`trainer.distributed.StopAgreement`) so all ranks stop at the same step boundary. If the final
-checkpoint is not committed within `checkpoint.grace_period_s` (a rank stuck in a collective,
-slow storage), a watchdog exits with EXIT_PREEMPTED anyway: the previous committed checkpoint
-stands. Under torchrun, SIGTERM to the agent is forwarded to every worker (torchrun's
-`--signals-to-handle` default includes SIGTERM), which takes this same path.
+The handler only sets a flag; the loop all-reduces it every step so all ranks stop at the same
+step boundary. A watchdog exits with EXIT_PREEMPTED anyway when the final checkpoint is not
+committed within `checkpoint.grace_period_s`: the previous committed checkpoint stands.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The embedded-default backend: one `torchrun --standalone` gang on this machine.
 
-Admission is Airflow's: the training task takes `pool_slots = world size` in the
-`gangflow_training` pool, so a gang starts only when all its ranks fit. Here we add what a pool
-cannot say: a gang larger than the pool (or than this machine's cores) can never start, and is
-refused at once instead of waiting forever.
-
-torchrun runs with `--max-restarts 0`: Airflow's `retries` is the one retry budget.
+Admission is Airflow's pool (`pool_slots = world size`); this backend refuses at once a gang larger
+than the pool or this machine's cores, which could never start. torchrun runs with
+`--max-restarts 0`: Airflow's `retries` is the one retry budget.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """`make demo [PIPELINE=name]`: run one pipeline's DAG once on the embedded defaults and print a
-JSON summary.
-
-The last line of output is one JSON object (contract 5, docs/contracts.md):
-`state`, `pipeline`, `dataset_version`, `metric` {name, value, direction}, `accuracy`
-(classification pipelines), `tracking_uri`, `model_name`, `model_version`, `promoted`,
-`promotion_reason`, `train_attempts`, and on failure `failure: {kind, reason}`; the exit code
-is then non-zero. Honours GANGFLOW_HOME and GANGFLOW_FAULT.
+JSON summary as the last line (contract 5, docs/contracts.md); on failure `state` is "failed" and
+the exit code non-zero. Honours GANGFLOW_HOME and GANGFLOW_FAULT.
 
     python -m operators.cli.demo [--pipeline diabetes] [--conf '{"world_size": 1, "max_steps": 300}']
 """

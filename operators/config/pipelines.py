@@ -1,12 +1,8 @@
 """Pipelines as configuration: one YAML file per pipeline under `pipelines/` (or the folder
-`GANGFLOW_PIPELINES` names), read at DAG parse time by the one DAG factory in
-dags/train_pipeline.py. Cheap (small YAML files, no heavy imports), so Airflow can parse often.
+`GANGFLOW_PIPELINES` names), read at DAG parse time by the DAG factory (dags/train_pipeline.py).
 
-A pipeline file declares the dataset (DVC stage and output, Asset, expectation suite), the
-trainer config (model and data factories), the task, the metric and its direction, the
-promotion gate, the registered model name and the backends; docs/extending.md documents every
-key. Every unknown key and bad value raises `PipelineConfigError` naming the file, the key and
-what is accepted.
+docs/extending.md documents every key; an unknown key or a bad value raises `PipelineConfigError`
+naming the file, the key and what is accepted. Cheap: no heavy imports.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """`classify`: judge each rank alone with the rule table, then choose the root cause.
 
-A rank whose verdict is primary (any rule but the "secondary" ones) beats all others, in table
-order. Secondary rules (collective timeout, peer connection lost, rendezvous failure, SIGTERM)
-describe how a rank dies because another one did; they decide only when no rank has a primary
-cause, and a rank that failed for an unknown reason outranks them (it is the likelier first
-failure). Among secondary verdicts a SIGTERMed rank (a preempted pod) is preferred. When no rule
-speaks at all, the nearest precedents of the corpus may (`operators.failures.precedent`).
+A primary verdict wins, in table order; secondary rules (collective timeout, lost peer, rendezvous
+failure, SIGTERM) decide only when no rank has a primary cause or an unknown one. When no rule
+speaks at all, the corpus's nearest precedents may (`operators.failures.precedent`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""MLflow plumbing shared by the training, evaluation and promotion tasks.
+"""MLflow plumbing shared by the training, evaluation and promotion tasks: one MLflow run per DAG
+run (`ensure_run` reuses it on a retried task).
 
-One MLflow run per DAG run: the training operator calls `ensure_run` (which reuses the run on a
-retried task) and relays the ranks' metrics into it (`operators.hooks.mlflow_relay`, local gangs) or hands
-the run id to the trainer (Kubernetes), and the evaluate/promote tasks log into the same run. Every call that talks to MLflow goes through `mlflow_errors`, which turns connection
-and server-side failures into `RegistryUnavailable` (an InfraError: the task is retried) with
-the tracking URI in the message.
-
-Nothing here imports mlflow at import time: Airflow parses the DAG files that import this.
+Every call that talks to MLflow goes through `mlflow_errors`, which turns connection and server
+failures into `RegistryUnavailable` (infra: retried). mlflow is imported only when used.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """What a kubelet does with a pod's container spec before it starts the process, as pure functions:
-`$(VAR)` expansion, env resolution (`value`, `valueFrom.secretKeyRef` / `configMapKeyRef` /
-`fieldRef`), and the drill's one documented rewrite plus its filesystem mapping.
-
-Expansion follows Kubernetes' `third_party/forked/golang/expansion`: `$(NAME)` becomes the
-variable's value when NAME is defined and stays as written when it is not; `$$` is an escaped
-`$` (`$$(NAME)` gives the literal `$(NAME)`); any other `$` is kept. Env `value`s expand against
-the variables defined before them in the list; `command` and `args` against the whole resolved
-environment (the kubelet's `makeEnvironmentVariables` and `ExpandContainerCommandAndArgs`).
+`$(VAR)` expansion (Kubernetes' rules: `$$` escapes, undefined names kept), env resolution
+(`value`, `valueFrom` Secret / ConfigMap / field refs), and the drill's one documented rewrite
+plus its filesystem mapping.
 """
 
 from __future__ import annotations
