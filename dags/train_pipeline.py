@@ -1,10 +1,8 @@
 """The DAG factory: one training DAG per pipeline file (pipelines/*.yaml, docs/extending.md),
-validate -> gang train -> evaluate -> promote. The digits pipeline's DAG keeps the id
-`train_pipeline`; any other pipeline's is `train_<name>` unless its file says otherwise.
+validate -> gang train -> evaluate -> promote; `train_pipeline` for digits, else `train_<name>` (or its `dag_id`).
 
-Parsed often by Airflow: imports only airflow.sdk and gangflow's light operator modules (no
-torch, mlflow, great_expectations, dvc or pandas at module level). Adding a pipeline is adding
-a file under pipelines/: nothing here changes.
+Parsed often by Airflow: imports only airflow.sdk and gangflow's light operator modules (no torch,
+mlflow, great_expectations, dvc or pandas at module level). A pipeline is a file, not an edit here.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Lines for the task log, each written whole.
 
-A rank's output reaches the Airflow task log through torchrun's `--tee`: its agent tails the
-rank's log file a line at a time and forwards what it finds, a partial line included, with a
-`[defaultN]:` prefix. `print()` writes the text and the newline in two writes when output is
-unbuffered (PYTHONUNBUFFERED, as the backends run ranks), so a tail reading between them splits
-the line, and the next prefix lands on its end. `say` writes the line and its newline at once.
+torchrun's `--tee` forwards a rank's output as it finds it, partial lines included, and `print()`
+writes the text and the newline in two writes when output is unbuffered, so a read between them
+splits the line: `say` writes the line and its newline at once.
 """
 
 from __future__ import annotations

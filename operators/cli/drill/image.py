@@ -1,10 +1,8 @@
 """The training image as the drill provides it on this machine, read from docker/training.Dockerfile.
 
-The runtime stage's `ENV` lines become the base environment of every emulated container, its
-`COPY <file> /app/...` lines become read-only copies under `<drill>/image/app/` (the image's
-`/app`), and `/opt/venv` (where the image installs the packages pinned by constraints.txt) is this
-environment's `sys.prefix`, which has the same pins. Reading the Dockerfile keeps the drill from
-drifting from the image: a new ENV or copied file there is a new one here.
+The runtime stage's `ENV` lines become every emulated container's base environment, its
+`COPY <file> /app/...` lines read-only copies under `<drill>/image/app/`, and `/opt/venv` is this
+environment's `sys.prefix` (the same pins). Reading the Dockerfile keeps the drill from drifting.
 """
 
 from __future__ import annotations
