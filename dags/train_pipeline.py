@@ -1,5 +1,5 @@
 """The DAG factory: one training DAG per pipeline file (pipelines/*.yaml, docs/extending.md),
-validate -> gang train -> evaluate -> promote; `train_pipeline` for digits, else `train_<name>` (or its `dag_id`).
+validate -> gang train -> evaluate -> promote, with the file's `dag_id` (default `train_<name>`).
 
 Parsed often by Airflow: imports only airflow.sdk and gangflow's light operator modules (no torch,
 mlflow, great_expectations, dvc or pandas at module level). A pipeline is a file, not an edit here.
