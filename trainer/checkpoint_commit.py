@@ -327,6 +327,9 @@ class _Input:
         return out
 
 
+# One job at a time: its header (length first) and every file's bytes, then "committed <JSON>" or
+# "error <message>". "written" / "commit" come between only with the handshake, which only an armed
+# kill@save fault asks for: each wait on the pipe costs the rank a GIL switch (docs/design/checkpoints.md).
 def serve(inp: _Input, out: Any) -> None:
     def reply(text: bytes) -> None:
         out.write(text + b"\n")
