@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from operators.config import settings
 
 
@@ -22,6 +20,6 @@ def record_failure(context) -> None:
         "kind": verdict.kind if verdict else getattr(exc, "kind", "unknown"),
         "reason": verdict.reason if verdict else (str(exc) or type(exc).__name__),
     }
-    path = failure_record_path(ti.dag_id, context["run_id"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record))
+    from trainer.storage import write_json  # not at DAG parse time
+
+    write_json(failure_record_path(ti.dag_id, context["run_id"]), record)

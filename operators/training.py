@@ -234,12 +234,11 @@ class GangTrainingOperator(BaseOperator):
 
     def _failure(self, spec: GangSpec, result: GangResult) -> GangFailure:
         from operators.failures import classify
+        from trainer.storage import write_json
 
         verdict = classify(result.evidence)
         record = {"attempt": spec.attempt, "exit_code": result.exit_code, "verdict": verdict.to_dict(), "evidence": result.evidence}
-        failures = Path(spec.run_dir) / "failures"
-        failures.mkdir(parents=True, exist_ok=True)
-        (failures / f"try-{spec.attempt}.json").write_text(json.dumps(record, indent=2, default=str))
+        write_json(Path(spec.run_dir) / "failures" / f"try-{spec.attempt}.json", record, indent=2, default=str)
         self.log.error("gangflow: %s failure (%s): %s", verdict.kind, "retryable" if verdict.retryable else "not retryable", verdict.reason)
         return _FAILURES[verdict.kind](verdict, evidence=result.evidence, attempt=spec.attempt)
 

@@ -181,6 +181,7 @@ def _elastic_handler_base():
 def make_error_handler():
     """TorchElastic's ErrorHandler, adding gangflow's fields to `message.extraInfo`."""
     base = _elastic_handler_base()
+    from trainer.storage import write_json
 
     class ErrorHandler(base):  # type: ignore[misc, valid-type]
         def record_exception(self, e: BaseException) -> None:
@@ -191,7 +192,6 @@ def make_error_handler():
             extra = {"py_callstack": record["traceback"], "timestamp": str(int(time.time()))}
             extra.update({k: record[k] for k in ("exc_type", "source", "rank", "step")})
             data = {"message": {"message": f"{type(e).__name__}: {e}", "extraInfo": extra}}
-            with open(file, "w") as fp:
-                json.dump(data, fp)
+            write_json(file, data)
 
     return ErrorHandler()
