@@ -106,6 +106,7 @@ def dir_listing(remote: str, version: str) -> list[dict[str, str]]:
 
 
 def file_md5(path: str | os.PathLike) -> str:
+    """The md5 of a local file's bytes, as DVC 3 computes it (`hash: md5`): the one md5 helper."""
     digest = hashlib.md5()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(_CHUNK), b""):

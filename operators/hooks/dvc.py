@@ -318,20 +318,15 @@ def resolve(
     return ResolvedDataset(version=version, files=files, md5s=md5s, manifest_path=manifest_path, uri=uri)
 
 
-def md5_file(path: str | os.PathLike) -> str:
-    """The md5 of a file's bytes, as DVC 3 computes it (`hash: md5`): the trainer's one helper."""
-    from trainer.datastore import file_md5
-
-    return file_md5(path)
-
-
 def verify(resolved: ResolvedDataset) -> ResolvedDataset:
     """Recompute the md5 of the manifest and of every file; raise DatasetHashMismatch on any change."""
+    from trainer.datastore import file_md5  # a file's md5 as DVC 3 computes it (`hash: md5`)
+
     checks = [(f"{resolved.version}.dir (the manifest)", resolved.manifest_path, resolved.version)]
     checks += [(name, resolved.files[name], md5) for name, md5 in sorted(resolved.md5s.items())]
     for name, path, expected in checks:
         try:
-            actual = md5_file(path)
+            actual = file_md5(path)
         except FileNotFoundError as exc:
             raise DatasetVersionNotFound(
                 f"dataset version {resolved.version}: {name} vanished from the DVC cache ({path})"
