@@ -17,11 +17,11 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 from operators.backends.base import GangBackend, GangResult, GangSpec, LogFn
 from operators.exceptions import GangCapacityError
+from operators.utils.processes import stop_group_nowait
 
 POOL_NAME = "gangflow_training"
 LOG_TAIL_LINES = 60
@@ -144,8 +144,8 @@ class LocalBackend(GangBackend):
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1,
             start_new_session=True, cwd=os.environ.get("GANGFLOW_PROJECT") or None,
         )
-        if self._kill_requested:  # kill() came before the gang existed
-            self._terminate(self._proc)
+        if self._kill_requested:  # kill() came before the gang existed; `run` reaps it below
+            stop_group_nowait(self._proc, self.grace_period_s)
         rank_tails: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=LOG_TAIL_LINES))
         agent_lines: collections.deque = collections.deque(maxlen=400)
         resumed_from = None
@@ -198,16 +198,9 @@ class LocalBackend(GangBackend):
             return
         if proc.poll() is not None:
             return
-        timer = self._terminate(proc)
+        # SIGTERM first: the ranks commit a final checkpoint (the preemption path); SIGKILL after the grace period.
+        timer = stop_group_nowait(proc, self.grace_period_s)
         try:
             proc.wait(self.grace_period_s + 5)
         finally:
             timer.cancel()
-
-    def _terminate(self, proc: subprocess.Popen) -> threading.Timer:
-        """SIGTERM first: ranks commit a final checkpoint (the preemption path); SIGKILL after the grace period."""
-        os.killpg(proc.pid, signal.SIGTERM)
-        timer = threading.Timer(self.grace_period_s, lambda: proc.poll() is None and os.killpg(proc.pid, signal.SIGKILL))
-        timer.daemon = True
-        timer.start()
-        return timer
