@@ -418,15 +418,6 @@ def _remote_url(repo: Repo, oid: str | None = None) -> str:
     return url if "://" in url else Path(url).as_uri()
 
 
-def _causes(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
 def _unreachable(exc: BaseException) -> bool:
     """Whether an error (or its cause) means the storage could not be reached, not "absent".
 
@@ -476,7 +467,9 @@ def _fetch(repo: Repo, oids: Iterable[str]) -> None:
 
 
 def _root_cause(exc: BaseException) -> str:
-    last = list(_causes(exc))[-1]
+    from trainer.failure_catalogue import causes
+
+    last = list(causes(exc, depth=None))[-1]
     return f"{type(last).__name__}: {last}"
 
 
