@@ -33,6 +33,7 @@ __all__ = [
     "TRANSIENT_CLOUD_CODES",
     "TRANSIENT_ERRNOS",
     "USER_EXCEPTION_NAMES",
+    "causes",
     "http_status_kind",
     "judge_exception_text",
     "transient_errno",
