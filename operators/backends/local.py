@@ -19,20 +19,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from operators.config import settings
 from operators.backends.base import GangBackend, GangResult, GangSpec, LogFn
 from operators.exceptions import GangCapacityError
 from operators.utils.processes import stop_group_nowait
 
-POOL_NAME = "gangflow_training"
 LOG_TAIL_LINES = 60
 _RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$")
 _RESUMED = re.compile(r"gangflow: resuming from checkpoint step-(\d+)")
 _FAILURE_FIELD = re.compile(r"^\s+(rank|exitcode|error_file)\s*:\s*(.*)$")
-
-
-def pool_slots() -> int:
-    """Slots of the training pool: `GANGFLOW_POOL_SLOTS`, else this machine's cores."""
-    return int(os.environ.get("GANGFLOW_POOL_SLOTS") or os.cpu_count() or 1)
 
 
 def parse_torchrun_failures(text: str) -> list[dict]:
@@ -94,11 +89,11 @@ class LocalBackend(GangBackend):
         self._kill_requested = False
 
     def check_capacity(self, spec: GangSpec) -> None:
-        slots = pool_slots()
+        slots = settings.pool_slots()
         if spec.world_size > slots:
             raise GangCapacityError(
                 f"world_size={spec.world_size}: a gang of {spec.world_size} ranks can never be admitted, "
-                f"pool {POOL_NAME!r} has {slots} slots (accepted: 1..{slots}; set GANGFLOW_POOL_SLOTS "
+                f"pool {settings.TRAINING_POOL!r} has {slots} slots (accepted: 1..{slots}; set GANGFLOW_POOL_SLOTS "
                 "and rerun `make setup` to change it, or use backend 'kubernetes')"
             )
         limit = self.nproc_limit or os.cpu_count() or 1

@@ -31,7 +31,6 @@ DATASET_ASSET_URI = "dvc://gangflow/data/digits"
 # The key of the dataset Asset event's `extra` that names the published version
 # (dags/publish_dataset.py writes it, `dataset_version_of_run` reads it).
 ASSET_VERSION_KEY = "version"
-POOL = "gangflow_training"
 #: Backends every DAG offers; a pipeline file's `backends` adds its own (name: module:Class).
 BUILTIN_BACKENDS = ("local", "kubernetes")
 TASKS = ("classification", "regression")
