@@ -15,7 +15,7 @@ before the gang does costs nothing. Any other error opening the run (a refused r
 URI) cannot heal: `on_fatal` is called at once, so the task can stop the gang instead of letting
 it train for a try that must fail. Only two things fail the task: the run could not be opened
 (the error itself; `RegistryUnavailable` is retried) and the final weights could not be logged
-(`FinalUploadFailed`, retried).
+(`RelayFinalUploadError`, retried).
 
 Nothing here imports mlflow at import time.
 """
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from operators.exceptions import InfraError, RegistryUnavailable
+from trainer.tracking import FINAL_ARTIFACT_PATH, METRICS, FinalUploadError, log_records, redact  # light: no torch
 
 OpenRun = Callable[[], tuple[Any, str]]  # -> (MlflowClient, run id)
 # The relay's thread runs this much nicer than the task (Linux: per thread): opening the run (mlflow import,
@@ -40,9 +41,9 @@ OpenRun = Callable[[], tuple[Any, str]]  # -> (MlflowClient, run id)
 RELAY_NICE = 10
 
 
-class FinalUploadFailed(InfraError):
-    """The gang finished but its final weights could not be logged to the MLflow run (retried:
-    the retry resumes from the last checkpoint and logs them again)."""
+class RelayFinalUploadError(InfraError, FinalUploadError):
+    """The trainer's `FinalUploadError` when the task logs `final/`: an `InfraError`, so the retry
+    policy retries it (the retry resumes from the last checkpoint and logs the weights again)."""
 
 
 class TrackingRelay:
@@ -56,8 +57,6 @@ class TrackingRelay:
     def __init__(self, run_dir: str | Path, *, open_run: OpenRun, flush_every_s: float = 2.0,
                  log: Callable[[str], None] = print, join_timeout_s: float = 120.0,
                  on_fatal: Callable[[BaseException], None] | None = None, max_backoff_s: float = 30.0):
-        from trainer.tracking import METRICS  # light: the trainer package does not import torch
-
         self.path = Path(run_dir) / METRICS
         self.open_run = open_run
         self.flush_every_s = flush_every_s
@@ -141,8 +140,6 @@ class TrackingRelay:
             return len(lines)
 
     def _send(self, lines: list[str]) -> None:
-        from trainer.tracking import log_records
-
         records = []
         for line in lines:
             try:
@@ -191,14 +188,13 @@ class TrackingRelay:
         self.pump()
         if succeeded and final_dir is not None:
             from operators.hooks.mlflow import client_uri
-            from trainer.tracking import FINAL_ARTIFACT_PATH, redact
 
             try:
                 if not any(Path(final_dir).glob("*")):
                     raise FileNotFoundError(f"{final_dir} is missing or empty")
                 self.client.log_artifacts(self.run_id, str(final_dir), artifact_path=FINAL_ARTIFACT_PATH)
             except Exception as exc:  # noqa: BLE001 - reported with what failed
-                raise FinalUploadFailed(f"logging the final weights ({final_dir}) to MLflow run {self.run_id} at "
-                                        f"{redact(client_uri(self.client))} failed ({type(exc).__name__}: {exc})") from exc
+                raise RelayFinalUploadError(f"logging the final weights ({final_dir}) to MLflow run {self.run_id} at "
+                                            f"{redact(client_uri(self.client))} failed ({type(exc).__name__}: {exc})") from exc
             self.log(f"gangflow: final weights logged to MLflow as runs:/{self.run_id}/{FINAL_ARTIFACT_PATH}")
         return self.run_id
