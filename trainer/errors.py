@@ -48,7 +48,10 @@ class ConfigError(TrainerError, ValueError):
 
 
 class UserError(TrainerError):
-    """The user's data or code is wrong; retrying will not help (exit code 1)."""
+    """The user's data or code is wrong; retrying will not help. The rank side's: the rank exits 1
+    (`EXIT_USER_ERROR`) with `source: "user"` in its error record, the classifier reads a `user`
+    verdict from that, and the training task fails with `operators.exceptions.UserFailure`
+    (`operators.exceptions.UserError` is the Airflow side's, raised in a task itself)."""
 
     source = "user"
 
