@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from operators.config import settings
 
 
 def failure_record_path(dag_id: str, run_id: str):
     return settings.state_dir() / "failures" / dag_id / f"{settings.run_key(dag_id, run_id)}.json"
+
+
+def read_failure(dag_id: str, run_id: str) -> dict[str, Any]:
+    """What `record_failure` kept for a DAG run's last failed task; {} when none."""
+    path = failure_record_path(dag_id, run_id)
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def record_failure(context) -> None:
