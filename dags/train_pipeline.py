@@ -13,9 +13,10 @@ from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param,
 
 from operators.backends import register_backend
 from operators.callbacks import record_failure
+from operators.config import settings
 from operators.evaluation import EvaluateModelOperator
 from operators.config.pipelines import (
-    DEFAULT_PIPELINE, NOT_NAN, POOL, PipelineConfig, check_params, dataset_version_of_run, load_pipelines,
+    DEFAULT_PIPELINE, NOT_NAN, PipelineConfig, check_params, dataset_version_of_run, load_pipelines,
 )  # fmt: skip
 from operators.promotion import PromoteModelOperator
 from operators.retry import ClassifiedRetryPolicy
@@ -160,7 +161,7 @@ def build_pipeline_dag(p: PipelineConfig):
         }
         gangs = [
             GangTrainingOperator(
-                task_id=f"train_local_{n}", world_size=n, backend="local", pool=POOL, pool_slots=n,
+                task_id=f"train_local_{n}", world_size=n, backend="local", pool=settings.TRAINING_POOL, pool_slots=n,
                 dataset=validate.output, overrides=overrides, config_path=p.trainer_config,
             )
             for n in p.local_world_sizes

@@ -203,13 +203,6 @@ def load_final_model(final_dir: str | Path, *, allowed_models: Sequence[str] | s
     return _load(final_dir, allowed_models=allowed_models)
 
 
-def file_md5(path: str | Path) -> str:
-    """md5 of the file's bytes, as DVC computes it (the test split's identity in tags)."""
-    from operators.hooks.dvc import md5_file
-
-    return md5_file(path)
-
-
 def evaluate_final_dir(
     final_dir: str | Path,
     test_path: str | Path,
@@ -225,6 +218,7 @@ def evaluate_final_dir(
     scores come from the same split.
     """
     from operators.registry.served_model import card_task
+    from trainer.datastore import file_md5  # as DVC computes it: the test split's identity in tags
 
     model = load_final_model(final_dir, allowed_models=allowed_models)
     x, y = load_test_arrays(test_path, data_factory)
@@ -257,8 +251,8 @@ def fetch_test_split(dataset: Mapping[str, Any] | str, scratch: str | Path, *, r
     `scratch`. Either way its md5 must equal the manifest's `test_md5` (`DatasetHashMismatch`
     otherwise): a score is only comparable on the very bytes that were validated.
     """
-    from operators.hooks.dvc import md5_file
     from operators.exceptions import DatasetHashMismatch, StorageUnavailable
+    from trainer.datastore import file_md5
 
     manifest = manifest_of(dataset)
     version, expected = str(manifest["version"]), str(manifest["test_md5"])
@@ -282,7 +276,7 @@ def fetch_test_split(dataset: Mapping[str, Any] | str, scratch: str | Path, *, r
                                          f"failed: {type(exc).__name__}: {exc}") from exc
             raise UserError(f"cannot fetch test.parquet of dataset version {version} from {remote}: "
                             f"{type(exc).__name__}: {exc}") from exc
-    actual = md5_file(path)
+    actual = file_md5(path)
     if actual != expected:
         raise DatasetHashMismatch(
             f"test split of dataset version {version}: md5 {actual}, but the validated manifest says "

@@ -29,7 +29,9 @@ class InfraError(GangflowError):
 
 
 class UserError(GangflowError):
-    """The user's code, config or data is wrong; retrying would repeat it."""
+    """The user's code, config or data is wrong; retrying would repeat it. The Airflow side's,
+    raised in a task itself; a rank's `trainer.errors.UserError` reaches the task as exit code 1
+    and its error record, which the classifier turns into a `UserFailure`."""
 
     retryable = False
     kind = "user"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -66,11 +65,10 @@ def _record_try(context: Any, try_number: int, kind: str, signature: str | None)
     unknowns = sum(1 for v in earlier.values() if v.get("kind") == "unknown")
     same = min((t for t, v in earlier.items() if signature and v.get("signature") == signature), default=None)
     tries[str(try_number)] = {"kind": kind, "signature": signature} if signature else kind
+    from trainer.storage import write_json  # not at DAG parse time
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(tries, sort_keys=True))
-        os.replace(tmp, path)  # atomic: a reader never sees half a ledger
+        write_json(path, tries, sort_keys=True)  # atomic: a reader never sees half a ledger
     except OSError as exc:
         log.warning("gangflow: cannot record try %d's failure kind in %s: %s", try_number, path, exc)
     return unknowns, same

@@ -17,7 +17,6 @@ from airflow.sdk import BaseOperator
 
 from operators.config import settings
 from operators.backends import GangResult, GangSpec, get_backend
-from operators.backends.local import pool_slots
 from operators.exceptions import GangCapacityError, GangFailure, InfraFailure, UnknownFailure, UserError, UserFailure
 
 _FAILURES: dict[str, type[GangFailure]] = {"infra": InfraFailure, "user": UserFailure, "unknown": UnknownFailure}
@@ -234,12 +233,11 @@ class GangTrainingOperator(BaseOperator):
 
     def _failure(self, spec: GangSpec, result: GangResult) -> GangFailure:
         from operators.failures import classify
+        from trainer.storage import write_json
 
         verdict = classify(result.evidence)
         record = {"attempt": spec.attempt, "exit_code": result.exit_code, "verdict": verdict.to_dict(), "evidence": result.evidence}
-        failures = Path(spec.run_dir) / "failures"
-        failures.mkdir(parents=True, exist_ok=True)
-        (failures / f"try-{spec.attempt}.json").write_text(json.dumps(record, indent=2, default=str))
+        write_json(Path(spec.run_dir) / "failures" / f"try-{spec.attempt}.json", record, indent=2, default=str)
         self.log.error("gangflow: %s failure (%s): %s", verdict.kind, "retryable" if verdict.retryable else "not retryable", verdict.reason)
         return _FAILURES[verdict.kind](verdict, evidence=result.evidence, attempt=spec.attempt)
 
@@ -280,12 +278,12 @@ def gang_task_id(*, backend: str, world_size: int, local_world_sizes) -> str:
         if backend not in available_backends():
             raise GangCapacityError(f"backend={backend!r}: accepted values are {', '.join(available_backends())}")
         return f"train_{backend}"
-    slots = pool_slots()
+    slots = settings.pool_slots()
     admissible = [n for n in local_world_sizes if n <= slots]
     if world_size not in admissible:
         raise GangCapacityError(
             f"world_size={world_size}: a local gang of {world_size} ranks can never be admitted here "
-            f"(pool gangflow_training has {slots} slots; accepted values: {', '.join(map(str, admissible))}); "
+            f"(pool {settings.TRAINING_POOL} has {slots} slots; accepted values: {', '.join(map(str, admissible))}); "
             "choose one of those or backend 'kubernetes'"
         )
     return f"train_local_{world_size}"

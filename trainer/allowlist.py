@@ -18,11 +18,12 @@ from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
+from trainer.config import FACTORY_RE
+
 ENTRY_POINT_GROUP = "gangflow.models"
 ALLOWED_ENV = "GANGFLOW_ALLOWED_MODELS"
 WEIGHTS = "model.safetensors"
 
-_SPEC_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 _WEIGHTS_RE = re.compile(r"^[\w.-]+\.safetensors$")
 _SCALARS = (bool, int, float, str, type(None))
 
@@ -41,7 +42,7 @@ def _specs(values: Iterable[str] | str | None, where: str) -> list[str]:
         value = str(value).strip()
         if not value:
             continue
-        if not _SPEC_RE.match(value):
+        if not FACTORY_RE.match(value):
             raise ModelNotAllowed(f"{where}: {value!r} is not 'module:function' (e.g. 'trainer.models:mlp')")
         out.append(value)
     return out
@@ -51,7 +52,7 @@ def allowed_factories(extra: Iterable[str] | str | None = None) -> dict[str, str
     """Every name a card may use, mapped to the `module:function` it stands for."""
     allowed: dict[str, str] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if _SPEC_RE.match(ep.value):  # a malformed entry point of some distribution is ignored
+        if FACTORY_RE.match(ep.value):  # a malformed entry point of some distribution is ignored
             allowed[ep.value] = ep.value
             allowed.setdefault(ep.name, ep.value)
     for spec in (*_specs(os.environ.get(ALLOWED_ENV), ALLOWED_ENV), *_specs(extra, "allowed_models")):

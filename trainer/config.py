@@ -22,7 +22,9 @@ import yaml
 
 from trainer.errors import ConfigError
 
-_FACTORY_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+#: `module:name`, a dotted module path and a name in it: how a factory, a model architecture, an
+#: expectation suite or a backend class is named (here, in trainer.allowlist and in pipeline files).
+FACTORY_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 _MD5_RE = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -94,7 +96,7 @@ class DataConfig(_Section):
         self._require("test_path", bool(self.test_path), "must be a non-empty path")
         self._require("train_md5", self.train_md5 == "" or bool(_MD5_RE.match(self.train_md5)),
                       'must be "" (no check) or 32 lowercase hex digits (an md5, as DVC records it)')
-        self._require("factory", bool(_FACTORY_RE.match(self.factory)),
+        self._require("factory", bool(FACTORY_RE.match(self.factory)),
                       "must be 'module:function', e.g. 'trainer.data:parquet_dataset'")
         self._require("num_workers", self.num_workers >= 0, "must be >= 0")
         self._require("version", self.version == "" or bool(_MD5_RE.match(self.version)),
@@ -113,7 +115,7 @@ class ModelConfig:
     kwargs: dict[str, Any] = field(default_factory=lambda: {"hidden": 128, "num_classes": 10})
 
     def __post_init__(self) -> None:
-        if not isinstance(self.factory, str) or not _FACTORY_RE.match(self.factory):
+        if not isinstance(self.factory, str) or not FACTORY_RE.match(self.factory):
             raise _fail("model.factory", self.factory, "must be 'module:function', e.g. 'trainer.models:mlp'")
         if not isinstance(self.kwargs, dict):
             raise _fail("model", self.kwargs, "must be a mapping of factory keyword arguments")
@@ -243,7 +245,7 @@ class Config:
 
 
 def resolve_factory(spec: str, key: str) -> Callable[..., Any]:
-    if not _FACTORY_RE.match(spec):
+    if not FACTORY_RE.match(spec):
         raise _fail(key, spec, "must be 'module:function'")
     module_name, _, func_name = spec.partition(":")
     try:

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from trainer.datastore import file_md5  # noqa: F401 - one md5 helper, re-exported
+from trainer.datastore import file_md5
 from trainer.errors import DataError
 
 LABEL = "label"

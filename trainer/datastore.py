@@ -11,12 +11,12 @@ import hashlib
 import json
 import os
 import re
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from trainer.errors import DataError
+from trainer.storage import replacing
 
 DATASET_FILES = ("train.parquet", "test.parquet")
 _MD5 = re.compile(r"^[0-9a-f]{32}$")
@@ -91,6 +91,7 @@ def dir_listing(remote: str, version: str) -> list[dict[str, str]]:
 
 
 def file_md5(path: str | os.PathLike) -> str:
+    """The md5 of a local file's bytes, as DVC 3 computes it (`hash: md5`): the one md5 helper."""
     digest = hashlib.md5()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(_CHUNK), b""):
@@ -99,11 +100,10 @@ def file_md5(path: str | os.PathLike) -> str:
 
 
 def _download(fs, src: str, target: Path, expected: str, what: str) -> None:
-    """Copy src to target through a unique temporary file, hashing as it goes; rename if it matches."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.part")
+    """Copy src to target through a unique temporary file, hashing as it goes; rename if it matches
+    (atomic: another rank's copy, if any, has the same bytes)."""
     digest = hashlib.md5()
-    try:
+    with replacing(target) as tmp:
         try:
             with fs.open(src, "rb") as source, open(tmp, "wb") as out:
                 for chunk in iter(lambda: source.read(_CHUNK), b""):
@@ -118,10 +118,6 @@ def _download(fs, src: str, target: Path, expected: str, what: str) -> None:
             raise ChecksumMismatch(f"{what}: md5 mismatch: expected {expected}, actual {actual} "
                                    f"(the remote's object {src} is corrupt or was changed; refusing it)",
                                    expected=expected, actual=actual)
-        os.replace(tmp, target)  # atomic: another rank's copy, if any, has the same bytes
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def fetch_dataset(remote: str, version: str, dest_dir: str | os.PathLike, *,

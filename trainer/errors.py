@@ -35,7 +35,10 @@ class ConfigError(TrainerError, ValueError):
 
 
 class UserError(TrainerError):
-    """The user's data or code is wrong; retrying will not help (exit code 1)."""
+    """The user's data or code is wrong; retrying will not help. The rank side's: the rank exits 1
+    (`EXIT_USER_ERROR`) with `source: "user"` in its error record, the classifier reads a `user`
+    verdict from that, and the training task fails with `operators.exceptions.UserFailure`
+    (`operators.exceptions.UserError` is the Airflow side's, raised in a task itself)."""
 
     source = "user"
 
@@ -168,6 +171,7 @@ def _elastic_handler_base():
 def make_error_handler():
     """TorchElastic's ErrorHandler, adding gangflow's fields to `message.extraInfo`."""
     base = _elastic_handler_base()
+    from trainer.storage import write_json
 
     class ErrorHandler(base):  # type: ignore[misc, valid-type]
         def record_exception(self, e: BaseException) -> None:
@@ -178,7 +182,6 @@ def make_error_handler():
             extra = {"py_callstack": record["traceback"], "timestamp": str(int(time.time()))}
             extra.update({k: record[k] for k in ("exc_type", "source", "rank", "step")})
             data = {"message": {"message": f"{type(e).__name__}: {e}", "extraInfo": extra}}
-            with open(file, "w") as fp:
-                json.dump(data, fp)
+            write_json(file, data)
 
     return ErrorHandler()

@@ -19,6 +19,7 @@ __all__ = [
     "TRANSIENT_CLOUD_CODES",
     "TRANSIENT_ERRNOS",
     "USER_EXCEPTION_NAMES",
+    "causes",
     "http_status_kind",
     "judge_exception_text",
     "transient_errno",
@@ -279,10 +280,12 @@ def judge_exception_text(
 # -- live exceptions -------------------------------------------------------------------------------
 
 
-def _causes(exc: BaseException, depth: int = 8) -> Iterator[BaseException]:
+def causes(exc: BaseException, depth: int | None = 8) -> Iterator[BaseException]:
+    """`exc`, then what it was raised from or during (`__cause__`, else `__context__`), and so on:
+    at most `depth` links (None: all), each once."""
     seen: set[int] = set()
     current: BaseException | None = exc
-    while current is not None and id(current) not in seen and len(seen) < depth:
+    while current is not None and id(current) not in seen and (depth is None or len(seen) < depth):
         seen.add(id(current))
         yield current
         current = current.__cause__ or current.__context__
@@ -384,7 +387,7 @@ def transient_exception(exc: BaseException) -> str | None:
     The type decides; a bare `TimeoutError`/`ConnectionError` raised by user code (a `raise`
     statement outside site-packages and the standard library) is not transient.
     """
-    for link in _causes(exc):
+    for link in causes(exc):
         why = _transient_one(link)
         if why:
             return why if link is exc else f"{why} (cause of {type(exc).__name__})"

@@ -7,11 +7,13 @@ Credentials come from the storage's standard environment (for S3, the `AWS_*` va
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import posixpath
 import shutil
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,33 @@ def write_file(path: str | os.PathLike, data: bytes) -> None:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+@contextlib.contextmanager
+def replacing(target: str | os.PathLike) -> Iterator[Path]:
+    """A temporary path beside the local file `target` for its new content (the writer fsyncs
+    it); on a clean exit it is renamed over `target` (readers see the old file or the new one,
+    never half of one) and the folder fsynced, on an error removed. Creates missing folders."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(target.parent)
+
+
+def replace_file(path: str | os.PathLike, data: bytes) -> None:
+    """Replace one local file atomically and durably (see `replacing`)."""
+    with replacing(path) as tmp:
+        write_file(tmp, data)
+
+
+def write_json(path: str | os.PathLike, value: Any, **dumps: Any) -> None:
+    """Replace the local file `path` with `json.dumps(value, **dumps)`, atomically and durably."""
+    replace_file(path, json.dumps(value, **dumps).encode())
 
 
 _fsync_pool: ThreadPoolExecutor | None = None
@@ -162,16 +191,7 @@ class Storage:
     def write_bytes(self, rel: str, data: bytes) -> None:
         """Replace one file atomically and durably (a single object PUT on object storage)."""
         if self.local:
-            target = self.local_path(rel)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
-            try:
-                write_file(tmp, data)
-                os.replace(tmp, target)
-            finally:
-                if tmp.exists():
-                    tmp.unlink()
-            fsync_dir(target.parent)
+            replace_file(self.local_path(rel), data)
         else:
             self.fs.pipe_file(self.path(rel), data)
 

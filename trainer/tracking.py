@@ -28,7 +28,8 @@ FINAL_ARTIFACT_PATH = "final"
 
 
 class FinalUploadError(TrainerError):
-    """The final weights could not be logged to the MLflow run (storage/network: retried)."""
+    """The final weights could not be logged to the MLflow run (storage/network: retried). Rank 0
+    raises it; the training task's relay raises its subclass `RelayFinalUploadError`."""
 
 
 def redact(uri: str) -> str:

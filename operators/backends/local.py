@@ -14,22 +14,17 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
+from operators.config import settings
 from operators.backends.base import GangBackend, GangResult, GangSpec, LogFn
 from operators.exceptions import GangCapacityError
+from operators.utils.processes import stop_group_nowait
 
-POOL_NAME = "gangflow_training"
 LOG_TAIL_LINES = 60
 _RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$")
 _RESUMED = re.compile(r"gangflow: resuming from checkpoint step-(\d+)")
 _FAILURE_FIELD = re.compile(r"^\s+(rank|exitcode|error_file)\s*:\s*(.*)$")
-
-
-def pool_slots() -> int:
-    """Slots of the training pool: `GANGFLOW_POOL_SLOTS`, else this machine's cores."""
-    return int(os.environ.get("GANGFLOW_POOL_SLOTS") or os.cpu_count() or 1)
 
 
 def parse_torchrun_failures(text: str) -> list[dict]:
@@ -91,11 +86,11 @@ class LocalBackend(GangBackend):
         self._kill_requested = False
 
     def check_capacity(self, spec: GangSpec) -> None:
-        slots = pool_slots()
+        slots = settings.pool_slots()
         if spec.world_size > slots:
             raise GangCapacityError(
                 f"world_size={spec.world_size}: a gang of {spec.world_size} ranks can never be admitted, "
-                f"pool {POOL_NAME!r} has {slots} slots (accepted: 1..{slots}; set GANGFLOW_POOL_SLOTS "
+                f"pool {settings.TRAINING_POOL!r} has {slots} slots (accepted: 1..{slots}; set GANGFLOW_POOL_SLOTS "
                 "and rerun `make setup` to change it, or use backend 'kubernetes')"
             )
         limit = self.nproc_limit or os.cpu_count() or 1
@@ -141,8 +136,8 @@ class LocalBackend(GangBackend):
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1,
             start_new_session=True, cwd=os.environ.get("GANGFLOW_PROJECT") or None,
         )
-        if self._kill_requested:  # kill() came before the gang existed
-            self._terminate(self._proc)
+        if self._kill_requested:  # kill() came before the gang existed; `run` reaps it below
+            stop_group_nowait(self._proc, self.grace_period_s)
         rank_tails: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=LOG_TAIL_LINES))
         agent_lines: collections.deque = collections.deque(maxlen=400)
         resumed_from = None
@@ -195,16 +190,9 @@ class LocalBackend(GangBackend):
             return
         if proc.poll() is not None:
             return
-        timer = self._terminate(proc)
+        # SIGTERM first: the ranks commit a final checkpoint (the preemption path); SIGKILL after the grace period.
+        timer = stop_group_nowait(proc, self.grace_period_s)
         try:
             proc.wait(self.grace_period_s + 5)
         finally:
             timer.cancel()
-
-    def _terminate(self, proc: subprocess.Popen) -> threading.Timer:
-        """SIGTERM first: ranks commit a final checkpoint (the preemption path); SIGKILL after the grace period."""
-        os.killpg(proc.pid, signal.SIGTERM)
-        timer = threading.Timer(self.grace_period_s, lambda: proc.poll() is None and os.killpg(proc.pid, signal.SIGKILL))
-        timer.daemon = True
-        timer.start()
-        return timer

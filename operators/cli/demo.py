@@ -37,7 +37,7 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
-    from operators.callbacks import failure_record_path
+    from operators.callbacks import read_failure
 
     with create_session() as session:
         tis = {ti.task_id: (ti.state, ti.try_number) for ti in session.query(TaskInstance).filter_by(dag_id=dag_id, run_id=dag_run.run_id)}
@@ -63,8 +63,7 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
         "train_attempts": max(train_tries, default=0),
     }
     if summary["state"] == "failed":
-        path = failure_record_path(dag_id, dag_run.run_id)
-        record = json.loads(path.read_text()) if path.exists() else {}
+        record = read_failure(dag_id, dag_run.run_id)
         failed = [t for t, (s, _) in tis.items() if s == "failed"]
         summary["failure"] = {
             "kind": record.get("kind", "unknown"),

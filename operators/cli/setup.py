@@ -15,8 +15,6 @@ import time
 from operators.config import embedded
 
 from operators.config import settings
-from operators.backends.local import pool_slots
-from operators.config.pipelines import POOL
 
 
 def airflow(*args: str, env: dict[str, str]) -> None:
@@ -30,8 +28,8 @@ def main() -> int:
     for path in (settings.state_dir(), settings.airflow_home(), settings.runs_dir(), settings.artifact_root()):
         path.mkdir(parents=True, exist_ok=True)
     airflow("db", "migrate", env=env)
-    slots = pool_slots()
-    airflow("pools", "set", POOL, str(slots), "gang admission: a training task takes world-size slots", env=env)
+    slots = settings.pool_slots()
+    airflow("pools", "set", settings.TRAINING_POOL, str(slots), "gang admission: a training task takes world-size slots", env=env)
 
     from operators.hooks import dvc as dataset
 
@@ -43,7 +41,7 @@ def main() -> int:
     )
     tracking.ensure_experiment(tracking.get_client(), "gangflow")
     print(
-        f"gangflow setup: state {settings.state_dir()}, pool {POOL}={slots} slots, "
+        f"gangflow setup: state {settings.state_dir()}, pool {settings.TRAINING_POOL}={slots} slots, "
         f"dataset {version}, tracking {settings.tracking_uri()} ({time.monotonic() - started:.1f}s)"
     )
     return 0

@@ -18,6 +18,7 @@ from typing import Any
 
 from operators.config import settings
 from operators.exceptions import InvalidParams, UserError
+from trainer.config import FACTORY_RE
 
 #: The pipeline `make demo` runs and whose DAG keeps the id `train_pipeline`.
 DEFAULT_PIPELINE = "digits"
@@ -26,7 +27,6 @@ DATASET_ASSET_URI = "dvc://gangflow/data/digits"
 # The key of the dataset Asset event's `extra` that names the published version
 # (dags/publish_dataset.py writes it, `dataset_version_of_run` reads it).
 ASSET_VERSION_KEY = "version"
-POOL = "gangflow_training"
 #: Backends every DAG offers; a pipeline file's `backends` adds its own (name: module:Class).
 BUILTIN_BACKENDS = ("local", "kubernetes")
 TASKS = ("classification", "regression")
@@ -38,7 +38,6 @@ NOT_NAN = {"not": {"description": "NaN (not a number)", "minimum": 1, "maximum":
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 _ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
-_FACTORY_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
 class PipelineConfigError(UserError, ValueError):
@@ -218,12 +217,12 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         _string(f"{source}: backends key", bname, re.compile(r"^[a-z][a-z0-9_]*$"), "a lower-case name")
         if bname in BUILTIN_BACKENDS:
             raise PipelineConfigError(f"{source}: backends.{bname}: {bname!r} is built in; choose another name")
-        _string(f"{source}: backends.{bname}", path, re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$"), "'module:Class'")
+        _string(f"{source}: backends.{bname}", path, FACTORY_RE, "'module:Class'")
     allowed = raw.get("allowed_models") or []
     if not isinstance(allowed, list):
         raise PipelineConfigError(f"{source}: allowed_models must be a list of 'module:function'")
     for i, spec in enumerate(allowed):
-        _string(f"{source}: allowed_models[{i}]", spec, _FACTORY_RE, "'module:function'")
+        _string(f"{source}: allowed_models[{i}]", spec, FACTORY_RE, "'module:function'")
     trainer_config = Path(raw.get("trainer_config", "params.yaml"))
     if not trainer_config.is_absolute():
         trainer_config = settings.PROJECT_ROOT / trainer_config
@@ -255,7 +254,7 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         dataset_out=_string(f"{source}: dataset.out", dataset["out"], re.compile(r"^[A-Za-z0-9_./-]+$"),
                             "a relative path, e.g. data/<name>"),
         dataset_asset=_string(f"{source}: dataset.asset", dataset.get("asset", f"gangflow-dataset-{pname}")),
-        suite=_string(f"{source}: dataset.suite", dataset["suite"], _FACTORY_RE, "'module:function'"),
+        suite=_string(f"{source}: dataset.suite", dataset["suite"], FACTORY_RE, "'module:function'"),
         trainer_config=str(trainer_config),
         task=task,
         data_factory=str((trainer.get("data") or {}).get("factory") or "trainer.data:parquet_dataset"),

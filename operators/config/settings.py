@@ -112,3 +112,12 @@ def reports_dir() -> Path:
 
 def params_file() -> Path:
     return PROJECT_ROOT / "params.yaml"
+
+
+#: The Airflow pool that admits local gangs whole: a training task takes `pool_slots = world size`.
+TRAINING_POOL = "gangflow_training"
+
+
+def pool_slots() -> int:
+    """Slots of the training pool: `GANGFLOW_POOL_SLOTS`, else this machine's cores."""
+    return int(os.environ.get("GANGFLOW_POOL_SLOTS") or os.cpu_count() or 1)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from trainer import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
 from trainer import failure_catalogue as catalogue
 from operators.failures.evidence import (
     LAUNCHER_EXIT,
@@ -22,8 +23,6 @@ from operators.failures.evidence import (
 )
 
 Kind = Literal["infra", "user", "unknown"]
-PREEMPTED_EXIT_CODE = 75  # the trainer exits 75 (EX_TEMPFAIL) after a graceful SIGTERM stop
-CONFIG_EXIT_CODE = 2  # the trainer (argparse) exits 2 on a bad command line or config
 _RANK_IN_LINE = re.compile(r"\[(?:rank|Rank|RANK)\s*(\d+)\]|\bRank (\d+)\b")
 
 
@@ -491,8 +490,8 @@ def _deadline_exceeded(f: Evidence) -> Hit | None:
 
 
 def _trainer_preempted(f: Evidence) -> Hit | None:
-    if f.exit_code == PREEMPTED_EXIT_CODE:
-        return Hit(f"trainer exit code {PREEMPTED_EXIT_CODE} (stopped on SIGTERM, the preemption path)")
+    if f.exit_code == EXIT_PREEMPTED:
+        return Hit(f"trainer exit code {EXIT_PREEMPTED} (stopped on SIGTERM, the preemption path)")
     return None
 
 
@@ -501,9 +500,9 @@ def _trainer_config_error(f: Evidence) -> Hit | None:
     if rec is not None and rec.source == "config":
         exc = rec.exc
         return Hit(f"bad config ({exc.name if exc else 'trainer error record'})", exc.message if exc else "")
-    if f.exit_code == CONFIG_EXIT_CODE:
+    if f.exit_code == EXIT_CONFIG_ERROR:
         usage = _first(re.compile(r"^.*error: .*$", re.MULTILINE), [f.log_tail])
-        return Hit(f"trainer exit code {CONFIG_EXIT_CODE} (bad command line or config)", usage[0] if usage else "")
+        return Hit(f"trainer exit code {EXIT_CONFIG_ERROR} (bad command line or config)", usage[0] if usage else "")
     return None
 
 
@@ -694,8 +693,8 @@ RULES: tuple[Rule, ...] = (
     Rule("container-config-error", "user", 2, _create_container_config_error, summary="CreateContainerConfigError"),
     Rule("deadline-exceeded", "user", 2, _deadline_exceeded, summary="pod reason DeadlineExceeded, Slurm DUE TO TIME LIMIT"),
     # 3. The trainer said why.
-    Rule("trainer-preempted-exit", "infra", 3, _trainer_preempted, summary="trainer exit code 75"),
-    Rule("trainer-config-error", "user", 3, _trainer_config_error, summary="error record source config / exit code 2"),
+    Rule("trainer-preempted-exit", "infra", 3, _trainer_preempted, summary=f"trainer exit code {EXIT_PREEMPTED}"),
+    Rule("trainer-config-error", "user", 3, _trainer_config_error, summary=f"error record source config / exit code {EXIT_CONFIG_ERROR}"),
     Rule("trainer-user-error", "user", 3, _trainer_user_record, summary="error record source user"),
     # 4. An exception from the training process.
     Rule("cuda-oom", "user", 4, _cuda_oom, summary="device out of memory (CUDA, NCCL, XLA, TF)"),

@@ -303,20 +303,15 @@ def resolve(
     return ResolvedDataset(version=version, files=files, md5s=md5s, manifest_path=manifest_path, uri=uri)
 
 
-def md5_file(path: str | os.PathLike) -> str:
-    """The md5 of a file's bytes, as DVC 3 computes it (`hash: md5`): the trainer's one helper."""
-    from trainer.datastore import file_md5
-
-    return file_md5(path)
-
-
 def verify(resolved: ResolvedDataset) -> ResolvedDataset:
     """Recompute the md5 of the manifest and of every file; raise DatasetHashMismatch on any change."""
+    from trainer.datastore import file_md5  # a file's md5 as DVC 3 computes it (`hash: md5`)
+
     checks = [(f"{resolved.version}.dir (the manifest)", resolved.manifest_path, resolved.version)]
     checks += [(name, resolved.files[name], md5) for name, md5 in sorted(resolved.md5s.items())]
     for name, path, expected in checks:
         try:
-            actual = md5_file(path)
+            actual = file_md5(path)
         except FileNotFoundError as exc:
             raise DatasetVersionNotFound(
                 f"dataset version {resolved.version}: {name} vanished from the DVC cache ({path})"
@@ -408,15 +403,6 @@ def _remote_url(repo: Repo, oid: str | None = None) -> str:
     return url if "://" in url else Path(url).as_uri()
 
 
-def _causes(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
 def _unreachable(exc: BaseException) -> bool:
     """Whether an error (or its cause) means the storage could not be reached, not "absent".
 
@@ -466,7 +452,9 @@ def _fetch(repo: Repo, oids: Iterable[str]) -> None:
 
 
 def _root_cause(exc: BaseException) -> str:
-    last = list(_causes(exc))[-1]
+    from trainer.failure_catalogue import causes
+
+    last = list(causes(exc, depth=None))[-1]
     return f"{type(last).__name__}: {last}"
 
 

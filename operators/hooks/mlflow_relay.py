@@ -2,7 +2,7 @@
 
 The task tails `<run_dir>/metrics.jsonl` while the gang trains, logs what it finds to the DAG run's
 MLflow run (`trainer.tracking.mlflow_items`), then logs `final/`. It never hangs or stops the task;
-only a run that cannot be opened or final weights that cannot be logged fail it.
+only a run that cannot be opened or final weights that cannot be logged (`RelayFinalUploadError`) fail it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from operators.exceptions import InfraError, RegistryUnavailable
+from trainer.tracking import FINAL_ARTIFACT_PATH, METRICS, FinalUploadError, log_records, redact  # light: no torch
 
 OpenRun = Callable[[], tuple[Any, str]]  # -> (MlflowClient, run id)
 # The relay's thread runs this much nicer than the task (Linux: per thread): opening the run (mlflow import,
@@ -25,9 +26,9 @@ OpenRun = Callable[[], tuple[Any, str]]  # -> (MlflowClient, run id)
 RELAY_NICE = 10
 
 
-class FinalUploadFailed(InfraError):
-    """The gang finished but its final weights could not be logged to the MLflow run (retried:
-    the retry resumes from the last checkpoint and logs them again)."""
+class RelayFinalUploadError(InfraError, FinalUploadError):
+    """The trainer's `FinalUploadError` when the task logs `final/`: an `InfraError`, so the retry
+    policy retries it (the retry resumes from the last checkpoint and logs the weights again)."""
 
 
 class TrackingRelay:
@@ -41,8 +42,6 @@ class TrackingRelay:
     def __init__(self, run_dir: str | Path, *, open_run: OpenRun, flush_every_s: float = 2.0,
                  log: Callable[[str], None] = print, join_timeout_s: float = 120.0,
                  on_fatal: Callable[[BaseException], None] | None = None, max_backoff_s: float = 30.0):
-        from trainer.tracking import METRICS  # light: the trainer package does not import torch
-
         self.path = Path(run_dir) / METRICS
         self.open_run = open_run
         self.flush_every_s = flush_every_s
@@ -126,8 +125,6 @@ class TrackingRelay:
             return len(lines)
 
     def _send(self, lines: list[str]) -> None:
-        from trainer.tracking import log_records
-
         records = []
         for line in lines:
             try:
@@ -176,14 +173,13 @@ class TrackingRelay:
         self.pump()
         if succeeded and final_dir is not None:
             from operators.hooks.mlflow import client_uri
-            from trainer.tracking import FINAL_ARTIFACT_PATH, redact
 
             try:
                 if not any(Path(final_dir).glob("*")):
                     raise FileNotFoundError(f"{final_dir} is missing or empty")
                 self.client.log_artifacts(self.run_id, str(final_dir), artifact_path=FINAL_ARTIFACT_PATH)
             except Exception as exc:  # noqa: BLE001 - reported with what failed
-                raise FinalUploadFailed(f"logging the final weights ({final_dir}) to MLflow run {self.run_id} at "
-                                        f"{redact(client_uri(self.client))} failed ({type(exc).__name__}: {exc})") from exc
+                raise RelayFinalUploadError(f"logging the final weights ({final_dir}) to MLflow run {self.run_id} at "
+                                            f"{redact(client_uri(self.client))} failed ({type(exc).__name__}: {exc})") from exc
             self.log(f"gangflow: final weights logged to MLflow as runs:/{self.run_id}/{FINAL_ARTIFACT_PATH}")
         return self.run_id

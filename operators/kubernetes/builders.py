@@ -19,6 +19,7 @@ from kubernetes import client as k8s
 from operators.backends.base import GangSpec
 from operators.kubernetes import models as m
 from operators.kubernetes.runtime import RuntimeDefaults, redact_uri
+from trainer import EXIT_CONFIG_ERROR, EXIT_USER_ERROR
 
 # Labels every training pod carries; the Helm chart's NetworkPolicy selects on COMPONENT_LABEL.
 NAME_LABEL = "app.kubernetes.io/name"
@@ -44,8 +45,8 @@ APP_DIR = "/app"  # the image's working directory: relative config paths resolve
 TERMINATION_LOG = "/dev/termination-log"
 PATCH_MANAGER = "gangflow.io/kubernetes-backend"
 
-# Trainer exit codes (contract): 1 user exception, 2 config error -> fail the Job at once.
-USER_EXIT_CODES = (1, 2)
+# Trainer exit codes (contract) that fail the Job at once: a user exception, a config error.
+USER_EXIT_CODES = (EXIT_USER_ERROR, EXIT_CONFIG_ERROR)
 
 # The spec's env that reaches a pod. Everything else is the worker's business: MLFLOW_TRACKING_URI
 # (the runtime's wins; the worker's may be a sqlite path or carry credentials), GANGFLOW_FAULT /

@@ -5,6 +5,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):  # the group is gone already
+        pass
 
 
 def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
@@ -13,19 +21,24 @@ def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
     The SIGKILL goes to the group even when the leader has exited: its children may still run.
     """
     if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        _signal_group(proc, signal.SIGTERM)
         try:
             proc.wait(grace)
         except subprocess.TimeoutExpired:
             pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    _signal_group(proc, signal.SIGKILL)
     try:
         proc.wait(5)
     except subprocess.TimeoutExpired:
         pass
+
+
+def stop_group_nowait(proc: subprocess.Popen, grace: float) -> threading.Timer:
+    """SIGTERM the process group and return at once, for a caller that reaps the leader itself
+    (a reader of its output); a daemon timer SIGKILLs the group after `grace` seconds if the
+    leader still runs then. Cancel the returned timer to call the SIGKILL off."""
+    _signal_group(proc, signal.SIGTERM)
+    timer = threading.Timer(grace, lambda: proc.poll() is None and _signal_group(proc, signal.SIGKILL))
+    timer.daemon = True
+    timer.start()
+    return timer

@@ -238,7 +238,7 @@ def test_mpirun_environment_runs_the_same_training(h, work, reference):
 
 def test_default_config_reaches_95_percent_with_mlflow(h, work, digits):
     """params.yaml as shipped, 2 ranks; the data read from a suffix-less copy pinned by md5; MLflow on."""
-    from trainer.data import file_md5
+    from trainer.datastore import file_md5
 
     blob = work / "dvc-cache" / "3f" / "a9c0ffee"
     blob.parent.mkdir(parents=True)
@@ -269,7 +269,7 @@ def test_default_config_reaches_95_percent_with_mlflow(h, work, digits):
 def test_finished_checkpoint_under_other_data_is_refused(h, work, reference, digits):
     """Issue 12.3: resuming a (finished) checkpoint made with other data would publish its weights
     under this run's data; the trainer refuses, naming both md5s."""
-    from trainer.data import file_md5
+    from trainer.datastore import file_md5
 
     run_dir = copy_run(reference, work / "other-data", keep={60})
     other = work / "other-train.parquet"

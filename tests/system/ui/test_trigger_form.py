@@ -58,14 +58,14 @@ def open_trigger_form(page: Page, airflow) -> None:
 def test_airflow_is_ready(airflow_ui):
     """What `make ui` promises before anyone clicks: healthy, the DAG parsed without import
     errors and unpaused, the gang-admission pool, admin's generated password works."""
-    from operators.config.pipelines import POOL
+    from operators.config.settings import TRAINING_POOL
 
     # (the fixture waited for the metadata DB, scheduler and dag-processor to report healthy)
     assert airflow_ui.get("monitor/health")["metadatabase"]["status"] == "healthy"
     assert airflow_ui.get("importErrors")["total_entries"] == 0, airflow_ui.get("importErrors")
     dag = airflow_ui.get(f"dags/{DAG_ID}")
     assert not dag["has_import_errors"] and not dag["is_paused"], dag
-    pool = airflow_ui.get(f"pools/{POOL}")
+    pool = airflow_ui.get(f"pools/{TRAINING_POOL}")
     assert pool["slots"] >= 1, pool
     with pytest.raises(urllib.error.HTTPError) as refused:
         airflow_ui.token("admin", "not-the-password")

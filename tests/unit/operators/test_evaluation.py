@@ -20,6 +20,7 @@ from operators import evaluation
 from operators.hooks import mlflow as tracking
 from operators.evaluation import EvaluateModelOperator, classification_metrics, evaluate
 from operators.exceptions import UserError
+from trainer.datastore import file_md5
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 TEST_SPLIT = PROJECT_ROOT / "data" / "digits" / "test.parquet"
@@ -118,7 +119,7 @@ def test_evaluate_final_dir_on_the_real_test_split(tmp_path):
     m = evaluation.evaluate_final_dir(final, TEST_SPLIT)
     assert m["num_examples"] == 450 and m["num_classes"] == 10
     assert sum(m["per_class"][str(k)]["support"] for k in range(10)) == 450
-    assert m["test_md5"] == evaluation.file_md5(TEST_SPLIT)
+    assert m["test_md5"] == file_md5(TEST_SPLIT)
     assert 0.0 <= m["accuracy"] <= 1.0
 
 
@@ -140,7 +141,7 @@ def _context():
 
 
 def _manifest(**extra):
-    return {"version": DATASET_VERSION, "test_path": str(TEST_SPLIT), "test_md5": evaluation.file_md5(TEST_SPLIT),
+    return {"version": DATASET_VERSION, "test_path": str(TEST_SPLIT), "test_md5": file_md5(TEST_SPLIT),
             **extra}
 
 
@@ -173,7 +174,7 @@ def test_operator_logs_metrics_and_artifacts_to_the_run(home, tmp_path):
     assert metrics["test_macro_f1"] == pytest.approx(result["macro_f1"])
     assert metrics["test_f1_class_3"] == pytest.approx(result["per_class"]["3"]["f1"])
     assert metrics["test_precision_class_9"] == pytest.approx(result["per_class"]["9"]["precision"])
-    assert run.data.tags[evaluation.TAG_TEST_MD5] == evaluation.file_md5(TEST_SPLIT)
+    assert run.data.tags[evaluation.TAG_TEST_MD5] == file_md5(TEST_SPLIT)
     files = {a.path for a in client.list_artifacts(run_id, "evaluation")}
     assert files == {"evaluation/metrics.json", "evaluation/confusion_matrix.png"}
     local = Path(client.download_artifacts(run_id, "evaluation", str(tmp_path / "dl")))

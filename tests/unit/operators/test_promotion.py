@@ -18,6 +18,7 @@ from operators.registry import versions as registry
 from operators.hooks import mlflow as tracking
 from operators.exceptions import RegistryUnavailable, UserError
 from operators.promotion import PromoteModelOperator
+from trainer.datastore import file_md5
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 TEST_SPLIT = PROJECT_ROOT / "data" / "digits" / "test.parquet"
@@ -46,7 +47,7 @@ def write_final_dir(run_dir: Path, state_dict: dict, factory: str | None = None)
     save_file({k: v.contiguous() for k, v in state_dict.items()}, str(final / "model.safetensors"))
     card = {"format": "gangflow-model-card/1",
             "model": {"factory": factory or f"{__name__}:tiny_mlp", "kwargs": {"hidden": 16}},
-            "data": {"train_md5": evaluation.file_md5(TRAIN_SPLIT)}}
+            "data": {"train_md5": file_md5(TRAIN_SPLIT)}}
     (final / "model_card.json").write_text(json.dumps(card))
     return final
 
@@ -74,7 +75,7 @@ DATASET_VERSION = "d82dc74b3a3f4e8b3b51d13271f59bb3"
 
 def manifest(test_split: Path = TEST_SPLIT) -> dict:
     """The validate task's manifest as promote reads it (the worker's DVC cache holds the file)."""
-    return {"version": DATASET_VERSION, "test_path": str(test_split), "test_md5": evaluation.file_md5(test_split)}
+    return {"version": DATASET_VERSION, "test_path": str(test_split), "test_md5": file_md5(test_split)}
 
 
 class Candidate:
@@ -165,8 +166,8 @@ def test_promotion_lifecycle(client, make):
     assert v1.tags["gangflow.try_number"] == "1"
     assert v1.tags["gangflow.mlflow_run_id"] == ok.mlflow_run_id == v1.run_id
     assert v1.tags["gangflow.git_commit"] == registry.git_commit()
-    assert v1.tags["gangflow.test_data_md5"] == evaluation.file_md5(TEST_SPLIT)
-    assert v1.tags["gangflow.card_data_train_md5"] == evaluation.file_md5(TRAIN_SPLIT)
+    assert v1.tags["gangflow.test_data_md5"] == file_md5(TEST_SPLIT)
+    assert v1.tags["gangflow.card_data_train_md5"] == file_md5(TRAIN_SPLIT)
     assert v1.tags["gangflow.card_model_factory"].endswith(":tiny_mlp")
 
     # 2. The same task retried after the alias moved: same version, promoted, nothing re-decided.

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from operators.hooks import dvc as dataset
+from trainer.datastore import file_md5
 from operators.exceptions import DataValidationFailed, UserError
 from operators.validation import DatasetValidationOperator, ValidationReport
 
@@ -81,8 +82,8 @@ def test_execute_validates_the_pinned_version_and_returns_its_manifest(project):
     version, md5s = lock_md5s(project)
     assert json.loads(json.dumps(manifest)) == manifest
     assert manifest["version"] == version
-    assert manifest["train_md5"] == md5s["train.parquet"] == dataset.md5_file(manifest["train_path"])
-    assert manifest["test_md5"] == md5s["test.parquet"] == dataset.md5_file(manifest["test_path"])
+    assert manifest["train_md5"] == md5s["train.parquet"] == file_md5(manifest["train_path"])
+    assert manifest["test_md5"] == md5s["test.parquet"] == file_md5(manifest["test_path"])
     assert manifest["rows"] == {"train": 1347, "test": 450}
     assert manifest["schema"]["label"] == "int64" and manifest["schema"]["pixel_00"] == "float32"
     docs = Path(manifest["data_docs"])

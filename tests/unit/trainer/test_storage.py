@@ -35,3 +35,15 @@ def test_write_folder_reports_a_failed_fsync_after_all_have_finished(tmp_path, m
     with pytest.raises(OSError, match="Input/output error"):
         storage.write_folder(tmp_path, {"ok1": b"1", "bad": b"2", "ok2": b"3"})
     assert len(finished) == 3  # two files and the folder: none was abandoned on a closed fd
+
+
+def test_write_json_replaces_the_file_whole_and_leaves_no_temporary(tmp_path):
+    """The one atomic write (the retry ledger, the failure records, the rank's error file use it)."""
+    path = tmp_path / "new" / "record.json"
+    storage.write_json(path, {"kind": "infra"})
+    storage.write_json(path, {"kind": "user", "try": 2}, sort_keys=True)
+    assert path.read_text() == '{"kind": "user", "try": 2}'
+    with pytest.raises(ValueError), storage.replacing(path) as tmp:  # a writer that fails midway
+        tmp.write_text("{half")
+        raise ValueError("interrupted")
+    assert path.read_text() == '{"kind": "user", "try": 2}' and os.listdir(path.parent) == ["record.json"]

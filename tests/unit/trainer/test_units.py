@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from trainer import errors
-from trainer.data import ResumableDistributedSampler, check_md5, file_md5, load_arrays, parquet_dataset
+from trainer.data import ResumableDistributedSampler, check_md5, load_arrays, parquet_dataset
+from trainer.datastore import file_md5
 from trainer.errors import DataError, user_code
 from trainer.export import load_final_model, read_card, write_final
 from trainer.models import mlp
@@ -162,7 +163,6 @@ def test_lr_schedule_and_its_state():
 def test_resolve_data_hashes_files_and_lets_custom_factories_read_folders(tmp_path):
     from trainer.config import load_config
     from trainer.data import resolve_data
-    from trainer.datastore import file_md5
     from trainer.errors import DataError
 
     train = tmp_path / "train.bin"

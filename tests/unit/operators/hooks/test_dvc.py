@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from operators.hooks import dvc as dataset
+from trainer.datastore import file_md5
 from operators.exceptions import (
     DatasetHashMismatch,
     DatasetVersionNotFound,
@@ -127,8 +128,8 @@ def test_manifest_is_json_and_describes_the_files(project):
     manifest = json.loads(json.dumps(dataset.manifest(resolved, data_docs="/x/index.html")))
     assert set(manifest) >= {"version", "uri", "train_path", "test_path", "train_md5", "test_md5", "rows", "schema", "data_docs"}
     assert manifest["version"] == project.version
-    assert manifest["train_md5"] == dataset.md5_file(manifest["train_path"]) == resolved.md5s["train.parquet"]
-    assert manifest["test_md5"] == dataset.md5_file(manifest["test_path"]) == resolved.md5s["test.parquet"]
+    assert manifest["train_md5"] == file_md5(manifest["train_path"]) == resolved.md5s["train.parquet"]
+    assert manifest["test_md5"] == file_md5(manifest["test_path"]) == resolved.md5s["test.parquet"]
     assert manifest["rows"] == {"train": 1347, "test": 450}
     assert manifest["schema"] == {**{f"pixel_{i:02d}": "float32" for i in range(64)}, "label": "int64"}
     assert manifest["data_docs"] == "/x/index.html"
@@ -149,7 +150,7 @@ def test_changed_bytes_are_refused_against_the_pinned_hash(project):
     path.chmod(0o644)  # DVC makes cache objects read-only
     try:
         path.write_bytes(original[:100] + bytes([original[100] ^ 0xFF]) + original[101:])
-        actual = dataset.md5_file(path)
+        actual = file_md5(path)
         with pytest.raises(DatasetHashMismatch) as info:
             dataset.verify(dataset.resolve(project.version, project.root))
         message = str(info.value)

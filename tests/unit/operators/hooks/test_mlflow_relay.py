@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from operators.hooks.mlflow_relay import FinalUploadFailed, TrackingRelay
-from trainer.tracking import Tracker, mlflow_items
+from operators.hooks.mlflow_relay import RelayFinalUploadError, TrackingRelay
+from trainer.tracking import FinalUploadError, Tracker, mlflow_items
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -110,9 +110,9 @@ def test_run_that_cannot_open_fails_a_finished_gang_only(tmp_path):
 def test_final_upload_failure_is_infra(client, experiment, tmp_path, monkeypatch):
     run_id = _new_run(client, experiment)
     relay = TrackingRelay(tmp_path, open_run=lambda: (client, run_id), flush_every_s=0.1, log=lambda m: None).start()
-    with pytest.raises(FinalUploadFailed, match=f"MLflow run {run_id}.*missing or empty") as info:
+    with pytest.raises(RelayFinalUploadError, match=f"MLflow run {run_id}.*missing or empty") as info:
         relay.finish(succeeded=True, final_dir=tmp_path / "no-such-final")
-    assert info.value.retryable and info.value.kind == "infra"
+    assert info.value.retryable and info.value.kind == "infra" and isinstance(info.value, FinalUploadError)
     final = tmp_path / "final"
     final.mkdir()
     (final / "model.safetensors").write_bytes(b"w")
@@ -122,7 +122,7 @@ def test_final_upload_failure_is_infra(client, experiment, tmp_path, monkeypatch
 
     monkeypatch.setattr(client, "log_artifacts", refused)
     relay = TrackingRelay(tmp_path, open_run=lambda: (client, run_id), flush_every_s=0.1, log=lambda m: None).start()
-    with pytest.raises(FinalUploadFailed, match="PermissionError: artifact store refused"):
+    with pytest.raises(RelayFinalUploadError, match="PermissionError: artifact store refused"):
         relay.finish(succeeded=True, final_dir=final)
 
 

@@ -1,14 +1,15 @@
-"""operators.utils.processes.stop_group: the one way the UI runner and the cluster drill stop what they started."""
+"""operators.utils.processes: the one way the UI runner, the drill's servers and the local backend stop what they started."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
 
 import psutil
 
-from operators.utils.processes import stop_group
+from operators.utils.processes import stop_group, stop_group_nowait
 
 # A leader whose child ignores SIGTERM and outlives it: only the group SIGKILL stops the child.
 CODE = """
@@ -36,3 +37,25 @@ def test_stop_group_of_an_exited_process_is_quiet():
     proc.wait()
     stop_group(proc, grace=0.1)
     assert proc.returncode == 0
+
+STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+
+
+def test_stop_group_nowait_returns_at_once_and_kills_the_group_after_the_grace():
+    """The local backend's stop: its `run` reaps torchrun while reading its output."""
+    proc = subprocess.Popen([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "up"
+    started = time.monotonic()
+    timer = stop_group_nowait(proc, grace=0.5)
+    assert time.monotonic() - started < 0.5 and timer.daemon
+    assert proc.wait(8) == -signal.SIGKILL  # SIGTERM ignored: the timer's SIGKILL ended it
+    assert time.monotonic() - started >= 0.5
+
+
+def test_stop_group_nowait_timer_can_be_called_off():
+    proc = subprocess.Popen([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc.stdout.readline()
+    stop_group_nowait(proc, grace=0.3).cancel()
+    time.sleep(0.6)
+    assert proc.poll() is None  # SIGTERM ignored, SIGKILL called off
+    stop_group(proc, grace=0.1)
