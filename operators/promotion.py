@@ -19,27 +19,22 @@ from airflow.sdk import BaseOperator
 from trainer.allowlist import ModelNotAllowed
 
 from operators.exceptions import RegistryUnavailable, UserError
+from operators.registry.gate import Decision, PromotionGate, decide
+from operators.registry.lineage import git_commit, git_dirty, lineage_tags, require_commit
 from operators.registry.versions import (
     CHAMPION_ALIAS,
     ChampionChanged,
     ChampionEvaluationFailed,
-    Decision,
-    PromotionGate,
     check_schema,
     current_champion,
-    decide,
     download_model,
     download_version,
-    git_commit,
-    git_dirty,
     input_schema,
-    lineage_tags,
     model_schema,
     move_champion,
     record_decision,
     recorded_decision,
     register_version,
-    require_commit,
 )
 
 if TYPE_CHECKING:

@@ -22,6 +22,7 @@ from typing import Any
 
 from operators.config import settings
 from operators.exceptions import InvalidParams, UserError
+from operators.registry.gate import Metric, check_direction
 
 #: The pipeline `make demo` runs and whose DAG keeps the id `train_pipeline`.
 DEFAULT_PIPELINE = "digits"
@@ -34,7 +35,6 @@ POOL = "gangflow_training"
 #: Backends every DAG offers; a pipeline file's `backends` adds its own (name: module:Class).
 BUILTIN_BACKENDS = ("local", "kubernetes")
 TASKS = ("classification", "regression")
-DIRECTIONS = ("higher", "lower")
 
 # JSON Schema has no "finite": NaN compares false with every bound, so it satisfies this empty
 # range and `not` refuses it (+-inf are refused by each number Param's own bounds).
@@ -47,31 +47,6 @@ _FACTORY_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 class PipelineConfigError(UserError, ValueError):
     """A pipeline file is missing, unreadable, or has an unknown key or a bad value."""
-
-
-@dataclass(frozen=True)
-class Metric:
-    """The metric a pipeline is gated on: a key of the evaluation's metrics, and which way is better."""
-
-    name: str
-    direction: str  # "higher" | "lower"
-    minimum: float | None = None
-    maximum: float | None = None
-
-    @property
-    def higher_is_better(self) -> bool:
-        return self.direction == "higher"
-
-    def better(self, candidate: float, reference: float, margin: float = 0.0) -> bool:
-        """True when `candidate` beats `reference` by more than `margin` in this metric's direction."""
-        return candidate - reference > margin if self.higher_is_better else reference - candidate > margin
-
-    def passes(self, value: float, floor: float) -> bool:
-        """True when `value` reaches the gate's floor (a ceiling when lower is better)."""
-        return value >= floor if self.higher_is_better else value <= floor
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "direction": self.direction}
 
 
 @dataclass(frozen=True)
@@ -204,9 +179,10 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
     if not isinstance(metric_raw, Mapping):
         raise PipelineConfigError(f"{source}: metric must be a mapping with keys {', '.join(sorted(_METRIC_KEYS))}")
     _check_keys(f"{source}: metric", metric_raw, _METRIC_KEYS)
-    direction = metric_raw.get("direction", "higher")
-    if direction not in DIRECTIONS:
-        raise PipelineConfigError(f"{source}: metric.direction={direction!r}: accepted values are {', '.join(DIRECTIONS)}")
+    try:
+        direction = check_direction(metric_raw.get("direction", "higher"))
+    except ValueError as exc:
+        raise PipelineConfigError(f"{source}: metric.{exc}") from None
     bounds = {k: None if metric_raw.get(k) is None else float(_number(f"{source}: metric.{k}", metric_raw[k]))
               for k in ("minimum", "maximum")}
     metric = Metric(_string(f"{source}: metric.name", metric_raw.get("name", "accuracy"), re.compile(r"^[a-z][a-z0-9_]*$"),

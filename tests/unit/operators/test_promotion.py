@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 
 from operators import evaluation
 
+from operators.registry import lineage
 from operators.registry import versions as registry
 
 from operators.hooks import mlflow as tracking
@@ -164,7 +165,7 @@ def test_promotion_lifecycle(client, make):
     assert v1.tags["gangflow.dag_run_id"] == "manual__ok"
     assert v1.tags["gangflow.try_number"] == "1"
     assert v1.tags["gangflow.mlflow_run_id"] == ok.mlflow_run_id == v1.run_id
-    assert v1.tags["gangflow.git_commit"] == registry.git_commit()
+    assert v1.tags["gangflow.git_commit"] == lineage.git_commit()
     assert v1.tags["gangflow.test_data_md5"] == evaluation.file_md5(TEST_SPLIT)
     assert v1.tags["gangflow.card_data_train_md5"] == evaluation.file_md5(TRAIN_SPLIT)
     assert v1.tags["gangflow.card_model_factory"].endswith(":tiny_mlp")
