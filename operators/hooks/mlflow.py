@@ -101,11 +101,36 @@ def get_client(tracking_uri: str | None = None) -> MlflowClient:
     Also turns MLflow's artifact progress bars off (unless set): they flood Airflow task logs.
     """
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    from mlflow import MlflowClient
+    from trainer.tracking import mlflow_client
 
     uri = tracking_uri or settings.tracking_uri()
     with mlflow_errors(uri, "connect"):
-        return MlflowClient(tracking_uri=uri, registry_uri=uri)
+        return mlflow_client(uri)
+
+
+@contextlib.contextmanager
+def use_tracking_uri(uri: str) -> Iterator[None]:
+    """MLflow's fluent calls (`Model.log`, `models:/` URIs) read the global tracking URI: point
+    it at `uri` meanwhile, then restore both the global and the MLFLOW_TRACKING_URI env var
+    (which MLflow's own setter would unset when restoring "no URI set")."""
+    import mlflow
+
+    try:
+        from mlflow.tracking._tracking_service import utils as tracking_utils
+
+        old_global = getattr(tracking_utils, "_tracking_uri", None)
+    except ImportError:  # pragma: no cover - private module moved
+        old_global = None
+    old_env = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(old_global)
+        if old_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = old_env
 
 
 def client_uri(client: MlflowClient) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import shutil
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from operators.exceptions import InfraError, UserError
-from operators.hooks.mlflow import client_uri, mlflow_errors
+from operators.hooks.mlflow import client_uri, mlflow_errors, use_tracking_uri
 from operators.registry.gate import Decision, PromotionGate
 from operators.registry.lineage import run_lineage
 
@@ -134,7 +133,7 @@ def model_schema(client: MlflowClient, version: ModelVersion) -> dict[str, str] 
     try:
         from mlflow.models import get_model_info
 
-        with _use_tracking_uri(client_uri(client)):
+        with use_tracking_uri(client_uri(client)):
             signature = get_model_info(f"models:/{version.name}/{version.version}").signature
     except Exception as exc:  # noqa: BLE001 - no MLmodel (a plain folder version): nothing to compare
         log.info("%s v%s has no readable signature (%s)", version.name, version.version, exc)
@@ -287,7 +286,7 @@ def log_pyfunc_model(
         if example is None:
             example = pd.DataFrame([[0.0] * len(schema)], columns=list(schema))
         task = served_model.card_task(staged)
-        with _use_tracking_uri(uri):
+        with use_tracking_uri(uri):
             Model.log(
                 artifact_path=None,
                 name=name,
@@ -303,31 +302,6 @@ def log_pyfunc_model(
                 code_paths=_bundled_code(Path(tmp) / "code", served_model.card_factory(staged)),
             )
     return logged.model_id
-
-
-@contextlib.contextmanager
-def _use_tracking_uri(uri: str) -> Iterator[None]:
-    """MLflow's fluent `Model.log` reads the global tracking URI: point it at `uri` meanwhile,
-    then restore both the global and the MLFLOW_TRACKING_URI env var (which MLflow's own
-    setter would unset when restoring "no URI set")."""
-    import mlflow
-
-    try:
-        from mlflow.tracking._tracking_service import utils as tracking_utils
-
-        old_global = getattr(tracking_utils, "_tracking_uri", None)
-    except ImportError:  # pragma: no cover - private module moved
-        old_global = None
-    old_env = os.environ.get("MLFLOW_TRACKING_URI")
-    mlflow.set_tracking_uri(uri)
-    try:
-        yield
-    finally:
-        mlflow.set_tracking_uri(old_global)
-        if old_env is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = old_env
 
 
 def register_version(
@@ -375,7 +349,7 @@ def register_version(
         model_id = source.removeprefix("models:/")
     with mlflow_errors(uri, f"create a version of {name!r}"):
         # The SQL registry resolves `models:/<id>` through the *global* tracking URI.
-        with _use_tracking_uri(uri):
+        with use_tracking_uri(uri):
             version = client.create_model_version(name, source=source, run_id=run_id, tags=tags, model_id=model_id)
         if model_id is not None:
             try:  # shows the version on the LoggedModel's page in the UI; cosmetic
