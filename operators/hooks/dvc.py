@@ -249,6 +249,8 @@ def publish(
     """
     from dvc.exceptions import DvcException, ReproductionError, UploadError
 
+    from trainer.failure_catalogue import transient_exception
+
     root = Path(root).resolve()
     lock = root / "dvc.lock"
     before = lock.read_text() if lock.is_file() else None
@@ -264,7 +266,7 @@ def publish(
         except UploadError as exc:
             raise StorageUnavailable(f"`dvc push {out}` to remote {name!r} failed: {exc}") from exc
         except DvcException as exc:
-            if _unreachable(exc):
+            if transient_exception(exc):  # unreachable (the one catalogue)
                 raise StorageUnavailable(f"`dvc push {out}` to remote {name!r} failed: {exc}") from exc
             raise
         except OSError as exc:
@@ -432,18 +434,6 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
-def _unreachable(exc: BaseException) -> bool:
-    """Whether an error (or its cause) means the storage could not be reached, not "absent".
-
-    The failure catalogue decides (`trainer.failure_catalogue`); it walks the cause chain,
-    since fsspec's HTTP filesystem reports a refused connection as FileNotFoundError caused by
-    an aiohttp connection error.
-    """
-    from trainer.failure_catalogue import transient_exception
-
-    return transient_exception(exc) is not None
-
-
 def _fetch(repo: Repo, oids: Iterable[str]) -> None:
     """Fetch objects (`<md5>` or `<md5>.dir`) from the DVC remote into the cache, through DVC.
 
@@ -453,6 +443,8 @@ def _fetch(repo: Repo, oids: Iterable[str]) -> None:
     from dvc.exceptions import DvcException
     from dvc_data.hashfile.hash_info import HashInfo
 
+    from trainer.failure_catalogue import transient_exception
+
     oids = list(oids)
     name, _ = remote_spec()
     try:
@@ -460,11 +452,13 @@ def _fetch(repo: Repo, oids: Iterable[str]) -> None:
     except DvcException as exc:
         raise UserError(f"DVC remote {name!r} is not usable: {exc}") from exc
     url = odb.fs.unstrip_protocol(odb.path)
-    # A cheap probe tells "unreachable" from "absent" before DVC folds both into "missing".
+    # A cheap probe tells "unreachable" from "absent" before DVC folds both into "missing". The
+    # catalogue walks the cause chain: fsspec's HTTP filesystem reports a refused connection as a
+    # FileNotFoundError caused by an aiohttp connection error.
     try:
         odb.fs.info(odb.oid_to_path(oids[0]))
     except Exception as exc:  # noqa: BLE001 - classified below
-        if _unreachable(exc):
+        if transient_exception(exc):
             raise StorageUnavailable(f"DVC remote {name!r} ({url}) is unreachable: {_root_cause(exc)}") from exc
         if not isinstance(exc, FileNotFoundError):
             raise
@@ -472,7 +466,7 @@ def _fetch(repo: Repo, oids: Iterable[str]) -> None:
     try:
         result = repo.cloud.pull([HashInfo("md5", oid) for oid in oids], remote=name)
     except Exception as exc:
-        if _unreachable(exc):
+        if transient_exception(exc):
             raise StorageUnavailable(f"fetching from DVC remote {name!r} ({url}) failed: {_root_cause(exc)}") from exc
         raise
     if result.failed:
