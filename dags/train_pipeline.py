@@ -24,8 +24,6 @@ from operators.retry import ClassifiedRetryPolicy
 from operators.training import GangTrainingOperator, gang_task_id
 from operators.validation import DatasetValidationOperator
 
-MANIFEST = "ti.xcom_pull(task_ids='validate_dataset')"
-
 DOC = """
 ### gangflow pipeline `{name}`: {description}
 
@@ -207,11 +205,7 @@ def build_pipeline_dag(p: PipelineConfig):
             metric_bounds=(p.metric.minimum, p.metric.maximum),
             allowed_models=allowed,
             data_factory=p.data_factory,
-            lineage={
-                "dataset_version": "{{ " + MANIFEST + "['version'] }}",
-                "dataset_md5": "{{ " + MANIFEST + "['train_md5'] }}",
-                "train_try_number": training["attempt"],
-            },
+            lineage={"train_try_number": training["attempt"]},  # the dataset's lineage: from the manifest
         )
         admission = admit_gang()
         validate >> admission >> gangs
