@@ -18,6 +18,7 @@ from operators.callbacks import record_failure
 from operators.evaluation import EvaluateModelOperator
 from operators.config.pipelines import (
     DEFAULT_PIPELINE, NOT_NAN, POOL, PipelineConfig, check_params, dataset_version_of_run, load_pipelines,
+    pipeline_tag,
 )  # fmt: skip
 from operators.promotion import PromoteModelOperator
 from operators.retry import ClassifiedRetryPolicy
@@ -121,7 +122,7 @@ def build_pipeline_dag(p: PipelineConfig):
         catchup=False,
         max_active_runs=1,
         doc_md=doc,
-        tags=["gangflow", "training", "mlops", f"pipeline:{p.name}"],
+        tags=["gangflow", "training", "mlops", pipeline_tag(p.name)],
         # Templates render to strings: native rendering would re-parse them as Python literals and
         # turn the valid version 12345678901234567890123456e78901 into inf (and all-digit md5s into
         # ints). Operators convert and check their numeric fields themselves.

@@ -15,7 +15,7 @@ import functools
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ DATASET_ASSET_URI = "dvc://gangflow/data/digits"
 # (dags/publish_dataset.py writes it, `dataset_version_of_run` reads it).
 ASSET_VERSION_KEY = "version"
 POOL = "gangflow_training"
+PIPELINE_TAG_PREFIX = "pipeline:"
 #: Backends every DAG offers; a pipeline file's `backends` adds its own (name: module:Class).
 BUILTIN_BACKENDS = ("local", "kubernetes")
 TASKS = ("classification", "regression")
@@ -296,13 +297,14 @@ def pipeline(name: str = DEFAULT_PIPELINE) -> PipelineConfig:
     return pipelines[name]
 
 
-def pipeline_of_dag(dag_id: str) -> PipelineConfig:
-    """The pipeline whose training DAG is `dag_id`."""
-    for config in load_pipelines().values():
-        if config.dag_id == dag_id:
-            return config
-    raise PipelineConfigError(f"dag_id={dag_id!r} is no pipeline's training DAG "
-                              f"(known: {', '.join(c.dag_id for c in load_pipelines().values())})")
+def pipeline_tag(name: str) -> str:
+    """The tag every DAG of pipeline `name` carries (`pipeline:<name>`): how a DAG names its pipeline."""
+    return f"{PIPELINE_TAG_PREFIX}{name}"
+
+
+def tagged_pipeline(tags: Iterable[str]) -> str | None:
+    """The pipeline a DAG's tags name (see `pipeline_tag`), or None."""
+    return next((tag.removeprefix(PIPELINE_TAG_PREFIX) for tag in tags if tag.startswith(PIPELINE_TAG_PREFIX)), None)
 
 
 def defaults(name: str = DEFAULT_PIPELINE) -> PipelineConfig:
