@@ -120,7 +120,7 @@ class GangTrainingOperator(BaseOperator):
             name=gang_name(dag_id, run_id),
             run_dir=self.run_dir or str(settings.run_dir(dag_id, run_id)),
             world_size=int(self.world_size),
-            config_path=self.config_path or str(settings.params_file()),
+            config_path=self.config_path or str(settings.trainer_config_path()),
             overrides=tuple(format_override(k, v) for k, v in sorted(overrides.items())),
             env=env,
             attempt=ti.try_number,

@@ -18,11 +18,14 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from operators.config import settings
 from operators.exceptions import InvalidParams, UserError
 from operators.registry.gate import Metric, check_direction
+
+if TYPE_CHECKING:
+    from trainer.config import Config as TrainerConfig
 
 #: The pipeline `make demo` runs and whose DAG keeps the id `train_pipeline`.
 DEFAULT_PIPELINE = "digits"
@@ -32,10 +35,8 @@ DATASET_ASSET_URI = "dvc://gangflow/data/digits"
 # (dags/publish_dataset.py writes it, `dataset_version_of_run` reads it).
 ASSET_VERSION_KEY = "version"
 POOL = "gangflow_training"
-PIPELINE_TAG_PREFIX = "pipeline:"
 #: Backends every DAG offers; a pipeline file's `backends` adds its own (name: module:Class).
 BUILTIN_BACKENDS = ("local", "kubernetes")
-TASKS = ("classification", "regression")
 
 # JSON Schema has no "finite": NaN compares false with every bound, so it satisfies this empty
 # range and `not` refuses it (+-inf are refused by each number Param's own bounds).
@@ -141,6 +142,22 @@ def _pinned_version(out: str) -> str:
         return ""
 
 
+def _trainer_config(path: Path, source: str) -> TrainerConfig:
+    """The trainer's own reading of its config (`trainer.config.load_config`: its defaults, its checks)."""
+    from trainer.config import load_config
+    from trainer.errors import ConfigError
+
+    raw = _load_yaml(path)
+    if not raw:
+        raise PipelineConfigError(f"{source}: trainer_config={str(path)!r}: no such file, or it is empty")
+    if "pipeline" in raw:  # used to be read from params.yaml: refuse rather than ignore it
+        raise PipelineConfigError(f"{path}: a `pipeline` section is not read any more; pipeline settings live in {source}")
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise PipelineConfigError(f"{path} (trainer_config of {source}): {exc}") from None
+
+
 def _check_keys(where: str, given: Mapping[str, Any], accepted: set[str]) -> None:
     unknown = sorted(set(given) - accepted)
     if unknown:
@@ -205,20 +222,9 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         raise PipelineConfigError(f"{source}: allowed_models must be a list of 'module:function'")
     for i, spec in enumerate(allowed):
         _string(f"{source}: allowed_models[{i}]", spec, _FACTORY_RE, "'module:function'")
-    trainer_config = Path(raw.get("trainer_config", "params.yaml"))
-    if not trainer_config.is_absolute():
-        trainer_config = settings.PROJECT_ROOT / trainer_config
-    trainer = _load_yaml(trainer_config)
-    if not trainer:
-        raise PipelineConfigError(f"{source}: trainer_config={str(trainer_config)!r}: no such file, or it is empty")
-    if "pipeline" in trainer:  # used to be read from params.yaml: refuse rather than ignore it
-        raise PipelineConfigError(
-            f"{trainer_config}: a `pipeline` section is not read any more; pipeline settings live in {source}"
-        )
-    train = trainer.get("train") or {}
-    task = train.get("task", "classification")  # one place: the trainer's config (and so the model card)
-    if task not in TASKS:
-        raise PipelineConfigError(f"{trainer_config}: train.task={task!r}: accepted values are {', '.join(TASKS)}")
+    trainer_config = settings.trainer_config_path(raw.get("trainer_config"))
+    trainer = _trainer_config(trainer_config, source)
+    task = trainer.train.task  # one place: the trainer's config (and so the model card)
     schedule = os.environ.get("GANGFLOW_SCHEDULE", raw.get("schedule"))
     sizes = raw.get("local_world_sizes", [1, 2, 4, 8])
     if not isinstance(sizes, list) or not sizes:
@@ -239,7 +245,7 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         suite=_string(f"{source}: dataset.suite", dataset["suite"], _FACTORY_RE, "'module:function'"),
         trainer_config=str(trainer_config),
         task=task,
-        data_factory=str((trainer.get("data") or {}).get("factory") or "trainer.data:parquet_dataset"),
+        data_factory=trainer.data.factory,
         metric=metric,
         promotion_floor=float(_number(f"{source}: gate.floor", gate.get("floor", 0.0))),
         min_improvement=float(_number(f"{source}: gate.min_improvement", gate.get("min_improvement", 0.0))),
@@ -252,10 +258,10 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         retry_base_delay_s=float(os.environ.get("GANGFLOW_RETRY_BASE_DELAY") or _number(
             f"{source}: retry_base_delay_seconds", raw.get("retry_base_delay_seconds", 5))),
         allowed_models=tuple(allowed),
-        max_steps=int(train.get("max_steps", 600)),
-        learning_rate=float(train.get("lr", 0.05)),
-        batch_size=int(train.get("batch_size", 64)),
-        checkpoint_every_steps=int((trainer.get("checkpoint") or {}).get("every_steps", 100)),
+        max_steps=trainer.train.max_steps,
+        learning_rate=trainer.train.lr,
+        batch_size=trainer.train.batch_size,
+        checkpoint_every_steps=trainer.checkpoint.every_steps,
         dataset_version=_pinned_version(dataset["out"]),
     )
     if default_backend not in config.backend_names:
@@ -295,6 +301,9 @@ def pipeline(name: str = DEFAULT_PIPELINE) -> PipelineConfig:
             f"pipeline={name!r}: no {pipelines_dir() / (name + '.yaml')}; known pipelines: {', '.join(pipelines) or 'none'}"
         )
     return pipelines[name]
+
+
+PIPELINE_TAG_PREFIX = "pipeline:"
 
 
 def pipeline_tag(name: str) -> str:

@@ -51,6 +51,19 @@ def test_a_pipeline_section_in_a_trainer_config_is_refused_not_ignored(tmp_path)
         parse_pipeline(DIGITS | {"trainer_config": str(trainer)}, source="pipelines/x.yaml")
 
 
+def test_the_trainer_config_is_read_by_the_trainers_own_loader(tmp_path):
+    """Its defaults and its checks, not a copy of them."""
+    from trainer.config import TrainConfig
+
+    trainer = tmp_path / "params.yaml"
+    trainer.write_text("train: {max_steps: 5}\n")
+    config = parse_pipeline(DIGITS | {"trainer_config": str(trainer)}, source="pipelines/x.yaml")
+    assert (config.max_steps, config.learning_rate, config.task) == (5, TrainConfig().lr, "classification")
+    trainer.write_text("train: {task: ranking}\n")
+    with pytest.raises(PipelineConfigError, match=r"params.yaml \(trainer_config of pipelines/x.yaml\): train.task='ranking'"):
+        parse_pipeline(DIGITS | {"trainer_config": str(trainer)}, source="pipelines/x.yaml")
+
+
 def test_two_pipelines_may_not_share_a_dag_id(tmp_path):
     shutil.copy(PROJECT_ROOT / "pipelines" / "digits.yaml", tmp_path / "digits.yaml")
     other = DIGITS | {"name": "other", "model_name": "m", "dataset": DIGITS["dataset"] | {"out": "data/o", "asset": "a"},
