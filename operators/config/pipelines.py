@@ -143,17 +143,20 @@ def _pinned_version(out: str) -> str:
 
 
 def _trainer_config(path: Path, source: str) -> TrainerConfig:
-    """The trainer's own reading of its config (`trainer.config.load_config`: its defaults, its checks)."""
-    from trainer.config import load_config
+    """The trainer's own reading of its config (`trainer.config.Config`, as `load_config` builds it:
+    its defaults, its checks)."""
+    from trainer.config import Config
     from trainer.errors import ConfigError
 
     raw = _load_yaml(path)
     if not raw:
         raise PipelineConfigError(f"{source}: trainer_config={str(path)!r}: no such file, or it is empty")
+    if not isinstance(raw, Mapping):
+        raise PipelineConfigError(f"{path} (trainer_config of {source}): must be a mapping of sections")
     if "pipeline" in raw:  # used to be read from params.yaml: refuse rather than ignore it
         raise PipelineConfigError(f"{path}: a `pipeline` section is not read any more; pipeline settings live in {source}")
     try:
-        return load_config(path)
+        return Config.from_dict(raw)
     except ConfigError as exc:
         raise PipelineConfigError(f"{path} (trainer_config of {source}): {exc}") from None
 
