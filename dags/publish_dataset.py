@@ -12,7 +12,7 @@ from __future__ import annotations
 from airflow.sdk import Asset, dag, task
 
 from operators.callbacks import record_failure
-from operators.config.pipelines import ASSET_VERSION_KEY, PipelineConfig, load_pipelines
+from operators.config.pipelines import ASSET_VERSION_KEY, PipelineConfig, load_pipelines, pipeline_tag
 from operators.retry import ClassifiedRetryPolicy
 
 
@@ -23,7 +23,7 @@ def build_publish_dag(p: PipelineConfig):
         dag_id=p.publish_dag_id,
         schedule=None,
         catchup=False,
-        tags=["gangflow", "data", f"pipeline:{p.name}"],
+        tags=["gangflow", "data", pipeline_tag(p.name)],
         doc_md=__doc__,
         default_args={"retries": 2, "retry_policy": ClassifiedRetryPolicy(), "on_failure_callback": record_failure},
     )

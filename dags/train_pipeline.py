@@ -17,13 +17,12 @@ from operators.config import settings
 from operators.evaluation import EvaluateModelOperator
 from operators.config.pipelines import (
     DEFAULT_PIPELINE, NOT_NAN, PipelineConfig, check_params, dataset_version_of_run, load_pipelines,
+    pipeline_tag,
 )  # fmt: skip
 from operators.promotion import PromoteModelOperator
 from operators.retry import ClassifiedRetryPolicy
 from operators.training import GangTrainingOperator, gang_task_id
 from operators.validation import DatasetValidationOperator
-
-MANIFEST = "ti.xcom_pull(task_ids='validate_dataset')"
 
 DOC = """
 ### gangflow pipeline `{name}`: {description}
@@ -122,7 +121,7 @@ def build_pipeline_dag(p: PipelineConfig):
         catchup=False,
         max_active_runs=1,
         doc_md=doc,
-        tags=["gangflow", "training", "mlops", f"pipeline:{p.name}"],
+        tags=["gangflow", "training", "mlops", pipeline_tag(p.name)],
         # Templates render to strings: native rendering would re-parse them as Python literals and
         # turn the valid version 12345678901234567890123456e78901 into inf (and all-digit md5s into
         # ints). Operators convert and check their numeric fields themselves.
@@ -206,11 +205,7 @@ def build_pipeline_dag(p: PipelineConfig):
             metric_bounds=(p.metric.minimum, p.metric.maximum),
             allowed_models=allowed,
             data_factory=p.data_factory,
-            lineage={
-                "dataset_version": "{{ " + MANIFEST + "['version'] }}",
-                "dataset_md5": "{{ " + MANIFEST + "['train_md5'] }}",
-                "train_try_number": training["attempt"],
-            },
+            lineage={"train_try_number": training["attempt"]},  # the dataset's lineage: from the manifest
         )
         admission = admit_gang()
         validate >> admission >> gangs

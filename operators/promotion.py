@@ -19,27 +19,22 @@ from airflow.sdk import BaseOperator
 from trainer.allowlist import ModelNotAllowed
 
 from operators.exceptions import RegistryUnavailable, UserError
+from operators.registry.gate import Decision, PromotionGate, decide
+from operators.registry.lineage import git_commit, git_dirty, lineage_tags, require_commit
 from operators.registry.versions import (
     CHAMPION_ALIAS,
     ChampionChanged,
     ChampionEvaluationFailed,
-    Decision,
-    PromotionGate,
     check_schema,
     current_champion,
-    decide,
     download_model,
     download_version,
-    git_commit,
-    git_dirty,
     input_schema,
-    lineage_tags,
     model_schema,
     move_champion,
     record_decision,
     recorded_decision,
     register_version,
-    require_commit,
 )
 
 if TYPE_CHECKING:
@@ -111,9 +106,10 @@ class PromoteModelOperator(BaseOperator):
     :param direction: "higher" or "lower" is better (default the class's `direction`, higher).
     :param metric_bounds: (lowest, highest) value of the metric, None for unbounded (default
         (0, 1), a share).
-    :param lineage: extra version tags, e.g. {"dataset_version": ..., "dataset_md5": ...}; stored as
+    :param lineage: extra version tags, e.g. {"train_try_number": ...}; stored as
         `gangflow.<key>`; `dag_id`, `dag_run_id`, `try_number`, `git_commit`, `mlflow_run_id`
-        are filled from the context when absent (templated).
+        are filled from the context when absent; `dataset_version`, `dataset_md5` and
+        `test_data_md5` always come from the manifest (`dataset`) (templated).
     :param tracking_uri: MLflow tracking/registry URI (templated); default from settings.
     :param allowed_models: `module:function` model factories allowed beside the `gangflow.models`
         entry points (templated), for the candidate and the champion alike.
@@ -269,8 +265,12 @@ class PromoteModelOperator(BaseOperator):
                     manifest: Mapping[str, Any]) -> dict[str, str]:
         ti = context.get("ti") if isinstance(context, Mapping) else None
         dag_run = context.get("dag_run") if isinstance(context, Mapping) else None
+        # The dataset's lineage has one route: the validate task's manifest (it wins over `lineage`
+        # and over the run's tags, which `register_version` copies first).
+        dataset = {"dataset_version": manifest.get("version"), "dataset_md5": manifest.get("train_md5"),
+                   "test_data_md5": manifest.get("test_md5")}
         return lineage_tags(
-            self.lineage,
+            {**dict(self.lineage or {}), **{k: v for k, v in dataset.items() if v is not None}},
             dag_id=getattr(ti, "dag_id", None) or getattr(self, "dag_id", None),
             dag_run_id=(context.get("run_id") if isinstance(context, Mapping) else None)
             or getattr(dag_run, "run_id", None) or getattr(ti, "run_id", None),
@@ -278,8 +278,6 @@ class PromoteModelOperator(BaseOperator):
             git_commit=require_commit(git_commit()),  # before anything is registered
             git_dirty=git_dirty(),
             mlflow_run_id=str(self.mlflow_run_id),
-            dataset_version=manifest.get("version"),
-            test_data_md5=manifest.get("test_md5"),
             model_uri=str(self.model_uri),
             **_card_lineage(final_dir),
         )

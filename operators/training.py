@@ -51,8 +51,8 @@ class GangTrainingOperator(BaseOperator):
     :param world_size: number of ranks. With the local backend, give the task
         `pool="gangflow_training", pool_slots=world_size` so the pool admits the whole gang.
     :param dataset: the validated-dataset manifest from `DatasetValidationOperator`. Only its
-        `version` reaches the ranks (`--set data.version=...`, `GangSpec.dataset_version`); the
-        backend says where from (`data.remote`), and each rank fetches the version by content
+        `version` reaches the ranks: `GangSpec.dataset_version`, which the backend turns into its
+        data arguments (`--set data.version=... data.remote=...`), and each rank fetches the version by content
         address and checks every md5 itself. No path of this worker's DVC cache is passed.
     :param overrides: trainer parameters, dotted names to values (`{"train.max_steps": 600}`).
     :param backend: `local` or `kubernetes` (see `operators.backends`).
@@ -107,8 +107,7 @@ class GangTrainingOperator(BaseOperator):
         version = None
         if self.dataset:
             manifest = json.loads(self.dataset) if isinstance(self.dataset, str) else self.dataset
-            version = str(manifest["version"])
-            overrides["data.version"] = version  # the ranks fetch it by content address
+            version = str(manifest["version"])  # the backend hands it to the ranks (its data arguments)
         env = {"GANGFLOW_DAG_ID": dag_id, "GANGFLOW_DAG_RUN_ID": run_id, "GANGFLOW_TRY_NUMBER": str(ti.try_number)}
         if (started := try_started_at(ti)) is not None:
             # rank 0 records launch - this as attempt_queue_wait_s (local: the task's own work before
@@ -120,7 +119,7 @@ class GangTrainingOperator(BaseOperator):
             name=gang_name(dag_id, run_id),
             run_dir=self.run_dir or str(settings.run_dir(dag_id, run_id)),
             world_size=int(self.world_size),
-            config_path=self.config_path or str(settings.params_file()),
+            config_path=self.config_path or str(settings.trainer_config_path()),
             overrides=tuple(format_override(k, v) for k, v in sorted(overrides.items())),
             env=env,
             attempt=ti.try_number,

@@ -333,6 +333,8 @@ def _transient_one(exc: BaseException) -> str | None:
     module = type(exc).__module__ or ""
     if name == "OperationalError" and "database is locked" in str(exc):
         return "database is locked"
+    if name == "OperationalError" and module.startswith("sqlalchemy"):
+        return f"{name} (the tracking database could not be reached or was busy)"
     if type(exc) in (TimeoutError, ConnectionError) and exc.errno is None:
         # The bare built-ins: a program raises these itself too.
         return None if _raised_by_user_code(exc) else f"{name} (a connection or timeout error)"
@@ -355,6 +357,9 @@ def _transient_one(exc: BaseException) -> str | None:
     error_code = getattr(exc, "error_code", None)  # MLflow RestException, Azure HttpResponseError
     if isinstance(error_code, str) and error_code in TRANSIENT_CLOUD_CODES:
         return f"{name} error code {error_code}"
+    if "RestException" in names and error_code in _MLFLOW_SERVER_ERROR_CODES:
+        # Sent by an MLflow server (HTTP 500); raised locally the code means nothing (the default).
+        return f"{name} error code {error_code} (MLflow server error)"
     status = _status(exc)
     if status is not None and ("HTTPError" in names or "ApiException" in names or "HttpError" in names
                                or "HttpResponseError" in names or "ClientResponseError" in names or "GoogleAPICallError" in names):  # fmt: skip
@@ -372,6 +377,8 @@ def _transient_one(exc: BaseException) -> str | None:
         return f"{name}: {words}" if words and not _raised_by_user_code(exc) else None
     return None
 
+
+_MLFLOW_SERVER_ERROR_CODES = frozenset({"INTERNAL_ERROR", "ABORTED"})
 
 # Client-library classes (requests, httpx...) named like the built-ins: "could not reach it".
 _CLIENT_UNREACHABLE = frozenset({"ConnectionError", "Timeout", "TimeoutError", "TimeoutException"})

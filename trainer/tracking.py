@@ -113,13 +113,19 @@ def log_batches(client: Any, run_id: str, metrics=(), params=(), tags=()) -> Non
         raise error
 
 
+def mlflow_client(uri: str) -> Any:
+    """An `MlflowClient` whose tracking and registry are both at `uri`: every client gangflow uses
+    is built here (the operators' `operators.hooks.mlflow.get_client` too)."""
+    from mlflow import MlflowClient  # noqa: PLC0415 - lazy: only where MLflow is used
+
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
 class MlflowSink:
     """Sends metrics.jsonl records (`mlflow_items`) to one MLflow run from a background thread."""
 
     def __init__(self, uri: str, experiment: str, run_dir: Storage, flush_every_s: float):
-        from mlflow.tracking import MlflowClient  # lazy: only when configured
-
-        self.client = MlflowClient(tracking_uri=uri)
+        self.client = mlflow_client(uri)  # lazy: only when configured
         self.uri = uri
         self.flush_every_s = flush_every_s
         self.owned = False
@@ -266,12 +272,7 @@ class Tracker:
         if not (self.enabled and self.uri and run_id):
             return None
         try:
-            if self.mlflow is not None:
-                client = self.mlflow.client
-            else:
-                from mlflow.tracking import MlflowClient  # noqa: PLC0415 - rank 0 only, when configured
-
-                client = MlflowClient(tracking_uri=self.uri)
+            client = self.mlflow.client if self.mlflow is not None else mlflow_client(self.uri)
             client.log_artifacts(run_id, str(local_dir), artifact_path=FINAL_ARTIFACT_PATH)
         except Exception as exc:  # noqa: BLE001 - reported with what failed
             raise FinalUploadError(f"logging the final weights to MLflow run {run_id} at {redact(self.uri)} failed "

@@ -28,8 +28,8 @@ class GangSpec:
     overrides: tuple[str, ...] = ()  # trainer `--set section.key=value` items (a list is accepted)
     env: Mapping[str, str] = field(default_factory=dict)
     attempt: int = 1  # Airflow try number
-    # The dataset version the ranks fetch by content address (`--set data.version`); each backend
-    # supplies where from (`data.remote`): the local DVC remote, or the Kubernetes runtime's.
+    # The dataset version the ranks fetch by content address: each backend turns it into its data
+    # arguments (`--set data.version=... data.remote=...`; the local DVC remote, or the Kubernetes runtime's).
     dataset_version: str | None = None
 
     def __post_init__(self):

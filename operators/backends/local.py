@@ -111,15 +111,19 @@ class LocalBackend(GangBackend):
         ]  # fmt: skip
 
     def _data_args(self, spec: GangSpec) -> list[str]:
-        """`--set data.remote=URL` for a gang that fetches a dataset version: the ranks read the
-        version by content address like pods do, never a path of the worker's DVC cache."""
-        if not spec.dataset_version or any(o.startswith("data.remote=") for o in spec.overrides):
+        """`--set data.version=MD5 --set data.remote=URL` for a gang that fetches a dataset version
+        (`GangSpec.dataset_version`): the ranks read the version by content address like pods do,
+        never a path of the worker's DVC cache. An override `data.remote` names another remote."""
+        if not spec.dataset_version:
             return []
+        args = ["--set", f"data.version={spec.dataset_version}"]
+        if any(o.startswith("data.remote=") for o in spec.overrides):
+            return args
         if self.dataset_remote is None:
             from operators.hooks.dvc import remote_url
 
             self.dataset_remote = remote_url()
-        return ["--set", f"data.remote={self.dataset_remote}"]
+        return [*args, "--set", f"data.remote={self.dataset_remote}"]
 
     def run(self, spec: GangSpec, log: LogFn) -> GangResult:
         log_dir = Path(spec.run_dir) / "torchrun" / f"try-{spec.attempt}"

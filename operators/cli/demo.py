@@ -30,16 +30,19 @@ def run_dag(conf: dict, dag_id: str = DAG_ID):
 
 def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
     """Read the run's outcome back from the Airflow metadata DB."""
-    from operators.config.pipelines import pipeline_of_dag
-
-    config = pipeline_of_dag(dag_id)
+    from airflow.models.dag import DagTag
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
     from operators.callbacks import read_failure
+    from operators.config.pipelines import PipelineConfigError, pipeline, pipeline_tag, tagged_pipeline
 
     with create_session() as session:
+        name = tagged_pipeline(tag.name for tag in session.query(DagTag).filter_by(dag_id=dag_id))
+        if name is None:
+            raise PipelineConfigError(f"DAG {dag_id!r} names no pipeline (it has no {pipeline_tag('<name>')} tag)")
+        config = pipeline(name)  # the DAG names its pipeline
         tis = {ti.task_id: (ti.state, ti.try_number) for ti in session.query(TaskInstance).filter_by(dag_id=dag_id, run_id=dag_run.run_id)}
         xcoms = {
             (x.task_id, x.key): x.value

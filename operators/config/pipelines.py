@@ -11,14 +11,18 @@ import functools
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from operators.config import settings
 from operators.exceptions import InvalidParams, UserError
 from trainer.config import FACTORY_RE
+from operators.registry.gate import Metric, check_direction
+
+if TYPE_CHECKING:
+    from trainer.config import Config as TrainerConfig
 
 #: The pipeline `make demo` runs and whose DAG keeps the id `train_pipeline`.
 DEFAULT_PIPELINE = "digits"
@@ -29,8 +33,6 @@ DATASET_ASSET_URI = "dvc://gangflow/data/digits"
 ASSET_VERSION_KEY = "version"
 #: Backends every DAG offers; a pipeline file's `backends` adds its own (name: module:Class).
 BUILTIN_BACKENDS = ("local", "kubernetes")
-TASKS = ("classification", "regression")
-DIRECTIONS = ("higher", "lower")
 
 # JSON Schema has no "finite": NaN compares false with every bound, so it satisfies this empty
 # range and `not` refuses it (+-inf are refused by each number Param's own bounds).
@@ -42,31 +44,6 @@ _ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 
 class PipelineConfigError(UserError, ValueError):
     """A pipeline file is missing, unreadable, or has an unknown key or a bad value."""
-
-
-@dataclass(frozen=True)
-class Metric:
-    """The metric a pipeline is gated on: a key of the evaluation's metrics, and which way is better."""
-
-    name: str
-    direction: str  # "higher" | "lower"
-    minimum: float | None = None
-    maximum: float | None = None
-
-    @property
-    def higher_is_better(self) -> bool:
-        return self.direction == "higher"
-
-    def better(self, candidate: float, reference: float, margin: float = 0.0) -> bool:
-        """True when `candidate` beats `reference` by more than `margin` in this metric's direction."""
-        return candidate - reference > margin if self.higher_is_better else reference - candidate > margin
-
-    def passes(self, value: float, floor: float) -> bool:
-        """True when `value` reaches the gate's floor (a ceiling when lower is better)."""
-        return value >= floor if self.higher_is_better else value <= floor
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "direction": self.direction}
 
 
 @dataclass(frozen=True)
@@ -160,6 +137,25 @@ def _pinned_version(out: str) -> str:
         return ""
 
 
+def _trainer_config(path: Path, source: str) -> TrainerConfig:
+    """The trainer's own reading of its config (`trainer.config.Config`, as `load_config` builds it:
+    its defaults, its checks)."""
+    from trainer.config import Config
+    from trainer.errors import ConfigError
+
+    raw = _load_yaml(path)
+    if not raw:
+        raise PipelineConfigError(f"{source}: trainer_config={str(path)!r}: no such file, or it is empty")
+    if not isinstance(raw, Mapping):
+        raise PipelineConfigError(f"{path} (trainer_config of {source}): must be a mapping of sections")
+    if "pipeline" in raw:  # used to be read from params.yaml: refuse rather than ignore it
+        raise PipelineConfigError(f"{path}: a `pipeline` section is not read any more; pipeline settings live in {source}")
+    try:
+        return Config.from_dict(raw)
+    except ConfigError as exc:
+        raise PipelineConfigError(f"{path} (trainer_config of {source}): {exc}") from None
+
+
 def _check_keys(where: str, given: Mapping[str, Any], accepted: set[str]) -> None:
     unknown = sorted(set(given) - accepted)
     if unknown:
@@ -199,9 +195,10 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
     if not isinstance(metric_raw, Mapping):
         raise PipelineConfigError(f"{source}: metric must be a mapping with keys {', '.join(sorted(_METRIC_KEYS))}")
     _check_keys(f"{source}: metric", metric_raw, _METRIC_KEYS)
-    direction = metric_raw.get("direction", "higher")
-    if direction not in DIRECTIONS:
-        raise PipelineConfigError(f"{source}: metric.direction={direction!r}: accepted values are {', '.join(DIRECTIONS)}")
+    try:
+        direction = check_direction(metric_raw.get("direction", "higher"))
+    except ValueError as exc:
+        raise PipelineConfigError(f"{source}: metric.{exc}") from None
     bounds = {k: None if metric_raw.get(k) is None else float(_number(f"{source}: metric.{k}", metric_raw[k]))
               for k in ("minimum", "maximum")}
     metric = Metric(_string(f"{source}: metric.name", metric_raw.get("name", "accuracy"), re.compile(r"^[a-z][a-z0-9_]*$"),
@@ -223,20 +220,9 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         raise PipelineConfigError(f"{source}: allowed_models must be a list of 'module:function'")
     for i, spec in enumerate(allowed):
         _string(f"{source}: allowed_models[{i}]", spec, FACTORY_RE, "'module:function'")
-    trainer_config = Path(raw.get("trainer_config", "params.yaml"))
-    if not trainer_config.is_absolute():
-        trainer_config = settings.PROJECT_ROOT / trainer_config
-    trainer = _load_yaml(trainer_config)
-    if not trainer:
-        raise PipelineConfigError(f"{source}: trainer_config={str(trainer_config)!r}: no such file, or it is empty")
-    if "pipeline" in trainer:  # used to be read from params.yaml: refuse rather than ignore it
-        raise PipelineConfigError(
-            f"{trainer_config}: a `pipeline` section is not read any more; pipeline settings live in {source}"
-        )
-    train = trainer.get("train") or {}
-    task = train.get("task", "classification")  # one place: the trainer's config (and so the model card)
-    if task not in TASKS:
-        raise PipelineConfigError(f"{trainer_config}: train.task={task!r}: accepted values are {', '.join(TASKS)}")
+    trainer_config = settings.trainer_config_path(raw.get("trainer_config"))
+    trainer = _trainer_config(trainer_config, source)
+    task = trainer.train.task  # one place: the trainer's config (and so the model card)
     schedule = os.environ.get("GANGFLOW_SCHEDULE", raw.get("schedule"))
     sizes = raw.get("local_world_sizes", [1, 2, 4, 8])
     if not isinstance(sizes, list) or not sizes:
@@ -257,7 +243,7 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         suite=_string(f"{source}: dataset.suite", dataset["suite"], FACTORY_RE, "'module:function'"),
         trainer_config=str(trainer_config),
         task=task,
-        data_factory=str((trainer.get("data") or {}).get("factory") or "trainer.data:parquet_dataset"),
+        data_factory=trainer.data.factory,
         metric=metric,
         promotion_floor=float(_number(f"{source}: gate.floor", gate.get("floor", 0.0))),
         min_improvement=float(_number(f"{source}: gate.min_improvement", gate.get("min_improvement", 0.0))),
@@ -270,10 +256,10 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         retry_base_delay_s=float(os.environ.get("GANGFLOW_RETRY_BASE_DELAY") or _number(
             f"{source}: retry_base_delay_seconds", raw.get("retry_base_delay_seconds", 5))),
         allowed_models=tuple(allowed),
-        max_steps=int(train.get("max_steps", 600)),
-        learning_rate=float(train.get("lr", 0.05)),
-        batch_size=int(train.get("batch_size", 64)),
-        checkpoint_every_steps=int((trainer.get("checkpoint") or {}).get("every_steps", 100)),
+        max_steps=trainer.train.max_steps,
+        learning_rate=trainer.train.lr,
+        batch_size=trainer.train.batch_size,
+        checkpoint_every_steps=trainer.checkpoint.every_steps,
         dataset_version=_pinned_version(dataset["out"]),
     )
     if default_backend not in config.backend_names:
@@ -315,13 +301,17 @@ def pipeline(name: str = DEFAULT_PIPELINE) -> PipelineConfig:
     return pipelines[name]
 
 
-def pipeline_of_dag(dag_id: str) -> PipelineConfig:
-    """The pipeline whose training DAG is `dag_id`."""
-    for config in load_pipelines().values():
-        if config.dag_id == dag_id:
-            return config
-    raise PipelineConfigError(f"dag_id={dag_id!r} is no pipeline's training DAG "
-                              f"(known: {', '.join(c.dag_id for c in load_pipelines().values())})")
+PIPELINE_TAG_PREFIX = "pipeline:"
+
+
+def pipeline_tag(name: str) -> str:
+    """The tag every DAG of pipeline `name` carries (`pipeline:<name>`): how a DAG names its pipeline."""
+    return f"{PIPELINE_TAG_PREFIX}{name}"
+
+
+def tagged_pipeline(tags: Iterable[str]) -> str | None:
+    """The pipeline a DAG's tags name (see `pipeline_tag`), or None."""
+    return next((tag.removeprefix(PIPELINE_TAG_PREFIX) for tag in tags if tag.startswith(PIPELINE_TAG_PREFIX)), None)
 
 
 def defaults(name: str = DEFAULT_PIPELINE) -> PipelineConfig:

@@ -110,8 +110,11 @@ def reports_dir() -> Path:
     return state_dir() / "reports"
 
 
-def params_file() -> Path:
-    return PROJECT_ROOT / "params.yaml"
+def trainer_config_path(path: str | os.PathLike | None = None) -> Path:
+    """The trainer config a pipeline or a training task names: `path`, relative to the project
+    root, by default the project's params.yaml. The one place that decides it."""
+    path = Path(path or "params.yaml")
+    return path if path.is_absolute() else PROJECT_ROOT / path
 
 
 #: The Airflow pool that admits local gangs whole: a training task takes `pool_slots = world size`.

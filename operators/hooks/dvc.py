@@ -234,6 +234,8 @@ def publish(
     """
     from dvc.exceptions import DvcException, ReproductionError, UploadError
 
+    from trainer.failure_catalogue import transient_exception
+
     root = Path(root).resolve()
     lock = root / "dvc.lock"
     before = lock.read_text() if lock.is_file() else None
@@ -249,7 +251,7 @@ def publish(
         except UploadError as exc:
             raise StorageUnavailable(f"`dvc push {out}` to remote {name!r} failed: {exc}") from exc
         except DvcException as exc:
-            if _unreachable(exc):
+            if transient_exception(exc):  # unreachable (the one catalogue)
                 raise StorageUnavailable(f"`dvc push {out}` to remote {name!r} failed: {exc}") from exc
             raise
         except OSError as exc:
@@ -403,16 +405,6 @@ def _remote_url(repo: Repo, oid: str | None = None) -> str:
     return url if "://" in url else Path(url).as_uri()
 
 
-def _unreachable(exc: BaseException) -> bool:
-    """Whether an error (or its cause) means the storage could not be reached, not "absent".
-
-    The failure catalogue decides (`trainer.failure_catalogue`); it walks the cause chain,
-    since fsspec's HTTP filesystem reports a refused connection as FileNotFoundError caused by
-    an aiohttp connection error.
-    """
-    from trainer.failure_catalogue import transient_exception
-
-    return transient_exception(exc) is not None
 
 
 def _fetch(repo: Repo, oids: Iterable[str]) -> None:
@@ -424,6 +416,8 @@ def _fetch(repo: Repo, oids: Iterable[str]) -> None:
     from dvc.exceptions import DvcException
     from dvc_data.hashfile.hash_info import HashInfo
 
+    from trainer.failure_catalogue import transient_exception
+
     oids = list(oids)
     name, _ = remote_spec()
     try:
@@ -431,11 +425,13 @@ def _fetch(repo: Repo, oids: Iterable[str]) -> None:
     except DvcException as exc:
         raise UserError(f"DVC remote {name!r} is not usable: {exc}") from exc
     url = odb.fs.unstrip_protocol(odb.path)
-    # A cheap probe tells "unreachable" from "absent" before DVC folds both into "missing".
+    # A cheap probe tells "unreachable" from "absent" before DVC folds both into "missing". The
+    # catalogue walks the cause chain: fsspec's HTTP filesystem reports a refused connection as a
+    # FileNotFoundError caused by an aiohttp connection error.
     try:
         odb.fs.info(odb.oid_to_path(oids[0]))
     except Exception as exc:  # noqa: BLE001 - classified below
-        if _unreachable(exc):
+        if transient_exception(exc):
             raise StorageUnavailable(f"DVC remote {name!r} ({url}) is unreachable: {_root_cause(exc)}") from exc
         if not isinstance(exc, FileNotFoundError):
             raise
@@ -443,7 +439,7 @@ def _fetch(repo: Repo, oids: Iterable[str]) -> None:
     try:
         result = repo.cloud.pull([HashInfo("md5", oid) for oid in oids], remote=name)
     except Exception as exc:
-        if _unreachable(exc):
+        if transient_exception(exc):
             raise StorageUnavailable(f"fetching from DVC remote {name!r} ({url}) failed: {_root_cause(exc)}") from exc
         raise
     if result.failed:

@@ -28,10 +28,6 @@ TAG_DAG_RUN_ID = "gangflow.dag_run_id"
 # two deployments sharing an MLflow server never adopt each other's run.
 TAG_RUN_IDENTITY = "gangflow.run_identity"
 
-# MLflow error codes that mean "the service is there but cannot answer now". INTERNAL_ERROR
-# counts only when a server sent it (HTTP 500): locally it is MlflowException's default code.
-_UNAVAILABLE_CODES = frozenset({"TEMPORARILY_UNAVAILABLE", "DEADLINE_EXCEEDED", "REQUEST_LIMIT_EXCEEDED"})
-_SERVER_UNAVAILABLE_CODES = _UNAVAILABLE_CODES | {"INTERNAL_ERROR", "ABORTED"}
 _LOCAL_SCHEMES = frozenset({"", "file", "sqlite"})
 
 
@@ -44,47 +40,20 @@ def is_local_store(tracking_uri: str) -> bool:
     return scheme in _LOCAL_SCHEMES or len(scheme) == 1  # "C:" on Windows paths
 
 
-def is_unavailable(exc: BaseException) -> bool:
-    """Whether `exc` means MLflow could not be reached (retry) rather than a wrong request."""
-    from mlflow.exceptions import MlflowException, RestException
-
-    if isinstance(exc, RegistryUnavailable):
-        return True
-    if isinstance(exc, RestException) and exc.error_code in _SERVER_UNAVAILABLE_CODES:
-        return True
-    if isinstance(exc, MlflowException):
-        if exc.error_code in _UNAVAILABLE_CODES:
-            return True
-        # The REST client's wording once its own retries are spent (connection refused, DNS,
-        # timeouts, too many 5xx).
-        message = str(exc.message)
-        return message.startswith("API request to ") and "failed with exception" in message
-    from trainer.failure_catalogue import transient_exception
-
-    if transient_exception(exc):  # connection errors, timeouts, HTTP 5xx/429: the one catalogue
-        return True
-    try:
-        import sqlalchemy.exc as saexc
-
-        if isinstance(exc, saexc.OperationalError):
-            return True
-    except ImportError:  # pragma: no cover
-        pass
-    return False
-
-
 @contextlib.contextmanager
 def mlflow_errors(tracking_uri: str | None, what: str) -> Iterator[None]:
     """Translate "MLflow is unreachable" into `RegistryUnavailable` naming the URI.
 
     Other errors (a bad request, a missing run) pass through unchanged.
     """
+    from trainer.failure_catalogue import transient_exception
+
     try:
         yield
     except RegistryUnavailable:
         raise
     except Exception as exc:
-        if is_unavailable(exc):
+        if transient_exception(exc):  # connection errors, timeouts, 5xx/429, busy database: the one catalogue
             uri = tracking_uri or settings.tracking_uri()
             raise RegistryUnavailable(f"MLflow at {uri} unavailable while trying to {what}: {exc}") from exc
         raise
@@ -97,11 +66,36 @@ def get_client(tracking_uri: str | None = None) -> MlflowClient:
     Also turns MLflow's artifact progress bars off (unless set): they flood Airflow task logs.
     """
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    from mlflow import MlflowClient
+    from trainer.tracking import mlflow_client
 
     uri = tracking_uri or settings.tracking_uri()
     with mlflow_errors(uri, "connect"):
-        return MlflowClient(tracking_uri=uri, registry_uri=uri)
+        return mlflow_client(uri)
+
+
+@contextlib.contextmanager
+def use_tracking_uri(uri: str) -> Iterator[None]:
+    """MLflow's fluent calls (`Model.log`, `models:/` URIs) read the global tracking URI: point
+    it at `uri` meanwhile, then restore both the global and the MLFLOW_TRACKING_URI env var
+    (which MLflow's own setter would unset when restoring "no URI set")."""
+    import mlflow
+
+    try:
+        from mlflow.tracking._tracking_service import utils as tracking_utils
+
+        old_global = getattr(tracking_utils, "_tracking_uri", None)
+    except ImportError:  # pragma: no cover - private module moved
+        old_global = None
+    old_env = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(old_global)
+        if old_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = old_env
 
 
 def client_uri(client: MlflowClient) -> str:

@@ -1,9 +1,9 @@
-"""Model-registry logic: the promotion gate, idempotent registration, the champion alias and the
-audit trail, as small functions over an `MlflowClient` that `PromoteModelOperator` strings together.
+"""Model-registry calls: idempotent registration, the champion alias, downloads, pyfunc logging,
+schema checks and the audit trail of a decision. Small functions over an `MlflowClient`, so each
+is testable on its own; `operators.promotion.PromoteModelOperator` strings them together with
+the gate (`operators.registry.gate`) and lineage (`operators.registry.lineage`).
 
-The gate (docs/registry.md): the candidate reaches the floor and beats the champion by MORE than
-the minimum improvement (a tie is not a win); for a lower-is-better metric every comparison turns
-around. Nothing here imports mlflow at import time.
+Nothing here imports mlflow at import time.
 """
 
 from __future__ import annotations
@@ -11,21 +11,18 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from operators.config import settings
 from operators.exceptions import InfraError, UserError
-from operators.hooks.mlflow import client_uri, mlflow_errors
+from operators.hooks.mlflow import client_uri, mlflow_errors, use_tracking_uri
+from operators.registry.gate import Decision, PromotionGate
+from operators.registry.lineage import run_lineage
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -35,8 +32,6 @@ log = logging.getLogger(__name__)
 
 CHAMPION_ALIAS = "champion"
 LOGGED_MODEL_NAME = "model"
-# Float scores that differ by less than this are equal (k/N accuracies, summed thresholds).
-EPSILON = 1e-12
 
 TAG_DECISION = "gangflow.decision"  # "promoted" | "rejected"
 TAG_REASON = "gangflow.reason"
@@ -48,7 +43,6 @@ TAG_LAST_DECISION = "gangflow.last_decision"  # on the registered model
 TAG_LAST_DECIDED_AT = "gangflow.last_decided_at"  # on the registered model
 TAG_MLFLOW_RUN_ID = "gangflow.mlflow_run_id"
 TAG_INPUT_SCHEMA = "gangflow.input_schema"  # JSON {column: dtype} of the model's input
-DIRECTIONS = ("higher", "lower")
 
 
 class ModelNotFound(UserError):
@@ -68,107 +62,6 @@ class ChampionEvaluationFailed(UserError):
 class SchemaMismatch(UserError):
     """The candidate's input columns differ from the champion's: a model of other data cannot
     replace it (checked before anything is registered)."""
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-@dataclass(frozen=True)
-class PromotionGate:
-    """When a candidate replaces the champion.
-
-    :param floor: the score any candidate needs; inclusive (``candidate >= floor``, or
-        ``candidate <= floor`` when lower is better: then it is a ceiling). Within `bounds`.
-    :param min_improvement: margin over the champion, >= 0 and below the width of `bounds`;
-        strict (``candidate - champion > min_improvement``, or ``champion - candidate > ...``),
-        so 0 means "strictly better".
-    :param metric: the score's name, used in reasons and tags (``gangflow.candidate_<metric>``).
-    :param direction: "higher" (accuracy, F1) or "lower" (RMSE, MAE) is better.
-    :param bounds: (lowest, highest) value the metric can take; None: unbounded on that side.
-        Default [0, 1], a share such as accuracy.
-    """
-
-    floor: float = 0.9
-    min_improvement: float = 0.0
-    metric: str = "accuracy"
-    direction: str = "higher"
-    bounds: tuple[float | None, float | None] = (0.0, 1.0)
-
-    def __post_init__(self) -> None:
-        low, high = self.bounds
-        span = f"[{_bound(low)}, {_bound(high)}]"
-        if self.direction not in DIRECTIONS:
-            raise ValueError(f"direction={self.direction!r}: accepted values are {', '.join(DIRECTIONS)}")
-        if not _is_number(self.floor) or (low is not None and self.floor < low) or (high is not None and self.floor > high):
-            raise ValueError(f"floor={self.floor!r}: must be a number in {span}")
-        width = None if low is None or high is None else high - low
-        if not _is_number(self.min_improvement) or self.min_improvement < 0 or (width is not None and self.min_improvement >= width):
-            raise ValueError(f"min_improvement={self.min_improvement!r}: must be a number in [0, {_bound(width)})")
-        if not isinstance(self.metric, str) or not self.metric.replace("_", "").isalnum():
-            raise ValueError(f"metric={self.metric!r}: must be a non-empty name of letters, digits and '_'")
-        object.__setattr__(self, "floor", float(self.floor))
-        object.__setattr__(self, "min_improvement", float(self.min_improvement))
-
-    @property
-    def higher_is_better(self) -> bool:
-        return self.direction == "higher"
-
-    def gain(self, candidate: float, champion: float) -> float:
-        """How much better the candidate is (positive: better), in the metric's units."""
-        return candidate - champion if self.higher_is_better else champion - candidate
-
-    def reaches_floor(self, candidate: float) -> bool:
-        return candidate >= self.floor if self.higher_is_better else candidate <= self.floor
-
-    def describe(self) -> str:
-        if self.higher_is_better:
-            return (f"{self.metric} >= floor {self.floor:.4f} and "
-                    f"{self.metric} - champion > min_improvement {self.min_improvement:.4f}")
-        return (f"{self.metric} <= ceiling {self.floor:.4f} and "
-                f"champion - {self.metric} > min_improvement {self.min_improvement:.4f} (lower is better)")
-
-
-def _bound(value: float | None) -> str:
-    return "inf" if value is None else f"{value:g}"
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The gate's verdict. `reason` states both scores and the rule applied."""
-
-    promote: bool
-    reason: str
-
-
-def decide(
-    candidate: float,
-    champion: float | None,
-    gate: PromotionGate,
-    *,
-    champion_version: int | str | None = None,
-) -> Decision:
-    """Apply `gate` to a candidate score and the champion's score (None: no champion yet)."""
-    m = gate.metric
-    champ = f"champion v{champion_version}" if champion_version is not None else "the champion"
-    floor = "floor" if gate.higher_is_better else "ceiling"
-    if not _is_number(candidate):
-        return Decision(False, f"not promoted: candidate {m} {candidate!r} is not a number")
-    if not gate.reaches_floor(candidate):
-        where = "below the floor" if gate.higher_is_better else "above the ceiling"
-        return Decision(False, f"not promoted: candidate {m} {candidate:.4f} is {where} {gate.floor:.4f}")
-    if champion is None:
-        return Decision(True, f"promoted: candidate {m} {candidate:.4f} reaches the {floor} {gate.floor:.4f} "
-                              "and there is no champion yet")
-    if not _is_number(champion):
-        return Decision(False, f"not promoted: {champ} {m} {champion!r} is not a number; fix or remove the alias")
-    gain = gate.gain(candidate, champion)
-    better = "" if gate.higher_is_better else " (lower is better)"
-    if gain - gate.min_improvement > EPSILON:
-        return Decision(True, f"promoted: candidate {m} {candidate:.4f} beats {champ} ({champion:.4f}) by "
-                              f"{gain:.4f}, more than the minimum improvement {gate.min_improvement:.4f}{better}")
-    return Decision(False, f"not promoted: candidate {m} {candidate:.4f} does not beat {champ} ({champion:.4f}) "
-                           f"by more than the minimum improvement {gate.min_improvement:.4f}{better}")
 
 
 # --------------------------------------------------------------------------- registry calls
@@ -240,7 +133,7 @@ def model_schema(client: MlflowClient, version: ModelVersion) -> dict[str, str] 
     try:
         from mlflow.models import get_model_info
 
-        with _use_tracking_uri(client_uri(client)):
+        with use_tracking_uri(client_uri(client)):
             signature = get_model_info(f"models:/{version.name}/{version.version}").signature
     except Exception as exc:  # noqa: BLE001 - no MLmodel (a plain folder version): nothing to compare
         log.info("%s v%s has no readable signature (%s)", version.name, version.version, exc)
@@ -393,7 +286,7 @@ def log_pyfunc_model(
         if example is None:
             example = pd.DataFrame([[0.0] * len(schema)], columns=list(schema))
         task = served_model.card_task(staged)
-        with _use_tracking_uri(uri):
+        with use_tracking_uri(uri):
             Model.log(
                 artifact_path=None,
                 name=name,
@@ -409,31 +302,6 @@ def log_pyfunc_model(
                 code_paths=_bundled_code(Path(tmp) / "code", served_model.card_factory(staged)),
             )
     return logged.model_id
-
-
-@contextlib.contextmanager
-def _use_tracking_uri(uri: str) -> Iterator[None]:
-    """MLflow's fluent `Model.log` reads the global tracking URI: point it at `uri` meanwhile,
-    then restore both the global and the MLFLOW_TRACKING_URI env var (which MLflow's own
-    setter would unset when restoring "no URI set")."""
-    import mlflow
-
-    try:
-        from mlflow.tracking._tracking_service import utils as tracking_utils
-
-        old_global = getattr(tracking_utils, "_tracking_uri", None)
-    except ImportError:  # pragma: no cover - private module moved
-        old_global = None
-    old_env = os.environ.get("MLFLOW_TRACKING_URI")
-    mlflow.set_tracking_uri(uri)
-    try:
-        yield
-    finally:
-        mlflow.set_tracking_uri(old_global)
-        if old_env is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = old_env
 
 
 def register_version(
@@ -481,7 +349,7 @@ def register_version(
         model_id = source.removeprefix("models:/")
     with mlflow_errors(uri, f"create a version of {name!r}"):
         # The SQL registry resolves `models:/<id>` through the *global* tracking URI.
-        with _use_tracking_uri(uri):
+        with use_tracking_uri(uri):
             version = client.create_model_version(name, source=source, run_id=run_id, tags=tags, model_id=model_id)
         if model_id is not None:
             try:  # shows the version on the LoggedModel's page in the UI; cosmetic
@@ -490,13 +358,6 @@ def register_version(
                 log.debug("could not tag logged model %s: %s", model_id, exc)
     log.info("registered %s v%s from run %s (source %s)", name, version.version, run_id, source)
     return version
-
-
-def run_lineage(client: MlflowClient, run_id: str) -> dict[str, str]:
-    """The run's `gangflow.*` tags (lineage the training task, backend and evaluate recorded)."""
-    with mlflow_errors(client_uri(client), f"read the tags of run {run_id}"):
-        run_tags = client.get_run(run_id).data.tags
-    return {k: str(v)[:5000] for k, v in sorted(run_tags.items()) if k.startswith("gangflow.")}
 
 
 def current_champion(client: MlflowClient, name: str) -> ModelVersion | None:
@@ -691,71 +552,3 @@ def move_champion(
 def recorded_decision(version: ModelVersion) -> dict[str, str]:
     """The `gangflow.*` audit tags already on a version (empty if never decided)."""
     return {k: v for k, v in (version.tags or {}).items() if k.startswith("gangflow.")}
-
-
-#: The commit an image was built from (its build arg: there is no .git in an image).
-COMMIT_ENV = "GANGFLOW_GIT_COMMIT"
-DIRTY_ENV = "GANGFLOW_GIT_DIRTY"
-#: "1": register models whose code commit is unknown (local experiments outside a git checkout).
-ALLOW_UNKNOWN_COMMIT_ENV = "GANGFLOW_ALLOW_UNKNOWN_COMMIT"
-
-
-class UnknownCommit(UserError):
-    """The code's commit is unknown: a registered model would have no code lineage."""
-
-
-def _git(root: str | Path | None, *args: str) -> subprocess.CompletedProcess | None:
-    try:
-        return subprocess.run(["git", *args], cwd=str(root or settings.PROJECT_ROOT), capture_output=True, text=True,
-                              timeout=10, check=False)  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def git_commit(root: str | Path | None = None) -> str:
-    """The commit of the code that trained the model: `GANGFLOW_GIT_COMMIT` (baked into an image
-    by its build arg) when set, else `git rev-parse HEAD` of the project, else "unknown"."""
-    baked = os.environ.get(COMMIT_ENV, "").strip()
-    if baked and baked != "unknown":
-        return baked
-    out = _git(root, "rev-parse", "HEAD")
-    sha = out.stdout.strip() if out is not None else ""
-    return sha if out is not None and out.returncode == 0 and sha else "unknown"
-
-
-def git_dirty(root: str | Path | None = None) -> str:
-    """"true" when tracked files differ from that commit (uncommitted changes trained the
-    model), "false" when not, "unknown" outside a git checkout (an image: its build arg)."""
-    if os.environ.get(COMMIT_ENV, "").strip() not in ("", "unknown"):
-        return os.environ.get(DIRTY_ENV, "unknown").strip().lower() or "unknown"
-    out = _git(root, "status", "--porcelain", "--untracked-files=no")
-    if out is None or out.returncode != 0:
-        return "unknown"
-    return "true" if out.stdout.strip() else "false"
-
-
-def require_commit(commit: str) -> str:
-    """`commit`, or UnknownCommit when it is "unknown" and `GANGFLOW_ALLOW_UNKNOWN_COMMIT` is not 1."""
-    if commit == "unknown" and os.environ.get(ALLOW_UNKNOWN_COMMIT_ENV, "") != "1":
-        raise UnknownCommit(
-            "the code's git commit is unknown (no git checkout, and no GANGFLOW_GIT_COMMIT, the image's build arg): "
-            "refusing to register a model without code lineage. Build the image with "
-            "--build-arg GANGFLOW_GIT_COMMIT=$(git rev-parse HEAD), run from a git checkout, or set "
-            f"{ALLOW_UNKNOWN_COMMIT_ENV}=1 for a local experiment. Nothing was registered."
-        )
-    return commit
-
-
-def lineage_tags(lineage: Mapping[str, Any] | None, **defaults: Any) -> dict[str, str]:
-    """Model-version tags `gangflow.<key>` from a lineage dict, `defaults` filling the gaps.
-
-    Nested values are stored as JSON; None values are dropped.
-    """
-    merged: dict[str, Any] = {k: v for k, v in defaults.items() if v is not None}
-    merged.update({k: v for k, v in (lineage or {}).items() if v is not None})
-    out = {}
-    for key, value in merged.items():
-        key = str(key) if str(key).startswith("gangflow.") else f"gangflow.{key}"
-        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-        out[key] = text[:5000]
-    return out

@@ -51,6 +51,19 @@ def test_a_pipeline_section_in_a_trainer_config_is_refused_not_ignored(tmp_path)
         parse_pipeline(DIGITS | {"trainer_config": str(trainer)}, source="pipelines/x.yaml")
 
 
+def test_the_trainer_config_is_read_by_the_trainers_own_loader(tmp_path):
+    """Its defaults and its checks, not a copy of them."""
+    from trainer.config import TrainConfig
+
+    trainer = tmp_path / "params.yaml"
+    trainer.write_text("train: {max_steps: 5}\n")
+    config = parse_pipeline(DIGITS | {"trainer_config": str(trainer)}, source="pipelines/x.yaml")
+    assert (config.max_steps, config.learning_rate, config.task) == (5, TrainConfig().lr, "classification")
+    trainer.write_text("train: {task: ranking}\n")
+    with pytest.raises(PipelineConfigError, match=r"params.yaml \(trainer_config of pipelines/x.yaml\): train.task='ranking'"):
+        parse_pipeline(DIGITS | {"trainer_config": str(trainer)}, source="pipelines/x.yaml")
+
+
 def test_two_pipelines_may_not_share_a_dag_id(tmp_path):
     shutil.copy(PROJECT_ROOT / "pipelines" / "digits.yaml", tmp_path / "digits.yaml")
     other = DIGITS | {"name": "other", "model_name": "m", "dataset": DIGITS["dataset"] | {"out": "data/o", "asset": "a"},
@@ -75,13 +88,15 @@ def test_a_new_pipeline_file_is_a_new_dag_with_its_own_backend_and_gate(tmp_path
     code = (
         "import json\n"
         "from airflow.dag_processing.dagbag import DagBag\n"
+        "from operators.config.pipelines import tagged_pipeline\n"
         "bag = DagBag(dag_folder='dags')\n"
         "assert not bag.import_errors, bag.import_errors\n"
         "dag = bag.dags['train_third']\n"
         "p = {k: dag.params.get_param(k).schema for k in ('backend', 'promotion_floor', 'min_improvement')}\n"
         "print(json.dumps({'dags': sorted(bag.dags), 'tasks': sorted(t.task_id for t in dag.tasks), 'params': p,\n"
         "  'floor': dag.params['promotion_floor'], 'task': __import__('operators.config.pipelines', fromlist=['pipeline']).pipeline('third').task, 'suite': dag.get_task('validate_dataset').suite,\n"
-        "  'out': dag.get_task('validate_dataset').dvc_out, 'model': dag.get_task('promote').model_name}))"
+        "  'out': dag.get_task('validate_dataset').dvc_out, 'model': dag.get_task('promote').model_name,\n"
+        "  'pipelines': {d: tagged_pipeline(bag.dags[d].tags) for d in bag.dags}}))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=180,
                           env=pipeline_env(tmp_path / "home", GANGFLOW_PIPELINES=str(tmp_path)))  # fmt: skip
@@ -94,6 +109,9 @@ def test_a_new_pipeline_file_is_a_new_dag_with_its_own_backend_and_gate(tmp_path
     assert shape["params"]["promotion_floor"]["minimum"] == 0 and "maximum" not in shape["params"]["promotion_floor"]
     assert "exclusiveMaximum" not in shape["params"]["min_improvement"]
     assert (shape["floor"], shape["out"], shape["model"]) == (50.0, "data/third", "gangflow-third")
+    # Each DAG names its pipeline (a tag): `make demo` reads it from there, not back from the dag_id.
+    assert shape["pipelines"] == {"publish_dataset": "digits", "publish_third": "third", "train_pipeline": "digits",
+                                  "train_third": "third"}
 
 
 def test_admission_picks_a_registered_backends_task(monkeypatch):

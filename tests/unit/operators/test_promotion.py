@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 
 from operators import evaluation
 
+from operators.registry import lineage
 from operators.registry import versions as registry
 
 from operators.hooks import mlflow as tracking
@@ -165,7 +166,7 @@ def test_promotion_lifecycle(client, make):
     assert v1.tags["gangflow.dag_run_id"] == "manual__ok"
     assert v1.tags["gangflow.try_number"] == "1"
     assert v1.tags["gangflow.mlflow_run_id"] == ok.mlflow_run_id == v1.run_id
-    assert v1.tags["gangflow.git_commit"] == registry.git_commit()
+    assert v1.tags["gangflow.git_commit"] == lineage.git_commit()
     assert v1.tags["gangflow.test_data_md5"] == file_md5(TEST_SPLIT)
     assert v1.tags["gangflow.card_data_train_md5"] == file_md5(TRAIN_SPLIT)
     assert v1.tags["gangflow.card_model_factory"].endswith(":tiny_mlp")
@@ -392,3 +393,13 @@ def test_move_champion_is_a_compare_and_set(client, make):
     assert not moved and str(now.version) == "1"
     moved, _ = registry.move_champion(client, v2, expected=registry.current_champion(client, name))
     assert moved and str(registry.current_champion(client, name).version) == "2"
+
+
+def test_the_dataset_lineage_comes_from_the_manifest_only():
+    """One route: the validate task's manifest, over `lineage` (the run's own tags come first)."""
+    op = PromoteModelOperator(task_id="promote", model_name="m", model_uri="runs:/r/final", dataset={},
+                              mlflow_run_id="r", lineage={"dataset_version": "f" * 32, "train_try_number": 2})
+    manifest = {"version": "a" * 32, "train_md5": "b" * 32, "test_md5": "c" * 32}
+    tags = op.lineage_for({}, {}, Path("/nonexistent"), manifest)
+    assert tags["gangflow.dataset_version"] == "a" * 32 and tags["gangflow.dataset_md5"] == "b" * 32
+    assert tags["gangflow.test_data_md5"] == "c" * 32 and tags["gangflow.train_try_number"] == "2"

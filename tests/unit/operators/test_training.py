@@ -42,9 +42,11 @@ def _spec(manifest, **kwargs):
 
 def test_ranks_get_the_dataset_version_and_no_worker_path(worker_manifest, tmp_path):
     _, spec = _spec(worker_manifest)
+    # One route: manifest -> GangSpec.dataset_version -> the backend's data arguments.
     assert spec.dataset_version == VERSION
-    assert f"data.version={VERSION}" in spec.overrides
+    assert not [o for o in spec.overrides if o.startswith("data.")]
     argv = LocalBackend().command(spec, tmp_path / "logs")
+    assert argv[argv.index(f"data.version={VERSION}") - 1] == "--set"
     # The local backend supplies its DVC remote, as a URL the rank fetches from (like a pod does).
     assert argv[argv.index(f"data.remote={settings.dvc_remote().as_uri()}") - 1] == "--set"
     text = json.dumps({"argv": argv, "env": dict(spec.env)})

@@ -144,22 +144,52 @@ def test_trainer_tags_a_user_valueerror_with_infra_words_as_user():
 
 
 def test_dataset_unreachable_uses_the_catalogue():
+    from operators.exceptions import StorageUnavailable
     from operators.hooks import dvc as dataset
 
-    assert dataset._unreachable(OSError(errno.ETIMEDOUT, "Connection timed out"))
-    assert not dataset._unreachable(PermissionError(errno.EACCES, "Permission denied"))  # the caller's mistake
+    class _Odb:
+        path = "/remote"
+
+        def __init__(self, probe_error):
+            self.fs = type("Fs", (), {"unstrip_protocol": staticmethod(lambda p: p), "info": self._raise})()
+            self.probe_error = probe_error
+
+        def _raise(self, path):
+            raise self.probe_error
+
+        def oid_to_path(self, oid):
+            return f"/remote/{oid}"
+
+    def repo(probe_error):
+        cloud = type("Cloud", (), {"get_remote_odb": lambda self, name, op: _Odb(probe_error)})()
+        return type("Repo", (), {"cloud": cloud})()
+
+    with pytest.raises(StorageUnavailable, match="unreachable: TimeoutError"):
+        dataset._fetch(repo(OSError(errno.ETIMEDOUT, "Connection timed out")), ["0" * 32])
+    with pytest.raises(PermissionError):  # the caller's mistake: not retried as "unreachable"
+        dataset._fetch(repo(PermissionError(errno.EACCES, "Permission denied")), ["0" * 32])
 
 
 def test_retry_policy_and_tracking_agree_with_the_catalogue():
+    from operators.exceptions import RegistryUnavailable
     from operators.hooks import mlflow as tracking
     from operators.retry import judge_exception
 
+    def unavailable(exc):
+        try:
+            with tracking.mlflow_errors("http://mlflow:5000", "test"):
+                raise exc
+        except RegistryUnavailable:
+            return True
+        except Exception:  # noqa: BLE001 - passed through unchanged
+            return False
+
     for exc in (OSError(errno.EIO, "Input/output error"), _ClientError("SlowDown"), ConnectionResetError()):
         assert judge_exception(exc)[0] == "infra"
-        assert tracking.is_unavailable(exc)
+        assert unavailable(exc)
     for exc in (ValueError("Connection reset by peer"), _ClientError("AccessDenied")):
         assert judge_exception(exc)[0] is None
-        assert not tracking.is_unavailable(exc)
+        assert not unavailable(exc)
 
 
 def test_kubernetes_client_status_classes():
@@ -187,3 +217,14 @@ def test_kubernetes_client_status_classes():
 def test_one_catalogue():
     assert catalogue.TRANSIENT_MESSAGE.search("ncclRemoteError: remote process exited")
     assert errno.EIO in catalogue.TRANSIENT_ERRNOS and errno.ENOENT not in catalogue.TRANSIENT_ERRNOS
+
+
+def test_mlflow_server_errors_and_the_tracking_database_are_transient():
+    from mlflow.exceptions import MlflowException, RestException
+    from sqlalchemy.exc import OperationalError
+
+    assert transient_exception(RestException({"error_code": "INTERNAL_ERROR", "message": "boom"}))
+    assert transient_exception(RestException({"error_code": "ABORTED", "message": "conflict"}))
+    assert not transient_exception(MlflowException("a local bug"))  # INTERNAL_ERROR is only the default code
+    assert not transient_exception(RestException({"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "no run"}))
+    assert transient_exception(OperationalError("SELECT 1", {}, Exception("could not connect to server")))

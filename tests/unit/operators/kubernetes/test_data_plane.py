@@ -63,7 +63,7 @@ def _worker_spec(**extra) -> GangSpec:
         "GANGFLOW_ALLOW_FAULTS": "1",
     }
     kwargs = dict(name="train-pipeline-1", run_dir=str(settings.run_dir("train_pipeline", "manual__1")), world_size=2,
-                  config_path=str(settings.params_file()), overrides=overrides, env=env)
+                  config_path=str(settings.trainer_config_path()), overrides=overrides, env=env)
     kwargs.update(extra)
     return GangSpec(**kwargs)
 

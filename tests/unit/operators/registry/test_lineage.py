@@ -8,16 +8,16 @@ import subprocess
 
 import pytest
 
-from operators.registry import versions as registry
-from operators.registry.versions import UnknownCommit, git_commit, git_dirty, require_commit
+from operators.registry import lineage
+from operators.registry.lineage import UnknownCommit, git_commit, git_dirty, require_commit
 
 from pipeline_runs import PROJECT_ROOT
 
 
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
-    monkeypatch.delenv(registry.COMMIT_ENV, raising=False)
-    monkeypatch.delenv(registry.DIRTY_ENV, raising=False)
+    monkeypatch.delenv(lineage.COMMIT_ENV, raising=False)
+    monkeypatch.delenv(lineage.DIRTY_ENV, raising=False)
     git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
     subprocess.run([*git, "init", "-q", str(tmp_path)], check=True)
     (tmp_path / "a.py").write_text("x = 1\n")
@@ -41,17 +41,26 @@ def test_the_projects_own_commit_is_known():
 
 
 def test_an_image_has_no_git_but_its_build_arg(tmp_path, monkeypatch):
-    monkeypatch.delenv(registry.COMMIT_ENV, raising=False)
+    monkeypatch.delenv(lineage.COMMIT_ENV, raising=False)
     assert git_commit(tmp_path) == "unknown" and git_dirty(tmp_path) == "unknown"
-    monkeypatch.setenv(registry.COMMIT_ENV, "0123abcd" * 5)
-    monkeypatch.setenv(registry.DIRTY_ENV, "false")
+    monkeypatch.setenv(lineage.COMMIT_ENV, "0123abcd" * 5)
+    monkeypatch.setenv(lineage.DIRTY_ENV, "false")
     assert git_commit(tmp_path) == "0123abcd" * 5 and git_dirty(tmp_path) == "false"
 
 
 def test_registration_refuses_an_unknown_commit_unless_allowed(monkeypatch):
-    monkeypatch.delenv(registry.ALLOW_UNKNOWN_COMMIT_ENV, raising=False)
+    monkeypatch.delenv(lineage.ALLOW_UNKNOWN_COMMIT_ENV, raising=False)
     with pytest.raises(UnknownCommit, match="GANGFLOW_GIT_COMMIT=.*Nothing was registered"):
         require_commit("unknown")
     assert require_commit("ab" * 20) == "ab" * 20
-    monkeypatch.setenv(registry.ALLOW_UNKNOWN_COMMIT_ENV, "1")
+    monkeypatch.setenv(lineage.ALLOW_UNKNOWN_COMMIT_ENV, "1")
     assert require_commit("unknown") == "unknown"
+
+
+def test_lineage_tags_and_git_commit():
+    tags = lineage.lineage_tags({"dataset_version": "abc", "nested": {"a": 1}, "skip": None},
+                                dag_id="d", dataset_version="ignored-default")
+    assert tags == {"gangflow.dataset_version": "abc", "gangflow.nested": '{"a": 1}', "gangflow.dag_id": "d"}
+    sha = lineage.git_commit(PROJECT_ROOT)
+    assert sha == "unknown" or re.fullmatch(r"[0-9a-f]{40}", sha)
+    assert lineage.git_commit("/") == "unknown"

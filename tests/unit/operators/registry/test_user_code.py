@@ -108,7 +108,7 @@ def test_the_signature_and_schema_check_use_the_datas_columns(home, client, user
     run_id = tracking.ensure_run(client, tracking.ensure_experiment(client, "gangflow"), dag_id="byom", dag_run_id="r2")
     version = registry.register_version(client, "byom-schema", run_id=run_id, source_dir_or_artifact_path=final,
                                         schema=SCHEMA, input_example=ROWS.head(2))  # fmt: skip
-    with registry._use_tracking_uri(tracking.client_uri(client)):
+    with tracking.use_tracking_uri(tracking.client_uri(client)):
         info = mlflow.models.get_model_info(f"models:/byom-schema/{version.version}")
     assert info.signature.inputs.input_names() == ["a", "b", "c"]
     assert registry.model_schema(client, version) == SCHEMA
