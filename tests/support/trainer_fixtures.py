@@ -18,6 +18,12 @@ PYTHON = sys.executable
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 # Small, fast runs: 60 steps, a checkpoint every 20.
 SMALL = ("train.max_steps=60", "checkpoint.every_steps=20", "train.log_every_steps=10")
+# The trainer's resume line and rank 0's progress line (trainer.tracking.Progress).
+RESUME = re.compile(r"^gangflow: resuming from checkpoint step-(\d+) \((.+)\)$", re.MULTILINE)
+PROGRESS_LINE = re.compile(r"gangflow: progress: step (\d+)/(\d+) \(\d+%\), loss (-|\d+\.\d{4}), (\d+) samples/s, "
+                           r"ETA (\d+:\d\d:\d\d|-), last checkpoint step (none|\d+)$")
+# A dataset version's files, for the data-store tests.
+DATASET_FILES = {"train.parquet": b"train-bytes" * 100, "test.parquet": b"test-bytes" * 50, "README": b"x"}
 
 
 def trainer_env(**extra: str) -> dict[str, str]:

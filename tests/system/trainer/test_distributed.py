@@ -18,13 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from trainer_fixtures import RESUME
 
 from trainer import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
 from trainer.checkpoint import Checkpointer
 
 pytestmark = pytest.mark.slow
-
-RESUME = re.compile(r"^gangflow: resuming from checkpoint step-(\d+) \((.+)\)$", re.MULTILINE)
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:

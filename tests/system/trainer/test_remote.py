@@ -18,10 +18,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from trainer_fixtures import RESUME
 
 pytestmark = pytest.mark.slow
-
-RESUME = re.compile(r"^gangflow: resuming from checkpoint step-(\d+) \((.+)\)$", re.MULTILINE)
 
 
 @pytest.fixture(scope="module")
