@@ -122,7 +122,8 @@ def h(digits) -> type[Helpers]:
 # --- an S3-API server on 127.0.0.1 (moto's server mode, what s3fs and DVC test against) ----------
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port nothing listens on now (the OS picks it: parallel test workers never collide)."""
     import socket
 
     with socket.socket() as s:
@@ -151,7 +152,7 @@ class S3Server:
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A moto S3 server for this session (started once)."""
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
     moto = str(Path(sys.executable).with_name("moto_server"))
     proc = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(port)], stdout=open(log, "w"), stderr=subprocess.STDOUT)

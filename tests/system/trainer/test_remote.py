@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from trainer_fixtures import RESUME
+from trainer_fixtures import RESUME, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -141,17 +141,9 @@ def test_resume_refuses_a_checkpoint_of_another_dataset(h, work, dataset, refere
 # --- S3: run dir and dataset on an S3-API server, weights through `mlflow server --serve-artifacts` ---
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(work):
-    port = _free_port()
+    port = free_port()
     home = work / "mlflow-server"
     home.mkdir()
     mlflow = str(Path(sys.executable).with_name("mlflow"))
