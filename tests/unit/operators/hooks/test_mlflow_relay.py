@@ -278,14 +278,16 @@ def test_mlflow_back_only_after_the_gang_still_gets_the_final_weights(client, ex
 
     run_id = _new_run(client, experiment)
     up = threading.Event()
+    tries: list[int] = []
 
     def down_until_up():
+        tries.append(1)
         if not up.is_set():
             raise RegistryUnavailable("MLflow at http://127.0.0.1:9 unavailable")
         return client, run_id
 
     relay = TrackingRelay(tmp_path, open_run=down_until_up, flush_every_s=0.1, log=lambda m: None, max_backoff_s=5.0).start()
-    time.sleep(0.3)
+    assert _wait(lambda: tries), "the relay never tried to open the run"  # down while the gang trains
     final = tmp_path / "final"
     final.mkdir()
     (final / "model.safetensors").write_bytes(b"weights")
