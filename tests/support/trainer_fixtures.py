@@ -149,6 +149,30 @@ class S3Server:
         return f"s3://{name}"
 
 
+def wait_until_serving(url: str, proc: subprocess.Popen, log: Path, what: str, timeout_s: float) -> None:
+    """Poll `url` until it answers; fail with the tail of `log` once `proc` exits or `timeout_s` passes."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"{what} did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.2)
+
+
+def stop_server(proc: subprocess.Popen, grace_s: float) -> None:
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A moto S3 server for this session (started once)."""
@@ -158,25 +182,10 @@ def s3_server(tmp_path_factory):
     proc = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(port)], stdout=open(log, "w"), stderr=subprocess.STDOUT)
     endpoint = f"http://127.0.0.1:{port}"
     try:
-        import urllib.request
-
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(endpoint, timeout=2).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"moto_server did not start: {log.read_text()[-2000:]}")
-                time.sleep(0.2)
+        wait_until_serving(endpoint, proc, log, "moto_server", timeout_s=60)
         yield S3Server(endpoint)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc, grace_s=10)
 
 
 @pytest.fixture()

@@ -13,12 +13,10 @@ import re
 import shutil
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from trainer_fixtures import RESUME, free_port
+from trainer_fixtures import RESUME, free_port, stop_server, wait_until_serving
 
 pytestmark = pytest.mark.slow
 
@@ -153,23 +151,10 @@ def mlflow_server(work):
                             cwd=home, stdout=open(home / "log", "w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300  # slow to start on a loaded 2-core machine
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"mlflow server did not start: {(home / 'log').read_text()[-2000:]}")
-                time.sleep(1)
+        wait_until_serving(url + "/health", proc, home / "log", "mlflow server", timeout_s=300)  # slow to start on a loaded 2-core machine
         yield url, home / "artifacts"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc, grace_s=20)
 
 
 def test_kill_and_resume_on_s3_is_bitwise_equal(h, work, dataset, reference, s3, mlflow_server):
