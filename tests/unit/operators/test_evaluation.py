@@ -22,6 +22,7 @@ from operators.evaluation import EvaluateModelOperator, classification_metrics, 
 from operators.exceptions import UserError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
+pytestmark = pytest.mark.usefixtures("digits")  # data/digits, built when missing (a fresh clone)
 TEST_SPLIT = PROJECT_ROOT / "data" / "digits" / "test.parquet"
 
 
