@@ -13,19 +13,25 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CRDS_DIR = PROJECT_ROOT / "operators" / "kubernetes" / "crds"
 
 
-# Under pytest-xdist (`make test`: `-n 2 --dist loadgroup`) a worker builds every session fixture it uses
-# for itself: tests sharing one that prepares a state dir stay on one worker. A folder of these is one
-# group (dags: pipeline_home and the baselines; drill: drill_home; ui: the Airflow it starts); every
-# other file is a group of its own, so its module fixtures (a reference run, an MLflow store) are built once.
-ONE_WORKER_FOLDERS = {PROJECT_ROOT / "tests" / "system" / name for name in ("dags", "drill", "ui")}
+# Under pytest-xdist (`make test`: `-n 2 --dist loadfile`) a worker builds every session fixture it uses
+# for itself: tests sharing one that prepares a state dir stay on one worker. A folder of these counts as
+# one file (dags: pipeline_home and the baselines; drill: drill_home; ui: the Airflow it starts). (The
+# xdist_group marks of --dist loadgroup are lost under pytest 9: xdist 3.8 renames item._nodeid.)
+ONE_WORKER_FOLDERS = ("tests/system/dags/", "tests/system/drill/", "tests/system/ui/")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        folder = next((f for f in ONE_WORKER_FOLDERS if f in item.path.parents), None)
-        group = (folder or item.path).relative_to(PROJECT_ROOT).as_posix()
-        item.add_marker(pytest.mark.xdist_group(group))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LoadFileOrFolder(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return next((folder for folder in ONE_WORKER_FOLDERS if path.startswith(folder)), path)
+
+    return LoadFileOrFolder(config, log)
 
 
 @pytest.fixture(scope="session")
