@@ -48,7 +48,7 @@ browser-deps:
 
 # Unit tests only (tests/unit): no DAG run, no torchrun gang, no browser.
 test-fast: install
-	$(BIN)/python -m pytest tests/unit
+	$(BIN)/python -m pytest -n 2 --dist loadfile tests/unit
 
 ui: setup
 	$(BIN)/python -m operators.cli.ui
