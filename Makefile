@@ -38,11 +38,9 @@ cluster-drill: setup
 	$(BIN)/python -m operators.cli.drill --pipeline $(PIPELINE)
 
 # Every test on 2 pytest-xdist workers; tests that share a session fixture (a prepared state dir)
-# stay on one worker (tests/conftest.py). Unit and system tests run as two sessions: in one, the S3
-# tests of tests/system/trainer/test_remote.py failed on a worker that had run unit tests before.
+# stay on one worker (tests/conftest.py).
 test: install browser-deps
-	$(BIN)/python -m pytest -n 2 --dist loadfile tests/unit; unit=$$?; \
-	$(BIN)/python -m pytest -n 2 --dist loadfile tests/system && exit $$unit
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # The UI test drives Debian's chromium headless; install it when missing (root, apt).
 browser-deps:

@@ -163,7 +163,7 @@ def test_kill_and_resume_on_s3_is_bitwise_equal(h, work, dataset, reference, s3,
 
     remote, version, _ = dataset
     bucket = s3.bucket("gangflow-e2e")
-    fs = fsspec.filesystem("s3")
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)  # not an instance cached by an earlier test of this process
     fs.put(remote.removeprefix("file://") + "/", f"{bucket.removeprefix('s3://')}/dvc/", recursive=True)
     url, artifacts = mlflow_server
     client = MlflowClient(url)
@@ -202,7 +202,7 @@ def test_error_records_land_on_s3(h, work, s3):
     run_dir = f"{bucket}/runs/raised"
     out = run(h, run_dir, h.SMALL, nproc=None, GANGFLOW_FAULT="raise@step=3", **s3.env)
     assert out.returncode == 1, out.stdout[-3000:]
-    fs = fsspec.filesystem("s3")
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)  # not an instance cached by an earlier test of this process
     fs.invalidate_cache()
     record = json.loads(fs.cat_file(f"{run_dir.removeprefix('s3://')}/errors/rank-0.json"))
     assert record["exc_type"] == "ValueError" and record["source"] == "user" and record["step"] == 3

@@ -113,7 +113,7 @@ def test_fetch_from_s3(s3, remote, tmp_path):
 
     root, version = remote
     bucket = s3.bucket("gangflow-dvc-unit")
-    fs = fsspec.filesystem("s3")
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)  # not an instance cached by an earlier test of this process
     fs.put(str(root) + "/", bucket.removeprefix("s3://") + "/dvc/", recursive=True)
     got = fetch_dataset(f"{bucket}/dvc", version, tmp_path / "scratch")
     assert got["test.parquet"].read_bytes() == DATASET_FILES["test.parquet"]
