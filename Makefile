@@ -37,8 +37,10 @@ demo: setup
 cluster-drill: setup
 	$(BIN)/python -m operators.cli.drill --pipeline $(PIPELINE)
 
+# Every test on 2 pytest-xdist workers; tests that share a session fixture (a prepared state dir)
+# stay on one worker (tests/conftest.py).
 test: install browser-deps
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # The UI test drives Debian's chromium headless; install it when missing (root, apt).
 browser-deps:
@@ -46,7 +48,7 @@ browser-deps:
 
 # Unit tests only (tests/unit): no DAG run, no torchrun gang, no browser.
 test-fast: install
-	$(BIN)/python -m pytest tests/unit
+	$(BIN)/python -m pytest -n 2 --dist loadfile tests/unit
 
 ui: setup
 	$(BIN)/python -m operators.cli.ui

@@ -1,4 +1,5 @@
-"""Shared fixtures. Tests mirror the package layout: tests/trainer, tests/operators, tests/dags, ..."""
+"""Shared fixtures, and the pytest-xdist groups. Unit tests mirror the package layout under tests/unit;
+tests/system holds the DAG runs, torchrun drills, the cluster drill and the browser."""
 
 from __future__ import annotations
 
@@ -10,6 +11,27 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # Upstream CRDs vendored in the package (operators/kubernetes/crds/README.md names their commits):
 # the tests need nothing beside the repository (contract 8, docs/contracts.md).
 CRDS_DIR = PROJECT_ROOT / "operators" / "kubernetes" / "crds"
+
+
+# Under pytest-xdist (`make test`: `-n 2 --dist loadfile`) a worker builds every session fixture it uses
+# for itself: tests sharing one that prepares a state dir stay on one worker. A folder of these counts as
+# one file (dags: pipeline_home and the baselines; drill: drill_home; ui: the Airflow it starts). (The
+# xdist_group marks of --dist loadgroup are lost under pytest 9: xdist 3.8 renames item._nodeid.)
+ONE_WORKER_FOLDERS = ("tests/system/dags/", "tests/system/drill/", "tests/system/ui/")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LoadFileOrFolder(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return next((folder for folder in ONE_WORKER_FOLDERS if path.startswith(folder)), path)
+
+    return LoadFileOrFolder(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -99,10 +99,12 @@ def log_batches(client: Any, run_id: str, metrics=(), params=(), tags=()) -> Non
     from mlflow.entities import Metric, Param, RunTag  # noqa: PLC0415 - only where MLflow is used
 
     metrics, params, tags = list(metrics), list(params), list(tags)
-    calls = [{"metrics": [Metric(*m) for m in metrics[i : i + _MAX_BATCH]]} for i in range(0, len(metrics), _MAX_BATCH)]
-    calls += [{"params": [Param(k, v) for k, v in params[i : i + _MAX_PARAMS]],
-               "tags": [RunTag(k, v) for k, v in tags[i : i + _MAX_PARAMS]]}
-              for i in range(0, max(len(params), len(tags)), _MAX_PARAMS)]
+    # Params and tags go first: a reader who sees a metric must also see the run's params (sent after
+    # the metrics, a run polled between the two calls had metrics and no params).
+    calls = [{"params": [Param(k, v) for k, v in params[i : i + _MAX_PARAMS]],
+              "tags": [RunTag(k, v) for k, v in tags[i : i + _MAX_PARAMS]]}
+             for i in range(0, max(len(params), len(tags)), _MAX_PARAMS)]
+    calls += [{"metrics": [Metric(*m) for m in metrics[i : i + _MAX_BATCH]]} for i in range(0, len(metrics), _MAX_BATCH)]
     error: Exception | None = None
     for call in calls:
         try:

@@ -27,6 +27,13 @@ def pipeline_env(home: Path, **extra: str) -> dict[str, str]:
     return env | extra
 
 
+def last_line_of_python(code: str, home: Path, timeout: float = 120) -> str:
+    """Run `code` in a fresh interpreter on state dir `home` (Airflow binds its config at import); its last stdout line."""
+    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env=pipeline_env(home), capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
 def setup_state(home: Path) -> None:
     subprocess.run([sys.executable, "-m", "operators.cli.setup"], cwd=PROJECT_ROOT, env=pipeline_env(home), check=True, timeout=600)
 

@@ -18,6 +18,12 @@ PYTHON = sys.executable
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 # Small, fast runs: 60 steps, a checkpoint every 20.
 SMALL = ("train.max_steps=60", "checkpoint.every_steps=20", "train.log_every_steps=10")
+# The trainer's resume line and rank 0's progress line (trainer.tracking.Progress).
+RESUME = re.compile(r"^gangflow: resuming from checkpoint step-(\d+) \((.+)\)$", re.MULTILINE)
+PROGRESS_LINE = re.compile(r"gangflow: progress: step (\d+)/(\d+) \(\d+%\), loss (-|\d+\.\d{4}), (\d+) samples/s, "
+                           r"ETA (\d+:\d\d:\d\d|-), last checkpoint step (none|\d+)$")
+# A dataset version's files, for the data-store tests.
+DATASET_FILES = {"train.parquet": b"train-bytes" * 100, "test.parquet": b"test-bytes" * 50, "README": b"x"}
 
 
 def trainer_env(**extra: str) -> dict[str, str]:
@@ -116,7 +122,8 @@ def h(digits) -> type[Helpers]:
 # --- an S3-API server on 127.0.0.1 (moto's server mode, what s3fs and DVC test against) ----------
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port nothing listens on now (the OS picks it: parallel test workers never collide)."""
     import socket
 
     with socket.socket() as s:
@@ -142,34 +149,43 @@ class S3Server:
         return f"s3://{name}"
 
 
+def wait_until_serving(url: str, proc: subprocess.Popen, log: Path, what: str, timeout_s: float) -> None:
+    """Poll `url` until it answers; fail with the tail of `log` once `proc` exits or `timeout_s` passes."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"{what} did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.2)
+
+
+def stop_server(proc: subprocess.Popen, grace_s: float) -> None:
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A moto S3 server for this session (started once)."""
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
     moto = str(Path(sys.executable).with_name("moto_server"))
     proc = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(port)], stdout=open(log, "w"), stderr=subprocess.STDOUT)
     endpoint = f"http://127.0.0.1:{port}"
     try:
-        import urllib.request
-
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(endpoint, timeout=2).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"moto_server did not start: {log.read_text()[-2000:]}")
-                time.sleep(0.2)
+        wait_until_serving(endpoint, proc, log, "moto_server", timeout_s=60)
         yield S3Server(endpoint)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc, grace_s=10)
 
 
 @pytest.fixture()

@@ -1,4 +1,5 @@
-"""The pipeline DAG end to end with the real components (slow), and its parse-time contract."""
+"""The pipeline DAG end to end with the real components (slow), and params it refuses (its parse-time
+contract is tests/unit/dags/test_train_pipeline.py)."""
 
 from __future__ import annotations
 
@@ -11,48 +12,7 @@ from pathlib import Path
 import pytest
 from safetensors.numpy import load_file
 
-from pipeline_runs import FAST, PROJECT_ROOT, finish, pipeline_env, run_pipeline, start_pipeline
-
-HEAVY = ("torch", "mlflow", "great_expectations", "dvc", "pandas")
-
-
-def _python(code: str, home: Path, timeout: float = 120) -> str:
-    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env=pipeline_env(home), capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return done.stdout.strip().splitlines()[-1]
-
-
-def test_dag_file_imports_nothing_heavy(tmp_path):
-    code = (
-        "import importlib.util, json, sys\n"
-        "spec = importlib.util.spec_from_file_location('train_pipeline', 'dags/train_pipeline.py')\n"
-        "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
-        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
-    )
-    assert json.loads(_python(code, tmp_path)) == []
-
-
-def test_dag_shape_schedule_and_pools(tmp_path):
-    code = (
-        "import json\n"
-        "from airflow.dag_processing.dagbag import DagBag\n"
-        "bag = DagBag(dag_folder='dags')\n"
-        "assert not bag.import_errors, bag.import_errors\n"
-        "dag = bag.dags['train_pipeline']\n"
-        "print(json.dumps({'tasks': {t.task_id: [t.pool, t.pool_slots] for t in dag.tasks}, 'tags': sorted(dag.tags),\n"
-        "  'params': sorted(dag.params.keys()), 'schedule': type(dag.timetable).__name__, 'doc': bool(dag.doc_md),\n"
-        "  'dags': sorted(bag.dags)}))"
-    )
-    shape = json.loads(_python(code, tmp_path))
-    assert shape["dags"] == ["publish_dataset", "publish_diabetes", "train_diabetes", "train_pipeline"]
-    for n in (1, 2, 4, 8):
-        assert shape["tasks"][f"train_local_{n}"] == ["gangflow_training", n]
-    assert {"validate_dataset", "admit_gang", "training_result", "evaluate", "promote", "train_kubernetes"} <= set(shape["tasks"])
-    assert shape["params"] == sorted(
-        ["dataset_version", "world_size", "backend", "max_steps", "learning_rate", "batch_size",
-         "checkpoint_every_steps", "promotion_floor", "min_improvement"]
-    )  # fmt: skip
-    assert shape["schedule"] == "AssetOrTimeSchedule" and shape["doc"] and "gangflow" in shape["tags"]
+from pipeline_runs import FAST, PROJECT_ROOT, finish, last_line_of_python, pipeline_env, run_pipeline, start_pipeline
 
 
 @pytest.mark.parametrize(
@@ -154,7 +114,7 @@ def test_an_asset_triggered_run_trains_the_events_version(pipeline_home):
     validation gets the event's version (absent from DVC here, so it fails naming it), not the
     parse-time default of the Param."""
     version = "0123456789abcdef0123456789abcdef"
-    summary = json.loads(_python(ASSET_RUN.format(version=version), pipeline_home, timeout=600))
+    summary = json.loads(last_line_of_python(ASSET_RUN.format(version=version), pipeline_home, timeout=600))
     assert summary["default"] != version
     assert summary["state"] == "failed" and summary["failure"]["task_id"] == "validate_dataset", summary
     assert version in summary["failure"]["reason"], summary
@@ -239,7 +199,7 @@ def _wait_for(probe, proc, timeout=600):
 def _run_dir(home: Path, dag_run_id: str) -> Path:
     """The run dir as the deployment computes it (its identity depends on its Airflow config)."""
     code = f"from operators.config import embedded, settings\nembedded.apply()\nprint(settings.run_dir('train_pipeline', {dag_run_id!r}))"
-    return Path(_python(code, home))
+    return Path(last_line_of_python(code, home))
 
 
 def _weights(home: Path, summary: dict) -> dict:

@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -18,13 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from trainer_fixtures import RESUME, free_port
 
 from trainer import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
 from trainer.checkpoint import Checkpointer
 
 pytestmark = pytest.mark.slow
-
-RESUME = re.compile(r"^gangflow: resuming from checkpoint step-(\d+) \((.+)\)$", re.MULTILINE)
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -214,16 +212,10 @@ def test_md5_mismatch_refuses_to_start(h, work):
     assert json.loads((work / "bad-md5" / "errors" / "rank-0.json").read_text())["source"] == "user"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_mpirun_environment_runs_the_same_training(h, work, reference):
     """OpenMPI's variables (as mpirun sets them) start the same gang as torchrun."""
     run_dir = work / "mpi"
-    port = str(_free_port())
+    port = str(free_port())
     procs = [
         subprocess.Popen(h.command(run_dir, nproc=None), cwd=h.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env=h.trainer_env(OMPI_COMM_WORLD_RANK=str(r), OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_RANK=str(r),

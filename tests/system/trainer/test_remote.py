@@ -13,15 +13,12 @@ import re
 import shutil
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from trainer_fixtures import RESUME, free_port, stop_server, wait_until_serving
 
 pytestmark = pytest.mark.slow
-
-RESUME = re.compile(r"^gangflow: resuming from checkpoint step-(\d+) \((.+)\)$", re.MULTILINE)
 
 
 @pytest.fixture(scope="module")
@@ -142,17 +139,9 @@ def test_resume_refuses_a_checkpoint_of_another_dataset(h, work, dataset, refere
 # --- S3: run dir and dataset on an S3-API server, weights through `mlflow server --serve-artifacts` ---
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(work):
-    port = _free_port()
+    port = free_port()
     home = work / "mlflow-server"
     home.mkdir()
     mlflow = str(Path(sys.executable).with_name("mlflow"))
@@ -162,23 +151,10 @@ def mlflow_server(work):
                             cwd=home, stdout=open(home / "log", "w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300  # slow to start on a loaded 2-core machine
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"mlflow server did not start: {(home / 'log').read_text()[-2000:]}")
-                time.sleep(1)
+        wait_until_serving(url + "/health", proc, home / "log", "mlflow server", timeout_s=300)  # slow to start on a loaded 2-core machine
         yield url, home / "artifacts"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc, grace_s=20)
 
 
 def test_kill_and_resume_on_s3_is_bitwise_equal(h, work, dataset, reference, s3, mlflow_server):
@@ -187,7 +163,7 @@ def test_kill_and_resume_on_s3_is_bitwise_equal(h, work, dataset, reference, s3,
 
     remote, version, _ = dataset
     bucket = s3.bucket("gangflow-e2e")
-    fs = fsspec.filesystem("s3")
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)  # not an instance cached by an earlier test of this process
     fs.put(remote.removeprefix("file://") + "/", f"{bucket.removeprefix('s3://')}/dvc/", recursive=True)
     url, artifacts = mlflow_server
     client = MlflowClient(url)
@@ -226,7 +202,7 @@ def test_error_records_land_on_s3(h, work, s3):
     run_dir = f"{bucket}/runs/raised"
     out = run(h, run_dir, h.SMALL, nproc=None, GANGFLOW_FAULT="raise@step=3", **s3.env)
     assert out.returncode == 1, out.stdout[-3000:]
-    fs = fsspec.filesystem("s3")
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)  # not an instance cached by an earlier test of this process
     fs.invalidate_cache()
     record = json.loads(fs.cat_file(f"{run_dir.removeprefix('s3://')}/errors/rank-0.json"))
     assert record["exc_type"] == "ValueError" and record["source"] == "user" and record["step"] == 3

@@ -22,6 +22,7 @@ from operators.promotion import PromoteModelOperator
 from trainer.datastore import file_md5
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
+pytestmark = pytest.mark.usefixtures("digits")  # data/digits, built when missing (a fresh clone)
 TEST_SPLIT = PROJECT_ROOT / "data" / "digits" / "test.parquet"
 TRAIN_SPLIT = PROJECT_ROOT / "data" / "digits" / "train.parquet"
 

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import errno
-import importlib.util
 import json
 import logging
 import socket
 import sqlite3
-import sys
 import urllib.error
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import pytest
 from airflow.sdk import RetryAction
@@ -32,19 +29,6 @@ from operators.exceptions import (
 )
 from operators.failures import classify
 from operators.retry import ClassifiedRetryPolicy, judge_exception
-
-
-def _load_airflow_env():
-    spec = importlib.util.spec_from_file_location("gangflow_airflow_env", Path(__file__).with_name("airflow_env.py"))
-    if spec.name not in sys.modules:
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[spec.name]
-
-
-airflow_env = _load_airflow_env()
-migrated_airflow = airflow_env.migrated_airflow  # the session fixture, visible to this module
 
 POLICY = ClassifiedRetryPolicy()
 
@@ -348,65 +332,6 @@ def test_policy_survives_dag_serialization():
     restored = DagSerialization.from_dict(json.loads(text))
     flags = {t.task_id: (t.has_retry_policy, t.retries) for t in restored.tasks}
     assert flags == {"classic": (True, 3), "mapped": (True, 3), "from_default_args": (True, 2)}
-
-
-# -- end to end: dag.test() ------------------------------------------------------------------------
-
-RETRY_DAG = '''
-from datetime import timedelta
-
-from airflow.sdk import DAG, get_current_context, task
-
-from operators.exceptions import InfraError, UnknownFailure, UserError
-from operators.failures import classify
-from operators.retry import ClassifiedRetryPolicy
-
-POLICY = ClassifiedRetryPolicy(base_delay=timedelta(0))
-
-with DAG("gangflow_retry_policy_e2e", schedule=None, catchup=False):
-
-    @task(retries=3, retry_delay=timedelta(0), retry_policy=POLICY)
-    def user_error():
-        raise UserError("bad config: train.lr=-1")
-
-    @task(retries=3, retry_delay=timedelta(0), retry_policy=POLICY)
-    def infra_then_ok():
-        if get_current_context()["ti"].try_number == 1:
-            raise InfraError("object store unreachable")
-        return "ok"
-
-    @task(retries=3, retry_delay=timedelta(0), retry_policy=POLICY)
-    def unknown_every_time():
-        raise UnknownFailure(classify({"exit_code": 1}))
-
-    @task(retries=3, retry_delay=timedelta(0), retry_policy=POLICY)
-    def infra_then_unknown():
-        if get_current_context()["ti"].try_number == 1:
-            raise InfraError("node lost")
-        raise UnknownFailure(classify({"exit_code": 1}))
-
-    user_error()
-    infra_then_ok()
-    unknown_every_time()
-    infra_then_unknown()
-'''
-
-
-@pytest.mark.slow
-def test_dag_test_honours_the_policy(migrated_airflow):
-    dag_file = migrated_airflow.write_dag("gangflow_retry_policy_e2e.py", RETRY_DAG)
-    result = migrated_airflow.dag_test(dag_file, "gangflow_retry_policy_e2e")
-    tail = result.output[-3000:]
-    assert result.tasks, tail
-    user, infra, unknown = (result.tasks[t] for t in ("user_error", "infra_then_ok", "unknown_every_time"))
-    assert (user.state, user.try_number) == ("failed", 1), tail  # retries=3, but a user error fails at once
-    assert (infra.state, infra.try_number) == ("success", 2), tail  # retried once, then succeeded
-    assert (unknown.state, unknown.try_number) == ("failed", 2), tail  # retried once, then treated as user
-    late = result.tasks["infra_then_unknown"]
-    assert (late.state, late.try_number) == ("failed", 3), tail  # infra retried, then its unknown once
-    assert "gangflow: user failure, not retrying: UserError: bad config: train.lr=-1" in result.output
-    assert "gangflow: infra failure, retrying in 0s (try 1 of 4): InfraError: object store unreachable" in result.output
-    assert "treated as user, not retrying" in result.output
 
 
 def _gang_failure_at(step: int | None, message: str = "NCCL communicator was aborted on rank 1"):

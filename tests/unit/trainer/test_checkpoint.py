@@ -190,7 +190,7 @@ def test_s3_checkpoints_commit_with_manifest_last_prune_and_fall_back(s3, tmp_pa
     import fsspec
 
     root = s3.bucket("gangflow-ckpt-unit") + "/runs/g1/checkpoints"
-    fs = fsspec.filesystem("s3")
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)  # not an instance cached by an earlier test of this process
     logs: list[str] = []
     ck = Checkpointer(root, CheckpointConfig(keep_last=2, async_save=True), log=logs.append)
     model, opt, snap = _state(30)

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from trainer_fixtures import DATASET_FILES
 
 from trainer.datastore import (
     ChecksumMismatch,
@@ -28,51 +29,27 @@ from trainer.errors import DataError
 ROOT = Path(__file__).resolve().parents[3]
 
 
-FILES = {"train.parquet": b"train-bytes" * 100, "test.parquet": b"test-bytes" * 50, "README": b"x"}
-
-
 @pytest.fixture()
 def remote(tmp_path, make_remote):
     root = tmp_path / "remote"
-    return root, make_remote(root, FILES)
+    return root, make_remote(root, DATASET_FILES)
 
 
 def test_version_is_dvc_datas_digest_and_files_arrive_verified(remote, tmp_path):
     root, version = remote
     listing = dir_listing(f"file://{root}", version)
-    assert sorted(e["relpath"] for e in listing) == sorted(FILES)
+    assert sorted(e["relpath"] for e in listing) == sorted(DATASET_FILES)
     assert listing_digest(listing) == version
     got = fetch_dataset(str(root), version, tmp_path / "scratch")
     assert set(got) == {"train.parquet", "test.parquet"}
     assert got["train.parquet"] == tmp_path / "scratch" / version / "train.parquet"
-    assert got["train.parquet"].read_bytes() == FILES["train.parquet"]
+    assert got["train.parquet"].read_bytes() == DATASET_FILES["train.parquet"]
     assert not [p for p in got["train.parquet"].parent.iterdir() if p.name.startswith(".")]  # no temporaries left
-
-
-@pytest.mark.slow
-def test_against_a_real_dvc_push(tmp_path):
-    """`dvc add` + `dvc push` into a local remote; the version is the .dir md5 dvc records."""
-    dvc = str(Path(sys.executable).with_name("dvc"))
-    repo = tmp_path / "repo"
-    (repo / "digits").mkdir(parents=True)
-    for name in ("train.parquet", "test.parquet"):
-        (repo / "digits" / name).write_bytes(FILES[name])
-    remote = tmp_path / "dvc-remote"
-    for args in (["init", "--no-scm", "-q"], ["remote", "add", "-d", "local", str(remote)], ["add", "-q", "digits"],
-                 ["push", "-q"]):
-        out = subprocess.run([dvc, *args], cwd=repo, capture_output=True, text=True, timeout=180)
-        assert out.returncode == 0, out.stdout + out.stderr
-    import yaml
-
-    version = yaml.safe_load((repo / "digits.dvc").read_text())["outs"][0]["md5"].removesuffix(".dir")
-    got = fetch_dataset(f"file://{remote}", version, tmp_path / "scratch")
-    assert got["train.parquet"].read_bytes() == FILES["train.parquet"]
-    assert listing_digest(dir_listing(str(remote), version)) == version
 
 
 def test_a_changed_object_is_refused_naming_expected_and_actual(remote, tmp_path):
     root, version = remote
-    md5 = hashlib.md5(FILES["train.parquet"]).hexdigest()
+    md5 = hashlib.md5(DATASET_FILES["train.parquet"]).hexdigest()
     Path(object_path(str(root), md5)).write_bytes(b"tampered")
     with pytest.raises(ChecksumMismatch) as info:
         fetch_dataset(str(root), version, tmp_path / "scratch")
@@ -121,8 +98,8 @@ def test_concurrent_fetches_into_one_scratch_do_not_corrupt(remote, tmp_path):
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
-    assert (tmp_path / "scratch" / version / "train.parquet").read_bytes() == FILES["train.parquet"]
-    assert all(r.read_bytes() == FILES["test.parquet"] for r in results)
+    assert (tmp_path / "scratch" / version / "train.parquet").read_bytes() == DATASET_FILES["train.parquet"]
+    assert all(r.read_bytes() == DATASET_FILES["test.parquet"] for r in results)
 
 
 def test_the_module_is_torch_and_airflow_free():
@@ -136,10 +113,10 @@ def test_fetch_from_s3(s3, remote, tmp_path):
 
     root, version = remote
     bucket = s3.bucket("gangflow-dvc-unit")
-    fs = fsspec.filesystem("s3")
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)  # not an instance cached by an earlier test of this process
     fs.put(str(root) + "/", bucket.removeprefix("s3://") + "/dvc/", recursive=True)
     got = fetch_dataset(f"{bucket}/dvc", version, tmp_path / "scratch")
-    assert got["test.parquet"].read_bytes() == FILES["test.parquet"]
+    assert got["test.parquet"].read_bytes() == DATASET_FILES["test.parquet"]
     with pytest.raises(DatasetNotFound, match="is not on the remote s3://"):
         dir_listing(f"{bucket}/dvc", "e" * 32)
 

@@ -22,6 +22,7 @@ from operators.hooks import mlflow as tracking
 from operators.registry.gate import PromotionGate, decide
 
 PROJECT_ROOT = Path(__file__).resolve().parents[4]
+pytestmark = pytest.mark.usefixtures("digits")  # data/digits, built when missing (a fresh clone)
 TEST_SPLIT = PROJECT_ROOT / "data" / "digits" / "test.parquet"
 
 

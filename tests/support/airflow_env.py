@@ -14,15 +14,9 @@ command under that environment), `.python(code)` (a Python snippet under it), an
 `isolate_in_process(path)` to point *this* process's Airflow config at a scratch home before
 anything imports `airflow` (a no-op when AIRFLOW_HOME is already set).
 
-How to import it from a test module (pytest runs with --import-mode=importlib and
-tests/operators is not a package), loading it once under a stable name:
+A test module imports the fixture from here (tests/support is on pytest's pythonpath):
 
-    spec = importlib.util.spec_from_file_location("gangflow_airflow_env", Path(__file__).with_name("airflow_env.py"))
-    airflow_env = sys.modules.get(spec.name) or importlib.util.module_from_spec(spec)
-    if spec.name not in sys.modules:
-        sys.modules[spec.name] = airflow_env
-        spec.loader.exec_module(airflow_env)
-    migrated_airflow = airflow_env.migrated_airflow   # makes the fixture visible in the module
+    from airflow_env import migrated_airflow  # makes the session fixture visible in the module
 """
 
 from __future__ import annotations
@@ -37,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 RESULT_MARK = "GANGFLOW_DAG_TEST_RESULT "
 
