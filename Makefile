@@ -14,7 +14,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip==25.3"
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[kubernetes,dev]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[kubernetes,frameworks,ray,mpi,dev]"
 	touch $(STAMP)
 
 # State dir (GANGFLOW_HOME, default .gangflow/): Airflow DB + pool, MLflow store, DVC remote, data.
@@ -63,7 +63,7 @@ benchmarks: setup
 
 constraints:
 	rm -rf /tmp/gangflow-freeze && $(PYTHON) -m venv /tmp/gangflow-freeze
-	/tmp/gangflow-freeze/bin/pip install -q -e ".[kubernetes,dev]"
+	/tmp/gangflow-freeze/bin/pip install -q -e ".[kubernetes,frameworks,ray,mpi,dev]"
 	{ sed -n '1,2p' constraints.txt; /tmp/gangflow-freeze/bin/pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; } > constraints.txt.new
 	mv constraints.txt.new constraints.txt
 
