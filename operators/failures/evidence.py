@@ -21,6 +21,15 @@ __all__ = ["Condition", "ErrorRecord", "Event", "Evidence", "Exc"]
 MAX_LOG = 64 * 1024
 MAX_TEXT = 8 * 1024
 MAX_ITEMS = 256  # events, conditions, ranks
+# Matching cost grows with the text: with `ranks`, all ranks' logs share one budget (each rank
+# keeps the tail of its log, at least RANK_LOG_MIN), and a line longer than MAX_LINE keeps its
+# head (an exception's type and message start there) and its tail (an errno's words end it).
+GANG_LOG_BUDGET = 256 * 1024
+RANK_LOG_MIN = 1024
+MAX_LINE = 1024
+LINE_HEAD, LINE_TAIL = 512, 128
+MAX_EVENT_TEXT = 1024  # the API server keeps an event's message to 1 KiB as well
+MAX_RANK_ITEMS = 16  # events and conditions inside one rank's entry
 MAX_DEPTH = 8  # nesting of lists inside a text field
 MAX_INT = 2**63  # larger "exit codes" are noise
 
@@ -63,8 +72,22 @@ def text(value: Any, limit: int = MAX_TEXT, *, tail: bool = False) -> str:
 
     walk(value, 0)
     joined = "".join(parts)
+    # Long lines are cut before the tail is taken, so that a rank's last line keeps its head.
+    joined = cut_long_lines(joined[-MAX_LOG:] if tail else joined[:MAX_LOG])
     joined = joined[-limit:] if tail else joined[:limit]
     return _ANSI.sub("", joined)
+
+
+def cut_long_lines(value: str) -> str:
+    """Each line longer than MAX_LINE cut to its head and tail (a 64 KiB base64 line: 1 KiB)."""
+    if len(value) <= MAX_LINE:
+        return value
+    lines = value.split("\n")
+    if all(len(line) <= MAX_LINE for line in lines):
+        return value
+    return "\n".join(
+        line if len(line) <= MAX_LINE else f"{line[:LINE_HEAD]} … {line[-LINE_TAIL:]}" for line in lines
+    )
 
 
 def integer(value: Any) -> int | None:
@@ -192,11 +215,11 @@ class Evidence:
     launcher_rank: int | None = None
 
     @classmethod
-    def parse(cls, ev: Any, *, nested: bool = False) -> Evidence:
+    def parse(cls, ev: Any, *, nested: bool = False, log_limit: int = MAX_LOG) -> Evidence:
         if not isinstance(ev, Mapping):
             return cls()
-        record = _parse_record(ev.get("error_file"))
-        log_tail = text(ev.get("log_tail"), MAX_LOG, tail=True)
+        record = _parse_record(ev.get("error_file"), log_limit)
+        log_tail = text(ev.get("log_tail"), log_limit, tail=True)
         tracebacks = parse_tracebacks(log_tail)
         if record is not None and record.callstack and "Traceback" in record.callstack:
             tracebacks += parse_tracebacks(record.callstack)
@@ -220,7 +243,10 @@ class Evidence:
         ranks_value = ev.get("ranks")
         ranks = []
         if not nested and isinstance(ranks_value, list):  # ranks inside a rank are ignored
-            ranks = [cls.parse(r, nested=True) for r in ranks_value[:MAX_ITEMS] if isinstance(r, Mapping)]
+            entries = [r for r in ranks_value[:MAX_ITEMS] if isinstance(r, Mapping)]
+            share = max(RANK_LOG_MIN, min(MAX_LOG, GANG_LOG_BUDGET // max(1, len(entries))))
+            ranks = [cls.parse(r, nested=True, log_limit=share) for r in entries]
+        items = MAX_RANK_ITEMS if nested else MAX_ITEMS
         return cls(
             exit_code=exit_code,
             signal=signal,
@@ -229,10 +255,16 @@ class Evidence:
             pod_reason=text(ev.get("pod_reason"), 256).strip(),
             pod_message=text(ev.get("pod_message")).strip(),
             conditions=[
-                Condition(text(c.get("type"), 128), text(c.get("status"), 16), text(c.get("reason"), 256), text(c.get("message")))
-                for c in _dicts(ev.get("pod_conditions"))
+                Condition(
+                    text(c.get("type"), 128), text(c.get("status"), 16), text(c.get("reason"), 256),
+                    text(c.get("message"), MAX_EVENT_TEXT),
+                )
+                for c in _dicts(ev.get("pod_conditions"), items)
             ],
-            events=[Event(text(e.get("reason"), 256), text(e.get("message"))) for e in _dicts(ev.get("events"))],
+            events=[
+                Event(text(e.get("reason"), 256), text(e.get("message"), MAX_EVENT_TEXT))
+                for e in _dicts(ev.get("events"), items)
+            ],
             log_tail=log_tail,
             record=record,
             tracebacks=tracebacks,
@@ -272,8 +304,8 @@ class Evidence:
         return "\n".join(p for p in parts if p)
 
 
-def _dicts(value: Any) -> list[Mapping]:
-    return [v for v in value[:MAX_ITEMS] if isinstance(v, Mapping)] if isinstance(value, list) else []
+def _dicts(value: Any, limit: int = MAX_ITEMS) -> list[Mapping]:
+    return [v for v in value[:limit] if isinstance(v, Mapping)] if isinstance(value, list) else []
 
 
 def parse_exception_line(line: str) -> tuple[str, str] | None:
@@ -354,7 +386,7 @@ def parse_tracebacks(value: str) -> list[Exc]:
     return found
 
 
-def _parse_record(value: Any) -> ErrorRecord | None:
+def _parse_record(value: Any, log_limit: int = MAX_LOG) -> ErrorRecord | None:
     if value is None or value == "" or value == {}:
         return None
     if isinstance(value, str):
@@ -381,7 +413,7 @@ def _parse_record(value: Any) -> ErrorRecord | None:
 
     # TorchElastic keeps the stack in extraInfo.py_callstack; the trainer's own record
     # (DIR/errors/rank-R.json, the Kubernetes termination message) in `traceback`.
-    callstack = text(extra.get("py_callstack") or pick("traceback"), MAX_LOG, tail=True)
+    callstack = text(extra.get("py_callstack") or pick("traceback"), log_limit, tail=True)
 
     exc_type = text(pick("exc_type"), 200).strip()
     exc: Exc | None = None

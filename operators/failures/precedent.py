@@ -30,7 +30,7 @@ MAX_TEXT = 16 * 1024
 
 _HEX = re.compile(r"\b0x[0-9a-f]+\b|\b[0-9a-f]{12,}\b")
 _NUMBER = re.compile(r"\b\d+(?:\.\d+)?\b")
-_PATH_DIRS = re.compile(r"(?:/[\w.@+-]+)+/")  # keep a path's file name, drop its folders
+_PATH_DIRS = re.compile(r"(?:/[\w.@+-]+){1,64}/")  # keep a path's file name, drop its folders
 
 
 def normalize(text: str) -> str:

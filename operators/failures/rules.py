@@ -53,7 +53,7 @@ _NODE_GONE = _rx(
 )  # fmt: skip
 # The node could not take the pod for now: pressure, capacity, a device plugin failing admission.
 _NODE_PRESSURE = _rx(
-    r"The node was low on resource", r"The node had condition: \[\w*Pressure\]", r"\w+ are evicted\b",
+    r"The node was low on resource", r"The node had condition: \[\w*Pressure\]", r"\b\w{1,64} are evicted\b",
     r"\bUnexpectedAdmissionError\b",
 )  # fmt: skip
 # The cloud has no capacity for the request right now (not a quota: that is the user's).
@@ -64,7 +64,7 @@ _NO_CAPACITY = _rx(
 )  # fmt: skip
 # An account or namespace quota/limit: the request must shrink or the limit grow.
 _QUOTA = _rx(
-    r"\b\w*LimitExceeded\b(?<!RequestLimitExceeded)(?<!BandwidthLimitExceeded)", r"\bQuotaExceeded\b", r"exceeded quota",
+    r"\b\w{0,64}LimitExceeded\b(?<!RequestLimitExceeded)(?<!BandwidthLimitExceeded)", r"\bQuotaExceeded\b", r"exceeded quota",
     r"[Qq]uota '?[\w.-]+'? exceeded", r"\bservice limit\b", r"(?:Found )?no quota for", r"out of quota",
     r"exceeds? (?:your|the) (?:current )?(?:\w+ )?(?:quota|limit)", r"limit of \d+ \w+ allows",
 )  # fmt: skip
@@ -147,7 +147,7 @@ _LAUNCH_CONFIG = _rx(
 # The job's configuration or command line is rejected before anything runs.
 _CONFIG_INVALID = _rx(
     r"\b\d+ validation errors? for \w+",  # pydantic
-    r"(?m:^\S+: error: (?:unrecognized arguments|argument \S+: (?:invalid|expected|ambiguous)|the following arguments are required))",
+    r"(?m:^\S{1,256}: error: (?:unrecognized arguments|argument \S+: (?:invalid|expected|ambiguous)|the following arguments are required))",
 )  # fmt: skip
 # The client refuses the server's TLS certificate (an intercepting proxy, a private CA, missing
 # CA bundle): it fails the same way until the trust configuration changes.
@@ -175,7 +175,7 @@ _BAD_DATA = _rx(
     r"PytorchStreamReader failed reading (?:zip archive|file \S+): (?:failed finding central directory|invalid header or archive is corrupted|file read failed)",
 )  # fmt: skip
 # Work on one rank (tokenizing, mapping, evaluating: a progress bar) before a collective timeout.
-_SINGLE_RANK_WORK = _rx(r"\d+%\|", r"Running tokenizer", r"\bTokeniz\w+", r"\bpreprocess\w*", r"\bMap\b[^\n]{0,40}examples")
+_SINGLE_RANK_WORK = _rx(r"\b\d{1,3}%\|", r"Running tokenizer", r"\bTokeniz\w+", r"\bpreprocess\w*", r"\bMap\b[^\n]{0,40}examples")
 
 # Launcher wrappers: their traceback is torchrun's, not the cause.
 _WRAPPERS = {"ChildFailedError", "SignalException", "SystemExit", "KeyboardInterrupt", "CalledProcessError"}
