@@ -2,8 +2,9 @@
 
     GangTrainingOperator(..., retries=3, retry_policy=ClassifiedRetryPolicy())
 
-infra retries with exponential backoff, user fails at once, unknown retries once per task, and an
-infra failure that recurs at the same step fails as user (docs/failures.md, "The retry policy").
+infra retries with exponential backoff, user fails at once, unknown (and an ambiguous crash the
+classifier marked retryable) retries once per task, and an infra failure that recurs at the same
+step fails as user (docs/failures.md, "The retry policy").
 """
 
 from __future__ import annotations
@@ -177,6 +178,12 @@ class ClassifiedRetryPolicy(RetryPolicy):
         budget = f" (try {try_number} of {max_tries + 1})" if max_tries > 0 else f" (try {try_number})"
         exhausted = max_tries > 0 and try_number > max_tries
         signature = failure_signature(exception)
+        # A user verdict the classifier marked retryable is an ambiguous crash that could be the
+        # node's (segfault, illegal instruction, CUDA device error, ENOSPC, /dev/shm): it spends
+        # the unknown budget (one retry per task), so a deterministic one fails on its second try.
+        ambiguous = kind == "user" and isinstance(exception, GangFailure) and exception.verdict.retryable
+        if ambiguous:
+            kind = "unknown"
         unknowns_before, same_as = _record_try(context, try_number, kind, signature)
         if kind == "infra" and same_as is not None:
             reason = (f"gangflow: infra failure recurred as try {same_as}'s did ({signature}): a failure that repeats "
@@ -186,6 +193,9 @@ class ClassifiedRetryPolicy(RetryPolicy):
         if kind == "user" or (kind == "unknown" and unknowns_before >= self.unknown_retries):
             if kind == "user":
                 reason = f"gangflow: user failure, not retrying: {why}"
+            elif ambiguous:
+                reason = (f"gangflow: ambiguous crash{budget}, its one retry spent (unknown_retries={self.unknown_retries}): "
+                          f"treated as user, not retrying: {why}")
             else:
                 reason = (
                     f"gangflow: unknown failure{budget}, unknown_retries={self.unknown_retries} spent, "
@@ -198,7 +208,10 @@ class ClassifiedRetryPolicy(RetryPolicy):
             log.error("%s", reason)
             return RetryDecision.fail(reason)
         delay = self.backoff(try_number)
-        if kind == "unknown":
+        if ambiguous:
+            reason = (f"gangflow: ambiguous crash (user by its evidence, but a node can cause it too), retrying once in "
+                      f"{_fmt_delay(delay)} to see whether it recurs{budget}: {why}")
+        elif kind == "unknown":
             reason = f"gangflow: unknown failure, retrying once in {_fmt_delay(delay)} to see whether it recurs{budget}: {why}"  # fmt: skip
         else:
             reason = f"gangflow: infra failure, retrying in {_fmt_delay(delay)}{budget}: {why}"

@@ -11,6 +11,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from operators.failures.context import Context, weigh
 from operators.failures.evidence import MAX_ITEMS, SIGNAL_NAMES, Evidence, one_line
 from operators.failures.rules import RULE_INDEX, RULES, Hit, Rule
 from operators.failures.verdict import Verdict, clip
@@ -115,7 +116,7 @@ def _pick_root(judged: list[_Judged]) -> tuple[_Judged, str]:
 
 
 def _has_gang_evidence(evidence: Mapping[str, Any]) -> bool:
-    return any(v not in (None, "", [], {}) for k, v in evidence.items() if k not in {"rank", "step", "ranks"})
+    return any(v not in (None, "", [], {}) for k, v in evidence.items() if k not in {"rank", "step", "ranks", "context"})
 
 
 def _rule_verdict(evidence: Mapping[str, Any]) -> tuple[Verdict, Evidence]:
@@ -148,6 +149,9 @@ def classify(
         return Verdict("unknown", True, f"unknown: evidence is a {type(evidence).__name__}, not an object")
     try:
         verdict, facts = _rule_verdict(evidence)
+        # What the platform knows (same configuration passed before, the node, a recurrence)
+        # weighs before the corpus's nearest cases do: it is about this job, they are not.
+        verdict = weigh(verdict, facts, Context.parse(evidence.get("context")))
     except (RecursionError, MemoryError, ValueError, TypeError) as exc:  # bounded parsing makes these unexpected
         return Verdict("unknown", True, clip(f"unknown: unreadable evidence ({type(exc).__name__})"))
     if verdict.kind != "unknown" or not precedents:

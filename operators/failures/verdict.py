@@ -19,19 +19,30 @@ class Verdict:
     retryable: bool
     reason: str
     rule: str = field(default="", compare=False)
+    context: tuple[str, ...] = field(default=(), compare=False)  # the platform's facts the verdict used
+    exclude_nodes: tuple[str, ...] = field(default=(), compare=False)  # nodes a retry should avoid
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"kind={self.kind!r}: must be one of {KINDS}")
 
     def to_dict(self) -> dict[str, Any]:
-        """The contract-4 JSON object: {"kind", "retryable", "reason"}."""
-        return {"kind": self.kind, "retryable": self.retryable, "reason": self.reason}
+        """The contract-4 JSON object: {"kind", "retryable", "reason"}, plus "context" and
+        "exclude_nodes" when the platform's context was used."""
+        out: dict[str, Any] = {"kind": self.kind, "retryable": self.retryable, "reason": self.reason}
+        if self.context:
+            out["context"] = list(self.context)
+        if self.exclude_nodes:
+            out["exclude_nodes"] = list(self.exclude_nodes)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
         kind = data.get("kind", "unknown")
-        return cls(kind=kind, retryable=bool(data.get("retryable", kind != "user")), reason=str(data.get("reason", "")))
+        context = data.get("context") if isinstance(data.get("context"), list) else []
+        exclude = data.get("exclude_nodes") if isinstance(data.get("exclude_nodes"), list) else []
+        return cls(kind=kind, retryable=bool(data.get("retryable", kind != "user")), reason=str(data.get("reason", "")),
+                   context=tuple(map(str, context)), exclude_nodes=tuple(map(str, exclude)))
 
 
 def clip(reason: str) -> str:

@@ -385,3 +385,19 @@ def test_the_ledger_of_the_old_format_is_still_read(tmp_path, monkeypatch):
     path.write_text(json.dumps({"1": "unknown"}))
     decision = POLICY.evaluate(UnknownFailure(classify({"exit_code": 1})), try_number=2, max_tries=5, context=_context(2))
     assert decision.action is RetryAction.FAIL and "treated as user" in decision.reason
+
+
+def test_an_ambiguous_crash_is_retried_once_and_fails_when_it_recurs(tmp_path, monkeypatch):
+    """Issue 28 item 7: a crash a bad node causes too (here SIGILL) is retried once; its second
+    occurrence fails as user. A clear user error is never retried."""
+    monkeypatch.setenv("GANGFLOW_HOME", str(tmp_path))
+    evidence = {"exit_code": -4, "log_tail": "Using embedded DuckDB with persistence\nIllegal instruction (core dumped)"}
+    verdict = classify(evidence)
+    assert (verdict.kind, verdict.retryable) == ("user", True), verdict.reason
+    first = POLICY.evaluate(UserFailure(verdict, evidence=evidence), try_number=1, max_tries=5, context=_context(1))
+    assert first.action is RetryAction.RETRY and "ambiguous crash" in first.reason, first.reason
+    second = POLICY.evaluate(UserFailure(verdict, evidence=evidence), try_number=2, max_tries=5, context=_context(2))
+    assert second.action is RetryAction.FAIL and "treated as user" in second.reason, second.reason
+    clear = classify({"exit_code": 137, "termination_reason": "OOMKilled"})
+    decision = POLICY.evaluate(UserFailure(clear), try_number=1, max_tries=5, context=_context(1, task_id="other"))
+    assert decision.action is RetryAction.FAIL and decision.reason.startswith("gangflow: user failure, not retrying")

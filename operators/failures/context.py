@@ -1,0 +1,136 @@
+"""What the platform knows beside one failure's evidence (contract 4's `context` key), and how the
+classifier weighs it: the same code+config+data passed this step before, the progress made since
+the last resume, other gangs' failures on the same node, the same failure recurring.
+
+The operator gathers it (MLflow history, the node ledger, the retry ledger) and passes it in as
+data; this module only reads it. Each verdict it changes cites the facts it used.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from operators.failures.evidence import Evidence, integer, text
+from operators.failures.verdict import Verdict, clip
+
+__all__ = ["AMBIGUOUS_RULES", "Context", "ambiguous_crash", "weigh"]
+
+# Rules whose user verdict names a crash that bad hardware or a node's state causes as well:
+# an illegal instruction or a driver/library mismatch (environment-mismatch), a CUDA illegal
+# memory access, a /dev/shm too small for the DataLoader on a managed platform.
+AMBIGUOUS_RULES = frozenset({"environment-mismatch", "illegal-memory-access", "shm-too-small"})
+# The same crashes as printed, for verdicts no rule (or only a generic exception rule) gave.
+_AMBIGUOUS = re.compile(
+    "|".join((
+        r"Segmentation fault", r"\bSIGSEGV\b", r"signal 11\b", r"exitcode: -11\b",
+        r"Illegal instruction", r"\bSIGILL\b", r"exitcode: -4\b",
+        r"Bus error", r"\bSIGBUS\b",
+        r"CUDA error: (?:an illegal memory access|unspecified launch failure|misaligned address|an illegal instruction"
+        r"|uncorrectable ECC|the launch timed out|unknown error|initialization error)",
+        r"CUDA driver version is insufficient", r"Driver/library version mismatch", r"Failed to initialize NVML",
+        r"No space left on device", r"\[Errno 28\]", r"\bENOSPC\b", r"/dev/shm",
+    )),
+    re.IGNORECASE,
+)
+_SEGFAULT_SIGNALS = {4, 7, 11}  # SIGILL, SIGBUS, SIGSEGV: a crash that a bad node causes too
+_GENERIC_RULES = frozenset({"user-exception", "user-exception-line", "program-error", "bad-data"})
+
+
+@dataclass(frozen=True)
+class Context:
+    """Contract 4's `context`: all keys optional, ill-typed values ignored."""
+
+    passed_step: int | None = None  # the highest step an earlier run of the same code+config+data reached
+    passed_run: str = ""  # that run (an MLflow run id)
+    history_checked: bool = False  # the history was looked up (passed_step None then means: a fresh configuration)
+    steps_since_resume: int | None = None  # steps this try made before failing
+    node: str = ""
+    node_failures: int = 0  # other gangs' failures on `node` in the last hour
+    recurrences: int = 0  # earlier tries of this task that failed with the same signature
+
+    @classmethod
+    def parse(cls, value: Any) -> Context | None:
+        if not isinstance(value, Mapping) or not value:
+            return None
+        passed = integer(value.get("passed_step"))
+        return cls(
+            passed_step=passed if passed is not None and passed >= 0 else None,
+            passed_run=text(value.get("passed_run"), 64).strip(),
+            history_checked=value.get("history_checked") is True,
+            steps_since_resume=_count(value.get("steps_since_resume")),
+            node=text(value.get("node"), 253).strip(),
+            node_failures=_count(value.get("node_failures")) or 0,
+            recurrences=_count(value.get("recurrences")) or 0,
+        )
+
+
+def _count(value: Any) -> int | None:
+    number = integer(value)
+    return number if number is not None and number >= 0 else None
+
+
+def ambiguous_crash(verdict: Verdict, facts: Evidence) -> str | None:
+    """The words of a crash that could be the node's (segfault, illegal instruction, CUDA device
+    error, driver/library mismatch, ENOSPC, /dev/shm), when the verdict rests on nothing clearer."""
+    if verdict.kind == "infra":
+        return None
+    if verdict.rule in AMBIGUOUS_RULES | _GENERIC_RULES and verdict.rule:
+        # The decisive line (quoted in the reason) must name the crash: "No module named x" is
+        # environment-mismatch too, and a ValueError is a clear user error.
+        found = _AMBIGUOUS.search(verdict.reason)
+        if found:
+            return found.group(0)
+        return verdict.rule if verdict.rule in ("illegal-memory-access", "shm-too-small") else None
+    if verdict.kind == "user":
+        return None  # a clear user error: OOM, bad config, an import error, a refused request...
+    for rank in (facts, *facts.ranks):  # no rule decided: what did the ranks print?
+        for piece in rank.log_texts:
+            found = _AMBIGUOUS.search(piece)
+            if found:
+                return found.group(0)
+    signals = {facts.signal, facts.launcher_signal, *(r.signal for r in facts.ranks), *(r.launcher_signal for r in facts.ranks)}
+    crashed = sorted(s for s in signals if s in _SEGFAULT_SIGNALS)
+    return {4: "SIGILL", 7: "SIGBUS", 11: "SIGSEGV"}[crashed[0]] if crashed else None
+
+
+def _failed_at(facts: Evidence) -> int | None:
+    steps = [s for s in (facts.step, *(r.step for r in facts.ranks)) if s is not None]
+    return max(steps) if steps else None
+
+
+def weigh(verdict: Verdict, facts: Evidence, context: Context | None) -> Verdict:
+    """The rule table's verdict, weighed with the platform's context; it cites what it used.
+
+    Without context an ambiguous crash keeps its kind but is retryable (the policy retries it
+    once; the recurrence rule stops a deterministic one); a clear user error never is."""
+    words = ambiguous_crash(verdict, facts)
+    open_question = words is not None or verdict.kind == "unknown"
+    ctx = context or Context()
+    step = _failed_at(facts)
+    if open_question and ctx.recurrences > 0:
+        return _decide(verdict, "user", False, f"the same failure recurred ({ctx.recurrences} earlier tr"
+                       f"{'y' if ctx.recurrences == 1 else 'ies'} of this task): deterministic")
+    if open_question and ctx.node_failures > 0 and ctx.node:
+        return _decide(verdict, "infra", True, f"{ctx.node_failures} other gang failure(s) on node {ctx.node} in the "
+                       "last hour: the node is suspect, excluded on retry where the backend can", exclude=(ctx.node,))
+    if open_question and ctx.passed_step is not None and step is not None and 0 < step <= ctx.passed_step:
+        run = f" (run {ctx.passed_run})" if ctx.passed_run else ""
+        return _decide(verdict, "infra", True, f"the same code+config+data passed step {ctx.passed_step} before{run}")
+    if open_question and ctx.history_checked and ctx.passed_step is None and not ctx.steps_since_resume and not step:
+        return _decide(verdict, "user", False, "failed before any progress on a configuration that never ran before")
+    if words is not None and not verdict.retryable:
+        note = f"ambiguous crash that could be the node's ({words}): retried once, a recurrence fails it"
+        return replace(verdict, retryable=True, reason=clip(f"{verdict.reason} [{note}]"), context=(note,))
+    if verdict.kind == "infra" and ctx.node_failures > 0 and ctx.node:
+        note = f"{ctx.node_failures} other gang failure(s) on node {ctx.node} in the last hour"
+        return replace(verdict, reason=clip(f"{verdict.reason} [context: {note}]"), context=(note,), exclude_nodes=(ctx.node,))
+    return verdict
+
+
+def _decide(verdict: Verdict, kind: str, retryable: bool, why: str, exclude: tuple[str, ...] = ()) -> Verdict:
+    body = verdict.reason.split(": ", 1)[1] if ": " in verdict.reason else verdict.reason
+    reason = clip(f"{kind}: by context, {why}; the evidence alone: {verdict.kind}: {body}")
+    return Verdict(kind, retryable, reason, rule=verdict.rule, context=(why,), exclude_nodes=exclude)

@@ -1,0 +1,94 @@
+"""Judgement with context (issue 28, item 7): real corpus cases plus what the platform knows.
+
+The evidence of each scenario is a public case of the corpus, as harvested; the `context` beside
+it is what the operator would gather (MLflow history of the same code+config+data, the progress
+since the last resume, other gangs' failures on the node, the retry ledger's recurrence).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from operators.failures import classify
+from operators.failures.cases import load_cases, load_split
+from operators.failures.context import Context
+
+CASES = {c.id: c for c in load_cases(load_split().files("train"))}
+
+
+def case(case_id: str, **extra) -> dict:
+    return {**CASES[case_id].evidence, **extra}
+
+
+SEGFAULT_USER = "ZQPei__deep_sort_pytorch-69"  # segfault, the thread found a user-side cause
+SEGFAULT_INFRA = "jladcr__Moses-for-Mere-Mortals-4"  # segfault, the thread found the machine's
+ILLEGAL_INSTRUCTION = "zylon-ai__private-gpt-326"  # SIGILL: the CPU lacks AVX2 (user by the thread)
+ILLEGAL_ACCESS_INFRA = "pytorch__examples-548"  # CUDA illegal memory access, infra by the thread
+
+
+def test_the_scenarios_are_real_corpus_cases_with_the_labels_they_test():
+    assert [CASES[c].label for c in (SEGFAULT_USER, SEGFAULT_INFRA, ILLEGAL_INSTRUCTION, ILLEGAL_ACCESS_INFRA)] == [
+        "user", "infra", "user", "infra"]  # fmt: skip
+
+
+def test_a_failure_at_a_step_the_same_configuration_passed_before_leans_infra():
+    evidence = case(SEGFAULT_INFRA, step=300, context={"passed_step": 500, "passed_run": "a1b2c3", "history_checked": True})
+    verdict = classify(evidence, precedents=False)
+    assert (verdict.kind, verdict.retryable) == ("infra", True), verdict.reason
+    assert "passed step 500 before (run a1b2c3)" in verdict.reason and verdict.context
+    assert classify(case(SEGFAULT_INFRA), precedents=False).kind == "unknown"  # the evidence alone
+    illegal = classify(case(ILLEGAL_ACCESS_INFRA, step=120, context={"passed_step": 4000}), precedents=False)
+    assert illegal.kind == "infra" and "passed step 4000" in illegal.reason
+
+
+def test_a_failure_before_any_progress_on_a_fresh_configuration_leans_user():
+    fresh = {"history_checked": True, "passed_step": None, "steps_since_resume": 0}
+    verdict = classify(case(SEGFAULT_USER, context=fresh), precedents=False)
+    assert (verdict.kind, verdict.retryable) == ("user", False), verdict.reason
+    assert "before any progress on a configuration that never ran before" in verdict.reason
+    sigill = classify(case(ILLEGAL_INSTRUCTION, context=fresh), precedents=False)
+    assert (sigill.kind, sigill.retryable) == ("user", False)
+    # Progress made: not "before any progress", the crash stays open (retried once).
+    moved = classify(case(SEGFAULT_USER, context={**fresh, "steps_since_resume": 40}, step=40), precedents=False)
+    assert moved.kind == "unknown" and moved.retryable
+
+
+def test_an_ambiguous_crash_without_context_is_retried_once_a_clear_user_error_never():
+    sigill = classify(case(ILLEGAL_INSTRUCTION), precedents=False)
+    assert (sigill.kind, sigill.retryable, sigill.rule) == ("user", True, "environment-mismatch")
+    assert "ambiguous crash" in sigill.reason and "Illegal instruction" in sigill.context[0]
+    clear = classify({"exit_code": 137, "termination_reason": "OOMKilled"})
+    assert (clear.kind, clear.retryable, clear.context) == ("user", False, ())
+    module = classify({"exit_code": 1, "log_tail": "ModuleNotFoundError: No module named 'flash_attn'"}, precedents=False)
+    assert (module.kind, module.retryable) == ("user", False)  # environment-mismatch, but not a crash
+
+
+def test_a_clear_user_error_stays_user_whatever_the_history():
+    log = ('Traceback (most recent call last):\n  File "/app/train.py", line 7, in main\n    raise ValueError(msg)\n'
+           "ValueError: label 11 out of range\n")  # fmt: skip
+    verdict = classify({"exit_code": 1, "step": 3, "log_tail": log, "context": {"passed_step": 900}}, precedents=False)
+    assert (verdict.kind, verdict.retryable) == ("user", False), verdict.reason
+
+
+def test_a_node_with_recent_failures_is_excluded_and_cited():
+    evidence = case(SEGFAULT_INFRA, context={"node": "gpu-node-07", "node_failures": 2})
+    verdict = classify(evidence, precedents=False)
+    assert verdict.kind == "infra" and verdict.exclude_nodes == ("gpu-node-07",)
+    assert "2 other gang failure(s) on node gpu-node-07" in verdict.reason
+    assert verdict.to_dict()["exclude_nodes"] == ["gpu-node-07"] and verdict.to_dict()["context"]
+    killed = classify({"exit_code": -9, "signal": 9, "context": {"node": "gpu-node-07", "node_failures": 1}})
+    assert killed.kind == "infra" and killed.exclude_nodes == ("gpu-node-07",) and "context:" in killed.reason
+
+
+def test_a_recurring_crash_is_user_whatever_else_is_known():
+    ctx = {"recurrences": 1, "passed_step": 500, "node": "n1", "node_failures": 3}
+    verdict = classify(case(SEGFAULT_USER, step=100, context=ctx), precedents=False)
+    assert (verdict.kind, verdict.retryable) == ("user", False) and "recurred" in verdict.reason
+
+
+@pytest.mark.parametrize("value", [None, [], "x", {"passed_step": "lots", "node_failures": -3, "recurrences": 10**40}])
+def test_odd_context_is_ignored(value):
+    base = classify(case(SEGFAULT_USER), precedents=False)
+    verdict = classify(case(SEGFAULT_USER, context=value), precedents=False)
+    assert (verdict.kind, verdict.retryable) == (base.kind, base.retryable)
+    assert Context.parse({"passed_step": "lots", "node_failures": -3}) == Context()
