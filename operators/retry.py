@@ -23,7 +23,7 @@ from operators.exceptions import GangFailure, GangflowError
 if TYPE_CHECKING:
     from airflow.sdk.definitions.context import Context
 
-__all__ = ["ClassifiedRetryPolicy", "failure_signature", "judge_exception"]
+__all__ = ["ClassifiedRetryPolicy", "evidence_signature", "failure_signature", "judge_exception", "recurrences"]
 
 log = logging.getLogger("gangflow.retry")
 
@@ -82,10 +82,15 @@ def failure_signature(exception: BaseException) -> str | None:
     checkpoint; a node, network or storage failure almost never lands on the same step twice."""
     if not isinstance(exception, GangFailure) or not exception.evidence:
         return None
+    return evidence_signature(exception.evidence)
+
+
+def evidence_signature(evidence: Any) -> str | None:
+    """`failure_signature` of a gang's evidence (contract 4), before it is judged."""
     from operators.failures.evidence import Evidence  # not at DAG parse time
 
     try:
-        ev = Evidence.parse(exception.evidence)
+        ev = Evidence.parse(evidence)
     except Exception:  # noqa: BLE001 - evidence is data: no signature rather than no decision
         return None
     record = ev.record
@@ -94,6 +99,21 @@ def failure_signature(exception: BaseException) -> str | None:
     if step is None or step <= 0 or exc is None or not exc.type:
         return None
     return f"{exc.type}@step={step}"
+
+
+def recurrences(context: Any, try_number: int, signature: str | None) -> int:
+    """How many earlier tries of this task failed with `signature` (the retry ledger's record)."""
+    path = _ledger(context)
+    if path is None or not signature:
+        return 0
+    try:
+        tries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return 0
+    if not isinstance(tries, dict):
+        return 0
+    return sum(1 for t, v in tries.items() if str(t).isdigit() and int(t) < try_number
+               and isinstance(v, dict) and v.get("signature") == signature)  # fmt: skip
 
 
 def _strip_kind(reason: str, kind: str) -> str:

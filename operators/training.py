@@ -15,6 +15,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from operators import failure_context
 from operators.config import settings
 from operators.backends import GangResult, GangSpec, get_backend
 from operators.exceptions import GangCapacityError, GangFailure, InfraFailure, UnknownFailure, UserError, UserFailure
@@ -149,6 +150,9 @@ class GangTrainingOperator(BaseOperator):
         tags = {"gangflow.gang": spec.name, "gangflow.backend": str(self.backend)}
         if spec.dataset_version:
             tags["gangflow.dataset_version"] = spec.dataset_version
+        identity = _training_identity(spec)
+        if identity:  # the failure context finds earlier runs of the same code+config+data by it
+            tags[failure_context.IDENTITY_TAG] = identity
         client = client or tracking.get_client()
         with tracking.mlflow_errors(tracking.client_uri(client), f"tag MLflow run {run_id}"):
             for key, value in tags.items():
@@ -157,6 +161,7 @@ class GangTrainingOperator(BaseOperator):
     # -- running it ----------------------------------------------------------------------------
 
     def execute(self, context):
+        self._airflow_context = context
         self._backend = get_backend(self.backend, **self.backend_options)
         if getattr(self._backend, "relay_tracking", False):
             return self._execute_relayed(context)
@@ -204,6 +209,7 @@ class GangTrainingOperator(BaseOperator):
         return self._finish(spec, result, run_id)
 
     def execute_complete(self, context, event: dict[str, Any], handle: dict[str, Any], spec: dict[str, Any]):
+        self._airflow_context = context
         backend = get_backend(self.backend, **self.backend_options)
         return self._finish(GangSpec(**spec), backend.collect(handle, event))
 
@@ -213,8 +219,9 @@ class GangTrainingOperator(BaseOperator):
         elif spec.attempt > 1:
             self.log.info("gangflow: try %d started from step 0 (no committed checkpoint)", spec.attempt)
         if not result.succeeded:
-            raise self._failure(spec, result)
+            raise self._failure(spec, result, run_id)
         run_id = run_id or spec.env.get("MLFLOW_RUN_ID")
+        self._tag_reached_step(run_id, _final_steps(spec))
         if not run_id:
             raise UserError(f"gang {spec.name} finished without an MLflow run: its final weights are not in MLflow")
         from trainer.tracking import FINAL_ARTIFACT_PATH  # where rank 0 or the relay logs final/
@@ -230,21 +237,103 @@ class GangTrainingOperator(BaseOperator):
             "gang": spec.name,
         }
 
-    def _failure(self, spec: GangSpec, result: GangResult) -> GangFailure:
+    def _failure(self, spec: GangSpec, result: GangResult, run_id: str | None = None) -> GangFailure:
         from operators.failures import classify
         from trainer.storage import write_json
 
-        verdict = classify(result.evidence)
-        record = {"attempt": spec.attempt, "exit_code": result.exit_code, "verdict": verdict.to_dict(), "evidence": result.evidence}
+        run_id = run_id or spec.env.get("MLFLOW_RUN_ID")
+        context = self._failure_context(spec, result, run_id)
+        verdict = classify({**result.evidence, "context": context})
+        if context.get("node"):
+            failure_context.record_node_failure(context["node"], gang=spec.name, kind=verdict.kind)
+        for node in verdict.exclude_nodes:
+            # Neither backend pins or avoids nodes today: the suspect node is named for the operator.
+            self.log.warning("gangflow: node %s is suspect (%s); backend %s cannot exclude it from the retry: noted",
+                             node, "; ".join(verdict.context), self.backend)
+        failed_at = failure_context.failed_step(result.evidence)
+        self._tag_reached_step(run_id, failed_at - 1 if failed_at else None)  # the steps before it passed
+        record = {"attempt": spec.attempt, "exit_code": result.exit_code, "verdict": verdict.to_dict(),
+                  "evidence": result.evidence, "context": context}  # fmt: skip
         write_json(Path(spec.run_dir) / "failures" / f"try-{spec.attempt}.json", record, indent=2, default=str)
         self.log.error("gangflow: %s failure (%s): %s", verdict.kind, "retryable" if verdict.retryable else "not retryable", verdict.reason)
         return _FAILURES[verdict.kind](verdict, evidence=result.evidence, attempt=spec.attempt)
+
+    def _failure_context(self, spec: GangSpec, result: GangResult, run_id: str | None) -> dict[str, Any]:
+        """Contract 4's `context` (`operators.failure_context`); what cannot be looked up is left out."""
+        from operators.retry import evidence_signature, recurrences
+
+        history = None
+        identity = _training_identity(spec)
+        if identity and run_id:
+            try:
+                from operators.hooks import mlflow as tracking
+
+                client = tracking.get_client()
+                experiment_id = client.get_run(run_id).info.experiment_id
+                history = failure_context.passed_step(client, experiment_id, identity, exclude_run=run_id)
+            except Exception as exc:  # noqa: BLE001 - history is an aid: without it nothing is claimed
+                self.log.info("gangflow: no run history for the failure context: %s", exc)
+        airflow_context = getattr(self, "_airflow_context", None)
+        return failure_context.gather(
+            result.evidence, gang=spec.name, node=str(result.evidence.get("node") or _local_node(self.backend)),
+            resumed_from_step=result.resumed_from_step, history=history,
+            recurrences=recurrences(airflow_context, spec.attempt, evidence_signature(result.evidence)),
+        )  # fmt: skip
+
+    def _tag_reached_step(self, run_id: str | None, step: int | None) -> None:
+        """The furthest step this try passed, on its MLflow run: a later failure's history."""
+        if not run_id or step is None or step <= 0:
+            return
+        try:
+            from operators.hooks import mlflow as tracking
+
+            client = tracking.get_client()
+            current = client.get_run(run_id).data.tags.get(failure_context.REACHED_STEP_TAG, "")
+            if not current.isdigit() or int(current) < step:
+                client.set_tag(run_id, failure_context.REACHED_STEP_TAG, str(step))
+        except Exception as exc:  # noqa: BLE001 - a missing tag only weakens a later judgement
+            self.log.info("gangflow: cannot tag the reached step on run %s: %s", run_id, exc)
 
     def on_kill(self) -> None:
         if self._relay is not None:
             self._relay.stop()  # no wait: the thread ends at its next wake (a daemon either way)
         if self._backend is not None:
             self._backend.kill()
+
+
+def _training_identity(spec: GangSpec) -> str | None:
+    """`failure_context.training_identity` of a spec: its trainer config file, overrides, data
+    version and gangflow's version (the code); None when the config file cannot be read."""
+    try:
+        config = Path(spec.config_path).read_bytes()
+    except OSError:
+        return None
+    from importlib import metadata
+
+    try:
+        code = metadata.version("gangflow")
+    except metadata.PackageNotFoundError:
+        code = ""
+    return failure_context.training_identity(config_bytes=config, overrides=spec.overrides,
+                                             dataset_version=spec.dataset_version, code=code)  # fmt: skip
+
+
+def _local_node(backend: str) -> str:
+    """The node a local gang ran on: this host. Other backends put the node in the evidence."""
+    import platform
+
+    return platform.node() if backend == "local" else ""
+
+
+def _final_steps(spec: GangSpec) -> int | None:
+    """The steps the finished gang made, from its model card (`trainer.export`)."""
+    from trainer.export import CARD
+
+    try:
+        steps = json.loads((Path(spec.run_dir) / "final" / CARD).read_text()).get("steps")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
 
 
 def _spec_to_dict(spec: GangSpec) -> dict[str, Any]:
