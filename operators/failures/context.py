@@ -119,7 +119,7 @@ def weigh(verdict: Verdict, facts: Evidence, context: Context | None) -> Verdict
     if open_question and ctx.passed_step is not None and step is not None and 0 < step <= ctx.passed_step:
         run = f" (run {ctx.passed_run})" if ctx.passed_run else ""
         return _decide(verdict, "infra", True, f"the same code+config+data passed step {ctx.passed_step} before{run}")
-    if open_question and ctx.history_checked and ctx.passed_step is None and not ctx.steps_since_resume and not step:
+    if open_question and ctx.history_checked and ctx.passed_step is None and (ctx.steps_since_resume == 0 or step == 0):
         return _decide(verdict, "user", False, "failed before any progress on a configuration that never ran before")
     if words is not None and not verdict.retryable:
         note = f"ambiguous crash that could be the node's ({words}): retried once, a recurrence fails it"

@@ -51,8 +51,13 @@ def test_gather_then_classify_cites_the_context(home):  # noqa: F811
                        "steps_since_resume": 10, "node": "gpu-node-09", "node_failures": 1}  # fmt: skip
     verdict = classify({**evidence, "context": context})
     assert verdict.kind == "infra" and verdict.exclude_nodes == ("gpu-node-09",), verdict.reason
-    fresh = fc.gather({"exit_code": -11, "log_tail": "Segmentation fault (core dumped)"}, gang="g", history=(None, ""))
-    assert classify({"exit_code": -11, "log_tail": "Segmentation fault (core dumped)", "context": fresh}).kind == "user"
+    crash = {"exit_code": -11, "step": 0, "log_tail": "Segmentation fault (core dumped)"}
+    fresh = fc.gather(crash, gang="g", history=(None, ""))
+    assert fresh["steps_since_resume"] == 0
+    verdict = classify({**crash, "context": fresh}, precedents=False)
+    assert (verdict.kind, verdict.retryable) == ("user", False), verdict.reason
+    unknown_progress = fc.gather({**crash, "step": None}, gang="g", history=(None, ""))
+    assert classify({**crash, "step": None, "context": unknown_progress}, precedents=False).kind == "unknown"
 
 
 @pytest.mark.parametrize("evidence, step", [({}, None), ({"step": 5}, 5), ({"ranks": [{"step": 3}, {"step": 9}, {"step": True}]}, 9)])
