@@ -132,12 +132,15 @@ def stall_case(ranks: int = 256, line_bytes: int = 64 * 1024) -> dict:
         {"rank": r, "exit_code": 1, "log_tail": base64.b64encode(rng.randbytes(line_bytes * 3 // 4)).decode()[:line_bytes]}
         for r in range(ranks)]}  # fmt: skip
     classify({"exit_code": 1, "log_tail": "warm-up"})  # the precedent base's one-time load is not the stall
-    started = time.perf_counter()
+    # CPU time of this process is the figure: on a shared machine the wall clock also counts the
+    # time other processes held the CPU (both are printed).
+    started, cpu_started = time.perf_counter(), time.process_time()
     verdict = classify(evidence)
-    seconds = time.perf_counter() - started
-    note(f"\n== stall case: {ranks} ranks x {line_bytes // 1024} KiB lines without spaces classified in {seconds:.3f} s "
-         f"(goal < 2 s): {verdict.kind}")  # fmt: skip
-    return {"ranks": ranks, "line_bytes": line_bytes, "seconds": round(seconds, 3), "goal_s": 2.0, "met": seconds < 2.0}
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    note(f"\n== stall case: {ranks} ranks x {line_bytes // 1024} KiB lines without spaces classified in {cpu:.3f} s of CPU "
+         f"({seconds:.3f} s wall; goal < 2 s): {verdict.kind}")  # fmt: skip
+    return {"ranks": ranks, "line_bytes": line_bytes, "cpu_seconds": round(cpu, 3), "wall_seconds": round(seconds, 3),
+            "goal_s": 2.0, "met": cpu < 2.0}  # fmt: skip
 
 
 def holdout_reader(split, name: str, corpus: Path) -> dict[str, dict]:

@@ -24,8 +24,8 @@ MAX_ITEMS = 256  # events, conditions, ranks
 # Matching cost grows with the text: with `ranks`, all ranks' logs share one budget (each rank
 # keeps the tail of its log, at least RANK_LOG_MIN), and a line longer than MAX_LINE keeps its
 # head (an exception's type and message start there) and its tail (an errno's words end it).
-GANG_LOG_BUDGET = 256 * 1024
-RANK_LOG_MIN = 1024
+GANG_LOG_BUDGET = 128 * 1024
+RANK_LOG_MIN = 512
 MAX_LINE = 1024
 LINE_HEAD, LINE_TAIL = 512, 128
 MAX_EVENT_TEXT = 1024  # the API server keeps an event's message to 1 KiB as well
