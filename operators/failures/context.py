@@ -16,7 +16,7 @@ from typing import Any
 from operators.failures.evidence import Evidence, integer, text
 from operators.failures.verdict import Verdict, clip
 
-__all__ = ["AMBIGUOUS_RULES", "Context", "ambiguous_crash", "weigh"]
+__all__ = ["AMBIGUOUS_NOTE", "AMBIGUOUS_RULES", "Context", "ambiguous_crash", "weigh"]
 
 # Rules whose user verdict names a crash that bad hardware or a node's state causes as well:
 # an illegal instruction or a driver/library mismatch (environment-mismatch), a CUDA illegal
@@ -35,6 +35,7 @@ _AMBIGUOUS = re.compile(
     )),
     re.IGNORECASE,
 )
+AMBIGUOUS_NOTE = "ambiguous crash that could be the node's"
 _SEGFAULT_SIGNALS = {4, 7, 11}  # SIGILL, SIGBUS, SIGSEGV: a crash that a bad node causes too
 _GENERIC_RULES = frozenset({"user-exception", "user-exception-line", "program-error", "bad-data"})
 
@@ -121,7 +122,8 @@ def weigh(verdict: Verdict, facts: Evidence, context: Context | None) -> Verdict
         return _decide(verdict, "infra", True, f"the same code+config+data passed step {ctx.passed_step} before{run}")
     if open_question and ctx.history_checked and ctx.passed_step is None and (ctx.steps_since_resume == 0 or step == 0):
         return _decide(verdict, "user", False, "failed before any progress on a configuration that never ran before")
-    if words is not None and not verdict.retryable:
+    if words is not None:
+        # Kept on an unknown verdict too: a precedent that later calls it user keeps it retryable.
         note = f"ambiguous crash that could be the node's ({words}): retried once, a recurrence fails it"
         return replace(verdict, retryable=True, reason=clip(f"{verdict.reason} [{note}]"), context=(note,))
     if verdict.kind == "infra" and ctx.node_failures > 0 and ctx.node:

@@ -8,10 +8,10 @@ speaks at all, the corpus's nearest precedents may (`operators.failures.preceden
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from operators.failures.context import Context, weigh
+from operators.failures.context import AMBIGUOUS_NOTE, Context, weigh
 from operators.failures.evidence import MAX_ITEMS, SIGNAL_NAMES, Evidence, one_line
 from operators.failures.rules import RULE_INDEX, RULES, Hit, Rule
 from operators.failures.verdict import Verdict, clip
@@ -162,4 +162,8 @@ def classify(
         found = precedent.lookup(facts, exclude=exclude_precedents)
     except Exception:  # noqa: BLE001 - the precedent base is an aid: without it the verdict stays unknown
         found = None
+    if found is not None and found.kind == "user" and any(c.startswith(AMBIGUOUS_NOTE) for c in verdict.context):
+        # Similar public cases lean user, but the crash itself could be the node's: retried once.
+        kind, _, rest = found.reason.partition(": ")
+        found = replace(found, retryable=True, reason=clip(f"{kind} ({verdict.context[0]}): {rest}"), context=verdict.context)
     return found or verdict

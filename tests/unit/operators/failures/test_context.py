@@ -92,3 +92,11 @@ def test_odd_context_is_ignored(value):
     verdict = classify(case(SEGFAULT_USER, context=value), precedents=False)
     assert (verdict.kind, verdict.retryable) == (base.kind, base.retryable)
     assert Context.parse({"passed_step": "lots", "node_failures": -3}) == Context()
+
+
+def test_a_segfault_the_precedents_call_user_is_still_retried_once():
+    """No rule decides a bare segfault; when the nearest public cases lean user the verdict is
+    user, but the crash could be the node's: retryable (the retry policy retries it once)."""
+    verdict = classify({"exit_code": 139, "log_tail": "Training epoch 3\nSegmentation fault (core dumped)"})
+    assert verdict.retryable, verdict.reason
+    assert verdict.kind == "unknown" or "ambiguous crash" in verdict.reason, verdict.reason
