@@ -613,7 +613,10 @@ def test_the_size_message_does_not_say_whether_a_file_outside_exists(tmp_path):
     _outside(tmp_path)
     ck = _three(tmp_path, [])
     messages = []
+    manifest = tmp_path / "checkpoints" / "step-300" / "manifest.json"
+    original = manifest.read_bytes()
     for name in ("../../outside/keep.txt", "../../outside/nothing.txt"):
+        manifest.write_bytes(original)  # one hostile entry at a time
         _hostile_entry(tmp_path / "checkpoints" / "step-300", name, b"x" * 7)
         with pytest.raises(CorruptCheckpoint) as info:
             ck.verify(tmp_path / "checkpoints" / "step-300")
