@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from trainer.data import resolve_data
 
-        data = resolve_data(cfg.data)  # fetched by version and md5-verified, before any process group
+        data = resolve_data(cfg.data, args.run_dir)  # fetched by version and md5-verified, before any process group
     except UserError as exc:
         return _refuse(exc, EXIT_USER_ERROR, args.run_dir, rank, _ERROR_HANDLER)
     from trainer.loop import run

@@ -30,6 +30,7 @@ from operators.exceptions import (
     UserError,
 )
 from operators.config.settings import PROJECT_ROOT
+from trainer.storage import plain_name
 
 if TYPE_CHECKING:
     from dvc.repo import Repo
@@ -387,7 +388,9 @@ def _read_dir_manifest(path: Path, version: str) -> list[dict[str, str]]:
         entries = json.loads(path.read_bytes())
         if not all(isinstance(e, dict) and "md5" in e and "relpath" in e for e in entries):
             raise ValueError("entries lack md5/relpath")
-    except ValueError as exc:
+        for entry in entries:  # names become keys of files a caller may join to a folder
+            plain_name(entry["relpath"], "relpath")
+    except ValueError as exc:  # UnsafePath is one
         raise DatasetHashMismatch(
             f"dataset version {version}: the cached manifest {path} is not a DVC .dir manifest ({exc}); "
             "delete it to fetch it again from the DVC remote"
