@@ -289,3 +289,11 @@ def test_submit_tags_the_mlflow_run_and_annotates_the_gang(fake_k8s, tmp_path, m
     assert tags["gangflow.image_digest"] == "sha256:" + "ab" * 32
     assert tags["gangflow.dataset_version"] == VERSION
     assert handle["pods"] == 2 and handle["processes_per_pod"] == 8
+
+
+def test_a_checkpoint_uri_with_credentials_is_refused_and_redacted():
+    """Issue 28: `checkpoint.uri` with user:pass@ was accepted (it went into pod args and an MLflow tag)."""
+    with pytest.raises(RuntimeConfigError) as exc:
+        _runtime(checkpoint={"uri": "s3://AKIAEXAMPLE:wJalr-secret@bucket/ckpt", "pvc": None})
+    assert "runtime checkpoint.uri=" in str(exc.value) and "must not carry credentials" in str(exc.value)
+    assert "wJalr-secret" not in str(exc.value)
