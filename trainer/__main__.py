@@ -17,6 +17,7 @@ import traceback
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer import EXIT_CONFIG_ERROR, EXIT_OK, EXIT_USER_ERROR, cli, errors
+from trainer.urls import credentials_refusal, has_credentials
 from trainer.console import say
 from trainer.config import load_config
 from trainer.distributed import check_device, detect
@@ -44,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     preemption = Preemption()
     preemption.install()
     rank = 0
+    if has_credentials(args.run_dir):  # before anything is written there (argv is seen by every process lister)
+        exc = ConfigError(credentials_refusal("--run-dir", args.run_dir))
+        return _refuse(exc, EXIT_CONFIG_ERROR, None, rank, _ERROR_HANDLER)
     try:
         launch = detect()
         rank = errors.context.rank = launch.rank

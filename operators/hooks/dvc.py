@@ -31,6 +31,7 @@ from operators.exceptions import (
 )
 from operators.config.settings import PROJECT_ROOT
 from trainer.storage import plain_name
+from trainer.urls import credentials_refusal, has_credentials, redact_url
 
 if TYPE_CHECKING:
     from dvc.repo import Repo
@@ -83,6 +84,8 @@ class ResolvedDataset:
 def remote_spec() -> tuple[str, str | None]:
     """(remote name, URL or None): None means a remote already configured in .dvc/config."""
     value = os.environ.get(REMOTE_ENV, "").strip()
+    if has_credentials(value):  # it becomes the ranks' data.remote: argv, task log, MLflow params
+        raise UserError(credentials_refusal(REMOTE_ENV, value))
     if not value:
         return LOCAL_REMOTE, str(settings.dvc_remote())
     if "://" in value or value.startswith(("/", ".", "~")):
@@ -96,7 +99,11 @@ def remote_url() -> str:
     name, url = remote_spec()
     if url is None:  # a named remote of .dvc/config: DVC resolves its URL
         with open_repo() as repo:
-            return _remote_url(repo)
+            url = _remote_url(repo)
+        if has_credentials(url):
+            raise UserError(credentials_refusal(f"the URL of DVC remote {name!r} (.dvc/config)", url,
+                                                "from the remote's own credential settings (.dvc/config.local) or AWS_*"))
+        return url
     return url if "://" in url else Path(url).expanduser().resolve().as_uri()
 
 
@@ -262,7 +269,7 @@ def publish(
         log.warning(
             "dvc repro changed %s: %s is now version %s; commit dvc.lock to pin it", lock, out, version
         )
-    log.info("Published %s version %s (%d object(s) pushed; %s)", out, version, pushed, url)
+    log.info("Published %s version %s (%d object(s) pushed; %s)", out, version, pushed, redact_url(url))
     return version
 
 
@@ -405,7 +412,7 @@ def _remote_url(repo: Repo, oid: str | None = None) -> str:
     except Exception as exc:  # noqa: BLE001 - a locator for messages only
         return f"<no usable DVC remote: {exc}>"
     url = odb.fs.unstrip_protocol(odb.oid_to_path(oid) if oid else odb.path)
-    return url if "://" in url else Path(url).as_uri()
+    return url if "://" in url else Path(url).as_uri()  # fsspec strips user info from a path
 
 
 

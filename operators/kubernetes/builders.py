@@ -18,7 +18,8 @@ from kubernetes import client as k8s
 
 from operators.backends.base import GangSpec
 from operators.kubernetes import models as m
-from operators.kubernetes.runtime import RuntimeDefaults, redact_uri
+from operators.kubernetes.runtime import RuntimeDefaults
+from trainer.urls import redact_url
 from trainer import EXIT_CONFIG_ERROR, EXIT_USER_ERROR
 
 # Labels every training pod carries; the Helm chart's NetworkPolicy selects on COMPONENT_LABEL.
@@ -445,7 +446,7 @@ def gang_annotations(spec: GangSpec, runtime: RuntimeDefaults) -> dict[str, str]
     version = dataset_version(spec)
     if version:
         out[DATASET_VERSION_LABEL] = version
-        out[DATASET_REMOTE_ANNOTATION] = redact_uri(runtime.dataset.remote or "")
+        out[DATASET_REMOTE_ANNOTATION] = redact_url(runtime.dataset.remote or "")
     run_id = spec.env.get("MLFLOW_RUN_ID")
     if run_id:
         out[MLFLOW_RUN_ANNOTATION] = str(run_id)

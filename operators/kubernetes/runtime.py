@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from trainer.urls import has_credentials, redact_url
+
 RUNTIME_CONFIGMAP = "gangflow-runtime"
 RUNTIME_CONFIGMAP_KEY = "runtime.yaml"
 
@@ -41,17 +43,6 @@ _QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|G
 
 class RuntimeConfigError(ValueError):
     """A runtime default has a value the backend cannot use."""
-
-
-def redact_uri(uri: Any) -> Any:
-    """`uri` with any password in its user-info replaced by `***` (for every message and log)."""
-    if not isinstance(uri, str):
-        return uri
-    return re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)([^/@\s]*)@", lambda m: m.group(1) + m.group(2).split(":", 1)[0] + (":***" if ":" in m.group(2) else "") + "@", uri)
-
-
-def has_userinfo(uri: str) -> bool:
-    return bool(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/@\s]*@", uri))
 
 
 def _fail(key: str, value: Any, accepted: str) -> None:
@@ -147,7 +138,9 @@ class Checkpoint:
         if not isinstance(self.mount_path, str) or not self.mount_path.startswith("/") or self.mount_path in ("/", "/tmp", "/dev/shm"):
             _fail("checkpoint.mountPath", self.mount_path, "must be an absolute path other than /, /tmp and /dev/shm")
         if self.uri is not None and not (isinstance(self.uri, str) and re.match(r"^[a-z][a-z0-9+.-]*://.+", self.uri)):
-            _fail("checkpoint.uri", self.uri, "must be an object-storage URI such as s3://bucket/prefix or gs://bucket/prefix")
+            _fail("checkpoint.uri", redact_url(self.uri), "must be an object-storage URI such as s3://bucket/prefix or gs://bucket/prefix")
+        if has_credentials(self.uri):  # it reaches pod args and an MLflow tag
+            _fail("checkpoint.uri", redact_url(self.uri), "must not carry credentials; put them in dataset.credentialsSecret (AWS_* keys)")
         if (self.pvc is None) == (self.uri is None):
             _fail(
                 "checkpoint",
@@ -193,13 +186,13 @@ class Dataset:
     def __post_init__(self):
         if self.remote is not None:
             if not isinstance(self.remote, str) or not _URI.match(self.remote) or self.remote.startswith("file:"):
-                _fail("dataset.remote", redact_uri(self.remote), "must be the DVC remote as an fsspec URL such as s3://bucket/dvc or gs://bucket/dvc (never a path on the Airflow worker)")
-            if has_userinfo(self.remote):
-                _fail("dataset.remote", redact_uri(self.remote), "must not carry credentials; put them in dataset.credentialsSecret")
+                _fail("dataset.remote", redact_url(self.remote), "must be the DVC remote as an fsspec URL such as s3://bucket/dvc or gs://bucket/dvc (never a path on the Airflow worker)")
+            if has_credentials(self.remote):
+                _fail("dataset.remote", redact_url(self.remote), "must not carry credentials; put them in dataset.credentialsSecret")
         if self.credentials_secret is not None and not (isinstance(self.credentials_secret, str) and _DNS_SUBDOMAIN.match(self.credentials_secret)):
             _fail("dataset.credentialsSecret", self.credentials_secret, "must be a Secret name (DNS-1123 subdomain) whose keys are AWS_* variables")
         if self.endpoint_url is not None and not (isinstance(self.endpoint_url, str) and re.match(r"^https?://[^\s@]+$", self.endpoint_url)):
-            _fail("dataset.endpointUrl", redact_uri(self.endpoint_url), "must be an http(s) URL without credentials, such as https://minio.storage:9000")
+            _fail("dataset.endpointUrl", redact_url(self.endpoint_url), "must be an http(s) URL without credentials, such as https://minio.storage:9000")
         if not isinstance(self.image_carries_data, bool):
             _fail("dataset.imageCarriesData", self.image_carries_data, "must be true or false")
 
@@ -344,11 +337,11 @@ class RuntimeDefaults:
         if self.mlflow_tracking_uri is not None:
             uri = self.mlflow_tracking_uri
             if not (isinstance(uri, str) and re.match(r"^https?://[^\s/]+", uri)):
-                _fail("mlflowTrackingUri", redact_uri(uri), "must be the tracking server's http(s) URL such as http://mlflow.mlflow:5000 (pods log weights through its artifact proxy), or unset")
-            if has_userinfo(uri):
+                _fail("mlflowTrackingUri", redact_url(uri), "must be the tracking server's http(s) URL such as http://mlflow.mlflow:5000 (pods log weights through its artifact proxy), or unset")
+            if has_credentials(uri):
                 _fail(
                     "mlflowTrackingUri",
-                    redact_uri(uri),
+                    redact_url(uri),
                     "must not carry credentials (they would be a plain value in every pod spec); "
                     "put the token in a Secret and name it in mlflowSecretRef",
                 )
