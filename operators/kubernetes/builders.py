@@ -129,7 +129,8 @@ def _name_budget(kind: str, world_size: int) -> int:
 
 def gang_object_name(gang: str, attempt: int, kind: str = "JobSet", world_size: int = 1) -> str:
     """Deterministic object name for one Airflow try of a gang: `<gang>-t<attempt>`, shortened
-    with a hash when the generated pod names would exceed 63 characters."""
+    when the generated pod names would exceed 63 characters: the readable stem is cut, never the
+    64 bits that tell runs apart (16 hex digits of the gang name's hash)."""
     if attempt < 1:
         raise ValueError(f"attempt={attempt!r}: must be >= 1")
     base = gang if gang[:1].isalpha() else f"g{gang}"
@@ -137,9 +138,9 @@ def gang_object_name(gang: str, attempt: int, kind: str = "JobSet", world_size: 
     budget = _name_budget(kind, world_size)
     if len(base) + len(suffix) <= budget:
         return base + suffix
-    digest = hashlib.sha256(gang.encode()).hexdigest()[:5]
-    keep = budget - len(suffix) - len(digest) - 1
-    return f"{base[:keep].rstrip('-')}-{digest}{suffix}"
+    digest = hashlib.sha256(gang.encode()).hexdigest()[:16]
+    keep = max(budget - len(suffix) - len(digest) - 1, 1)
+    return f"{base[:keep].rstrip('-') or 'g'}-{digest}{suffix}"
 
 
 def _pod_paths(runtime: RuntimeDefaults) -> tuple[str, ...]:

@@ -34,10 +34,31 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _URI = re.compile(r"^[a-z][a-z0-9+.-]*://[^\s]+$")
-# ncclEnv is for the collective libraries only: a name outside this list (GANGFLOW_FAULT,
-# LD_PRELOAD, PYTHONPATH, MLFLOW_*) would change what the ranks run, not how they talk.
-NCCL_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_")
-NCCL_ENV_NAMES = ("GLOO_SOCKET_IFNAME", "TORCH_DISTRIBUTED_DEBUG")
+# ncclEnv is for the collective libraries only, by name and value: a name outside this list
+# (GANGFLOW_FAULT, LD_PRELOAD, PYTHONPATH, MLFLOW_*, and NCCL's own NCCL_NET_PLUGIN,
+# NCCL_TUNER_PLUGIN, NCCL_*_FILE, which load a library or read or write a path) would change what
+# the ranks run or touch, not how they talk. No value may hold a '/': never a path.
+_INT = r"^[0-9]{1,12}$"
+_FLAG = r"^[01]$"
+_IFACES = r"^[=^]?[A-Za-z0-9_.:,-]{1,256}$"  # interface / HCA lists, '^' excludes, '=' exact
+_LIST = r"^\^?[A-Za-z0-9_,;:]{1,128}$"
+NCCL_ENV: dict[str, str] = {
+    "NCCL_DEBUG": r"^(VERSION|WARN|INFO|TRACE)$", "NCCL_DEBUG_SUBSYS": r"^\^?[A-Z_,]{1,128}$",
+    "NCCL_SOCKET_IFNAME": _IFACES, "NCCL_SOCKET_FAMILY": r"^AF_INET6?$", "NCCL_SOCKET_NTHREADS": _INT,
+    "NCCL_NSOCKS_PERTHREAD": _INT, "NCCL_IB_DISABLE": _FLAG, "NCCL_IB_HCA": _IFACES, "NCCL_IB_GID_INDEX": _INT,
+    "NCCL_IB_TIMEOUT": _INT, "NCCL_IB_RETRY_CNT": _INT, "NCCL_IB_TC": _INT, "NCCL_IB_SL": _INT,
+    "NCCL_IB_QPS_PER_CONNECTION": _INT, "NCCL_IB_PCI_RELAXED_ORDERING": r"^[012]$", "NCCL_IB_ADAPTIVE_ROUTING": _FLAG,
+    "NCCL_NET_GDR_LEVEL": r"^(LOC|PIX|PXB|PHB|SYS|[0-9])$", "NCCL_NET_GDR_READ": _FLAG, "NCCL_P2P_DISABLE": _FLAG,
+    "NCCL_P2P_LEVEL": r"^(LOC|NVL|PIX|PXB|PHB|SYS|[0-9])$", "NCCL_SHM_DISABLE": _FLAG, "NCCL_BUFFSIZE": _INT,
+    "NCCL_NTHREADS": _INT, "NCCL_MIN_NCHANNELS": _INT, "NCCL_MAX_NCHANNELS": _INT, "NCCL_ALGO": _LIST, "NCCL_PROTO": _LIST,
+    "NCCL_CROSS_NIC": r"^[012]$", "NCCL_NVLS_ENABLE": _FLAG, "NCCL_CUMEM_ENABLE": _FLAG,
+    "NCCL_LAUNCH_MODE": r"^(PARALLEL|GROUP)$", "NCCL_ASYNC_ERROR_HANDLING": r"^[0-3]$", "NCCL_BLOCKING_WAIT": _FLAG,
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": r"^[0-3]$", "TORCH_NCCL_BLOCKING_WAIT": _FLAG, "TORCH_NCCL_ENABLE_MONITORING": _FLAG,
+    "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": _INT, "TORCH_NCCL_TRACE_BUFFER_SIZE": _INT, "TORCH_NCCL_DUMP_ON_TIMEOUT": _FLAG,
+    "TORCH_NCCL_DESYNC_DEBUG": _FLAG, "TORCH_NCCL_ENABLE_TIMING": _FLAG,
+    "GLOO_SOCKET_IFNAME": r"^[A-Za-z0-9_.:-]{1,64}(,[A-Za-z0-9_.:-]{1,64}){0,15}$",
+    "TORCH_DISTRIBUTED_DEBUG": r"^(OFF|INFO|DETAIL)$",
+}  # fmt: skip
 _QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|e[0-9]+)?$")
 
 
@@ -312,15 +333,17 @@ class RuntimeDefaults:
             for name, value in mapping.items():
                 if value_check == "env" and not (isinstance(name, str) and _ENV_NAME.match(name)):
                     _fail(f"{mapping_key}.{name}", value, "names must be environment variable names ([A-Za-z_][A-Za-z0-9_]*)")
-                if value_check == "env" and not (name.startswith(NCCL_ENV_PREFIXES) or name in NCCL_ENV_NAMES):
+                if value_check == "env" and name not in NCCL_ENV:
                     _fail(
                         f"{mapping_key}.{name}",
                         value,
-                        f"ncclEnv takes collective-library settings only: names starting with {', '.join(NCCL_ENV_PREFIXES)} "
-                        f"or one of {', '.join(NCCL_ENV_NAMES)}",
+                        f"ncclEnv takes collective-library settings only: one of {', '.join(sorted(NCCL_ENV))} "
+                        "(settings that load a plugin or name a file, such as NCCL_NET_PLUGIN or NCCL_DEBUG_FILE, are refused)",
                     )
                 if not isinstance(value, (str, int, float)) or isinstance(value, bool):
                     _fail(f"{mapping_key}.{name}", value, "values must be strings (quote numbers and booleans)")
+                if value_check == "env" and not re.fullmatch(NCCL_ENV[name], str(value)):
+                    _fail(f"{mapping_key}.{name}", value, f"accepted values match {NCCL_ENV[name]}")
             object.__setattr__(self, _KEYS[mapping_key][0], {str(k): str(v) for k, v in mapping.items()})
         if isinstance(self.tolerations, Mapping) or not isinstance(self.tolerations, (list, tuple)):
             _fail("tolerations", self.tolerations, "must be a list of Kubernetes tolerations")
