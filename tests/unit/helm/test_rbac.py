@@ -162,10 +162,11 @@ def _binding_rules(objects, kinds, who: tuple[str, str], namespace: str) -> list
 
 def can_i(objects, kinds, who, verb: str, target: str, namespace: str) -> bool:
     """`kubectl auth can-i VERB TARGET -n NAMESPACE --as=system:serviceaccount:WHO` on the rendered
-    objects. TARGET: resource[.group][/subresource][:name] (a name: resourceNames rules count)."""
-    target, _, name = target.partition(":")
+    objects. TARGET as kubectl takes it: resource[.group][/name] [--subresource=SUB] (with a name,
+    resourceNames rules count)."""
+    target, _, sub = target.partition(" --subresource=")
+    target, _, name = target.partition("/")
     resource, _, group = target.partition(".")
-    resource, _, sub = resource.partition("/")
     full = f"{resource}/{sub}" if sub else resource
     for rule in _binding_rules(objects, kinds, who, namespace):
         if group in rule["apiGroups"] and full in rule["resources"] and verb in rule["verbs"]:
@@ -202,4 +203,4 @@ def test_the_docs_can_i_table_is_what_the_rendered_rbac_allows(render, kinds):
             got = "yes" if can_i(objects, kinds, identities[who], verb, target, namespace) else "no"
             assert got == answer, f"can-i {verb} {target} -n {namespace} as {who}: the doc says {answer}, the chart gives {got}"
     denied = {(v, t) for who, v, t, a in rows if who == "airflow worker" and a[0] == "no"}
-    assert {("get", "secrets"), ("list", "secrets"), ("create", "pods"), ("create", "pods/exec")} <= denied
+    assert {("get", "secrets"), ("list", "secrets"), ("create", "pods"), ("create", "pods --subresource=exec")} <= denied
