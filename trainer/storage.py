@@ -54,6 +54,19 @@ def inside(root: str | os.PathLike, rel: str, what: str) -> Path:
     return target
 
 
+def check_regular_tree(folder: str | os.PathLike, what: str) -> None:
+    """UnsafePath unless everything below the local `folder` is a regular file or a folder (no link,
+    FIFO or device): for a folder about to be uploaded, whose files would be read through links."""
+    pending = [Path(folder)]
+    while pending:
+        with os.scandir(pending.pop()) as it:
+            for entry in it:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+                elif not entry.is_file(follow_symlinks=False):
+                    raise UnsafePath(f"{what}: {entry.path} is not a regular file (a link, a FIFO or a device); refusing to upload it")
+
+
 def remove_local(path: str | os.PathLike) -> None:
     """Delete a local file, folder or link; a link is removed itself, never what it points at.
     Missing is fine."""

@@ -16,8 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from operators.exceptions import InfraError, RegistryUnavailable
+from operators.exceptions import InfraError, RegistryUnavailable, UserError
 from trainer.tracking import FINAL_ARTIFACT_PATH, METRICS, FinalUploadError, log_records  # light: no torch
+from trainer.storage import UnsafePath, check_regular_tree
 from trainer.urls import redact_url
 
 OpenRun = Callable[[], tuple[Any, str]]  # -> (MlflowClient, run id)
@@ -174,6 +175,12 @@ class TrackingRelay:
         self.pump()
         if succeeded and final_dir is not None:
             from operators.hooks.mlflow import client_uri
+
+            if Path(final_dir).is_dir():
+                try:  # a run dir is data: its links are never followed (here: never uploaded through)
+                    check_regular_tree(final_dir, "final weights")
+                except UnsafePath as exc:
+                    raise UserError(str(exc)) from None
 
             try:
                 if not any(Path(final_dir).glob("*")):
