@@ -99,3 +99,45 @@ def test_plain_names_accept_relative_names_and_inside_resolves_within_the_root(t
     (tmp_path / "shards").symlink_to(tmp_path.parent, target_is_directory=True)
     with pytest.raises(storage.UnsafePath, match="outside"):
         storage.inside(tmp_path, "shards/a.parquet", "f")
+
+
+def test_a_run_dir_folder_or_file_linked_outside_is_never_written_or_read_through(tmp_path):
+    """Every path below a run dir is taken without following a link: `errors -> /some/dir` or
+    `tracking.json -> a secret` is refused (OSError), never written or read through."""
+    outside = _outside(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "errors").symlink_to(outside, target_is_directory=True)
+    (run / "tracking.json").symlink_to(outside / "keep.txt")
+    store = storage.Storage(run)
+    with pytest.raises(OSError):
+        store.write_bytes("errors/rank-0.json", b"{}")
+    with pytest.raises(OSError):
+        store.read_bytes("tracking.json")
+    assert sorted(os.listdir(outside)) == ["keep.txt"]
+
+
+def test_a_checkpoints_folder_linked_outside_the_run_dir_is_refused(tmp_path):
+    from trainer.checkpoint import Checkpointer
+    from trainer.config import CheckpointConfig
+    from trainer.errors import CheckpointError
+
+    outside = _outside(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoints").symlink_to(outside, target_is_directory=True)
+    with pytest.raises((CheckpointError, OSError), match="checkpoints"):
+        Checkpointer(storage.Storage(run).child("checkpoints"), CheckpointConfig(async_save=False)).cleanup_stale()
+    assert sorted(os.listdir(outside)) == ["keep.txt"]
+
+
+def test_metrics_are_never_appended_through_a_link(tmp_path):
+    from trainer.tracking import Tracker
+
+    outside = _outside(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").symlink_to(outside / "keep.txt")
+    with pytest.raises(OSError):
+        Tracker(run, enabled=True).step(1, loss=1.0)
+    assert (outside / "keep.txt").read_text() == "precious"
