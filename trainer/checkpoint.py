@@ -286,7 +286,10 @@ class Checkpointer:
         at_save: Callable[[int], None] | None = None,
     ) -> None:
         self.store = Storage(root)
-        self.root = self.store.local_path() if self.store.local else self.store.url
+        try:  # a run dir's `checkpoints` that is a link is refused: nothing is written or deleted through it
+            self.root = self.store.local_path() if self.store.local else self.store.url
+        except OSError as exc:
+            raise CheckpointError(f"checkpoints at {self.store.url}: {exc.strerror or exc}") from None
         self.cfg = cfg
         self.rank = rank
         self.log = log

@@ -111,6 +111,10 @@ def read_regular(path: str | os.PathLike, *, size: int | None = None, limit: int
         os.close(fd)
 
 
+class LinkInPath(OSError):
+    """A folder on the way to a path below a storage root is a link (ELOOP): never followed."""
+
+
 class NotRegularFile(OSError):
     """A link, a FIFO, a device: not a file a checkpoint or a listing may name."""
 
@@ -232,7 +236,7 @@ class Storage:
 
     def __init__(self, location: str | os.PathLike | Storage) -> None:
         if isinstance(location, Storage):
-            self.fs, self.root, self.url = location.fs, location.root, location.url
+            self.fs, self.root, self.url, self.anchor = location.fs, location.root, location.url, location.anchor
             return
         text = os.fspath(location)
         scheme = _scheme(text)
@@ -240,12 +244,14 @@ class Storage:
             self.fs = None
             self.root = text.split("://", 1)[1] if scheme else text
             self.url = text
+            self.anchor = self.root  # below it (children included) no link is followed
         else:
             import fsspec  # noqa: PLC0415 - only for remote run dirs
 
             self.fs, root = fsspec.core.url_to_fs(text)
             self.root = root.rstrip("/")
             self.url = text.rstrip("/")
+            self.anchor = self.root
 
     def __repr__(self) -> str:
         return f"Storage({self.url!r})"
@@ -274,15 +280,27 @@ class Storage:
         return posixpath.join(self.url, *parts) if parts else self.url
 
     def local_path(self, *parts: str) -> Path:
+        """The local path of `parts`; LinkInPath when a folder between the anchor (the location
+        this storage was made from) and it is a link. The last part itself is left to the
+        operation (removed as a link, opened with O_NOFOLLOW, replaced by a rename)."""
         assert self.local, "local_path() of a remote location"
-        return Path(self.path(*parts))
+        path = Path(self.path(*parts))
+        anchor = Path(self.anchor)
+        if path != anchor and path.is_relative_to(anchor):
+            names = path.relative_to(anchor).parts
+            current = anchor
+            for name in names[:-1] if parts else names:
+                current = current / name
+                if os.path.islink(current):
+                    raise LinkInPath(errno.ELOOP, f"{current} is a link; paths below {anchor} never follow one")
+        return path
 
     # --- files ----------------------------------------------------------------------------------
 
     def read_bytes(self, *parts: str) -> bytes:
         """FileNotFoundError when missing (both kinds)."""
         if self.local:
-            return self.local_path(*parts).read_bytes()
+            return read_regular(self.local_path(*parts))  # never through a link, never a FIFO
         return self.fs.cat_file(self.path(*parts))
 
     def write_bytes(self, rel: str, data: bytes) -> None:

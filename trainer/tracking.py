@@ -205,7 +205,8 @@ class Tracker:
             return
         self.store = Storage(run_dir)
         if self.store.local:
-            self._fh = open(self.store.local_path(METRICS), "a", buffering=1)
+            fd = os.open(self.store.local_path(METRICS), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            self._fh = os.fdopen(fd, "a", buffering=1)  # never appended through a link
         else:
             try:
                 self._lines = self.store.read_bytes(METRICS).decode().splitlines(keepends=True)
