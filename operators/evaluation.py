@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import BaseOperator
 
 from operators.exceptions import GangflowError, UserError
+from trainer.urls import redact_url
 
 if TYPE_CHECKING:
     import numpy as np
@@ -272,10 +273,10 @@ def fetch_test_split(dataset: Mapping[str, Any] | str, scratch: str | Path, *, r
         except Exception as exc:  # DataError: missing or corrupt objects; OSError: the remote
             why = transient_exception(exc)
             if why or (isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError)):
-                raise StorageUnavailable(f"fetching test.parquet of dataset version {version} from {remote} "
-                                         f"failed: {type(exc).__name__}: {exc}") from exc
-            raise UserError(f"cannot fetch test.parquet of dataset version {version} from {remote}: "
-                            f"{type(exc).__name__}: {exc}") from exc
+                raise StorageUnavailable(redact_url(f"fetching test.parquet of dataset version {version} from {remote} "
+                                                    f"failed: {type(exc).__name__}: {exc}")) from exc
+            raise UserError(redact_url(f"cannot fetch test.parquet of dataset version {version} from {remote}: "
+                                       f"{type(exc).__name__}: {exc}")) from exc
     actual = file_md5(path)
     if actual != expected:
         raise DatasetHashMismatch(

@@ -25,8 +25,9 @@ _FAILURES: dict[str, type[GangFailure]] = {"infra": InfraFailure, "user": UserFa
 
 def gang_name(dag_id: str, run_id: str) -> str:
     """A DNS-1123 label unique per DAG run (across deployments too) and stable across its tries:
-    the DAG id for humans plus the run's identity (`settings.run_identity`)."""
-    digest = settings.run_identity(dag_id, run_id)[:10]
+    the DAG id for humans (at most 40 characters) plus 64 bits of the run's identity
+    (`settings.run_identity`, as the local run dir's `settings.run_key`): at most 57 characters."""
+    digest = settings.run_identity(dag_id, run_id)[:16]
     stem = re.sub(r"[^a-z0-9-]+", "-", dag_id.lower()).strip("-")[:40].strip("-") or "gang"
     return f"{stem}-{digest}"
 

@@ -17,6 +17,7 @@ import traceback
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer import EXIT_CONFIG_ERROR, EXIT_OK, EXIT_USER_ERROR, cli, errors
+from trainer.urls import credentials_refusal, has_credentials
 from trainer.console import say
 from trainer.config import load_config
 from trainer.distributed import check_device, detect
@@ -44,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     preemption = Preemption()
     preemption.install()
     rank = 0
+    if has_credentials(args.run_dir):  # before anything is written there (argv is seen by every process lister)
+        exc = ConfigError(credentials_refusal("--run-dir", args.run_dir))
+        return _refuse(exc, EXIT_CONFIG_ERROR, None, rank, _ERROR_HANDLER)
     try:
         launch = detect()
         rank = errors.context.rank = launch.rank
@@ -64,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from trainer.data import resolve_data
 
-        data = resolve_data(cfg.data)  # fetched by version and md5-verified, before any process group
+        data = resolve_data(cfg.data, args.run_dir)  # fetched by version and md5-verified, before any process group
     except UserError as exc:
         return _refuse(exc, EXIT_USER_ERROR, args.run_dir, rank, _ERROR_HANDLER)
     from trainer.loop import run

@@ -12,6 +12,7 @@ import base64
 import hashlib
 import json
 import random
+import re
 import struct
 import time
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from trainer.errors import CheckpointError
 from trainer.checkpoint_commit import (FORMAT, MANIFEST, SPARE_PREFIX, WriterProcess, committed_steps, drop_spares, file_entry,
                                       manifest_bytes, prune_local)
 from trainer.checkpoint_commit import STEP_DIR as _STEP_DIR
-from trainer.storage import Storage
+from trainer.storage import NotRegularFile, SizeMismatch, Storage, read_regular
 
 __all__ = ["FORMAT", "MANIFEST", "Checkpointer", "CorruptCheckpoint", "Loaded", "Snapshot", "cpu_copy", "encode", "file_entry",
            "flatten_optimizer", "rng_state", "safetensors_parts", "set_rng_state", "unflatten_optimizer"]
@@ -120,6 +121,7 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> 
 # --- files --------------------------------------------------------------------------------------
 
 REQUIRED = ("model.safetensors", "optimizer.safetensors", "state.json")
+PLAIN_FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # what a manifest may name: a file beside it
 
 
 # safetensors' dtype names (its format spec); any other dtype is encoded by the library itself.
@@ -148,31 +150,86 @@ def safetensors_parts(tensors: dict[str, torch.Tensor]) -> list[bytes | memoryvi
     return [struct.pack("<Q", len(text)) + text, *parts]
 
 
-def _read_verified(folder: Storage, name: str, entry: dict[str, Any]) -> bytes:
+MANIFEST_LIMIT = 1 << 20  # bytes a manifest may have (a few hundred in practice)
+
+
+def _read_checked(folder: Storage, name: str, size: int | None = None, limit: int | None = None) -> bytes:
+    """A file of a checkpoint folder, never through a link and never a FIFO or a device (local),
+    read only when its size is the one expected; CorruptCheckpoint otherwise."""
     try:
-        data = folder.read_bytes(name)
+        if folder.local:
+            return read_regular(folder.local_path(name), size=size, limit=limit)
+        actual = folder.fs.size(folder.path(name))
+        if (size is not None and actual != size) or (limit is not None and actual > limit):
+            raise SizeMismatch(actual)
+        return folder.read_bytes(name)
     except FileNotFoundError:
         raise CorruptCheckpoint(f"{name}: missing") from None
+    except NotRegularFile:
+        raise CorruptCheckpoint(f"{name}: not a regular file (a link, a FIFO or a device is never read)") from None
+    except SizeMismatch as exc:
+        said = f"the manifest says {size}" if size is not None else f"at most {limit} are read"
+        raise CorruptCheckpoint(f"{name} has {exc.actual} bytes, {said}") from None
     except OSError as exc:
         raise CorruptCheckpoint(f"{name}: unreadable ({exc.strerror or exc})") from None
-    if len(data) != entry["bytes"]:
-        raise CorruptCheckpoint(f"{name} has {len(data)} bytes, the manifest says {entry['bytes']}")
+
+
+def _read_verified(folder: Storage, name: str, entry: dict[str, Any], *, parse: bool = False) -> bytes:
+    data = _read_checked(folder, name, size=entry["bytes"])
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise CorruptCheckpoint(f"{name}: sha256 does not match the manifest")
+    if parse:
+        _check_content(name, data)
     return data
+
+
+def _check_content(name: str, data: bytes) -> None:
+    """Bytes the manifest vouches for are still data: a safetensors header that describes its
+    file, a state.json that is a JSON object; CorruptCheckpoint otherwise (cheap: no tensor is built)."""
+    if name.endswith(".safetensors"):
+        try:
+            (length,) = struct.unpack("<Q", data[:8])
+            if length > len(data) - 8:
+                raise ValueError(f"its header length {length} exceeds the file")
+            header = json.loads(data[8 : 8 + length])
+            body = len(data) - 8 - length
+            if not isinstance(header, dict):
+                raise ValueError("its header is not a JSON object")
+            for key, info in header.items():
+                if key == "__metadata__":
+                    continue
+                offsets = info.get("data_offsets") if isinstance(info, dict) else None
+                if not (isinstance(info, dict) and isinstance(info.get("dtype"), str) and isinstance(info.get("shape"), list)
+                        and isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+                        and 0 <= offsets[0] <= offsets[1] <= body):
+                    raise ValueError(f"tensor {key[:80]!r} is malformed")
+        except (struct.error, ValueError) as exc:
+            raise CorruptCheckpoint(f"{name}: not a safetensors file ({str(exc)[:200]})") from None
+    elif name == "state.json":
+        try:
+            state = json.loads(data)
+        except ValueError as exc:
+            raise CorruptCheckpoint(f"{name}: not JSON ({exc})") from None
+        if not isinstance(state, dict):
+            raise CorruptCheckpoint(f"{name}: not a JSON object")
 
 
 def _manifest(folder: Storage) -> dict[str, Any]:
     """The parsed manifest; CorruptCheckpoint unless it is well-formed and lists every file."""
     try:
-        manifest = json.loads(folder.read_bytes(MANIFEST))
-    except FileNotFoundError:
-        raise CorruptCheckpoint(f"no {MANIFEST}") from None
-    except (OSError, ValueError) as exc:
+        manifest = json.loads(_read_checked(folder, MANIFEST, limit=MANIFEST_LIMIT))
+    except CorruptCheckpoint as exc:
+        if str(exc) == f"{MANIFEST}: missing":
+            raise CorruptCheckpoint(f"no {MANIFEST}") from None
+        raise
+    except ValueError as exc:
         raise CorruptCheckpoint(f"{MANIFEST} unreadable ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
         raise CorruptCheckpoint(f"{MANIFEST} is not a {FORMAT} manifest")
     files = manifest["files"]
+    for name in files:  # before anything is opened: a name is a file of this folder, nothing else
+        if not PLAIN_FILE.match(name) or name == MANIFEST:
+            raise CorruptCheckpoint(f"{MANIFEST}: {name[:120]!r} is not a plain file name of the checkpoint folder")
     missing = [name for name in REQUIRED if name not in files]
     if missing:
         raise CorruptCheckpoint(f"{MANIFEST} does not list {', '.join(missing)}")
@@ -229,7 +286,10 @@ class Checkpointer:
         at_save: Callable[[int], None] | None = None,
     ) -> None:
         self.store = Storage(root)
-        self.root = self.store.local_path() if self.store.local else self.store.url
+        try:  # a run dir's `checkpoints` that is a link is refused: nothing is written or deleted through it
+            self.root = self.store.local_path() if self.store.local else self.store.url
+        except OSError as exc:
+            raise CheckpointError(f"checkpoints at {self.store.url}: {exc.strerror or exc}") from None
         self.cfg = cfg
         self.rank = rank
         self.log = log
@@ -379,12 +439,13 @@ class Checkpointer:
         return sorted(found, key=lambda item: item[0], reverse=True)
 
     @staticmethod
-    def verify(path: Path | str | Storage) -> dict[str, Any]:
-        """The manifest of a committed checkpoint, after checking every file; CorruptCheckpoint if not."""
+    def verify(path: Path | str | Storage, *, parse: bool = False) -> dict[str, Any]:
+        """The manifest of a committed checkpoint, after checking every file (and with `parse`,
+        that the tensors' headers and state.json are well-formed); CorruptCheckpoint if not."""
         folder = Storage(path)
         manifest = _manifest(folder)
         for name, entry in manifest["files"].items():
-            _read_verified(folder, name, entry)
+            _read_verified(folder, name, entry, parse=parse)
         return manifest
 
     def select(self) -> tuple[int, Path | str] | None:
@@ -393,7 +454,7 @@ class Checkpointer:
         chosen = None
         for step, path in self.committed():
             try:
-                self.verify(path)
+                self.verify(path, parse=True)
             except CorruptCheckpoint as exc:
                 corrupt.append((step, path, str(exc)))
                 continue
@@ -417,12 +478,18 @@ class Checkpointer:
         """Load checkpoint `step` (verifying it); CorruptCheckpoint if it does not verify."""
         folder = Storage(path) if path is not None else self.store.child(f"step-{step}")
         files = _manifest(folder)["files"]
-        model = safetensors.torch.load(_read_verified(folder, "model.safetensors", files["model.safetensors"]))
-        opt_tensors = safetensors.torch.load(_read_verified(folder, "optimizer.safetensors", files["optimizer.safetensors"]))
+        tensors = {}
+        for name in ("model.safetensors", "optimizer.safetensors"):
+            data = _read_verified(folder, name, files[name])
+            try:
+                tensors[name] = safetensors.torch.load(data)
+            except Exception as exc:  # noqa: BLE001 - the library's own error type: the file is not what it says
+                raise CorruptCheckpoint(f"{name}: not loadable ({type(exc).__name__}: {str(exc)[:200]})") from None
+        model, opt_tensors = tensors["model.safetensors"], tensors["optimizer.safetensors"]
         try:
             state = json.loads(_read_verified(folder, "state.json", files["state.json"]))
             optimizer = unflatten_optimizer(opt_tensors, state["optimizer"])
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptCheckpoint(f"state.json is malformed ({type(exc).__name__}: {exc})") from None
         self.last_step = step
         return Loaded(step=step, path=path or self._location(f"step-{step}"), model=model, optimizer=optimizer, state=state)

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import select
-import shutil
 import signal
 import struct
 import subprocess
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.console import say
-from trainer.storage import Storage, publish_folder, write_folder
+from trainer.storage import is_real_dir, publish_folder, remove_local, write_folder
 
 FORMAT = "gangflow-checkpoint/1"
 MANIFEST = "manifest.json"
@@ -67,8 +66,11 @@ def commit_local(root: Path, step: int, files: dict[str, bytes], *, before_commi
         # Files the new checkpoint does not have go; the rest, its old manifest too, is overwritten
         # in place (deleting a file costs as much as writing it here). The old manifest cannot pass
         # for the new one (state.json's step differs, so its hash does) and nothing reads a .tmp-*.
-        for stale in sorted(set(os.listdir(tmp)) - {*files, MANIFEST}):
-            Storage(tmp).remove(stale)
+        # Anything but a regular file (a link planted in the run dir) goes too: never written through.
+        with os.scandir(tmp) as it:
+            for entry in it:
+                if entry.name not in {*files, MANIFEST} or not entry.is_file(follow_symlinks=False):
+                    remove_local(entry.path)
     else:
         tmp.mkdir()
     # The manifest hashes the files while their fsyncs run (hashlib lets go of the GIL).
@@ -88,13 +90,14 @@ def _entries(root: Path) -> list[os.DirEntry]:
 def committed_steps(root: Path, entries: list[os.DirEntry] | None = None) -> list[int]:
     """Steps of the committed folders below `root`, newest first (not verified)."""
     entries = _entries(root) if entries is None else entries
-    steps = [int(m.group(1)) for e in entries if (m := STEP_DIR.match(e.name)) and e.is_dir()]
+    # A link named step-N is not a checkpoint of this run dir: never read, never pruned through.
+    steps = [int(m.group(1)) for e in entries if (m := STEP_DIR.match(e.name)) and e.is_dir(follow_symlinks=False)]
     return sorted(steps, reverse=True)
 
 
 def spares(root: Path, entries: list[os.DirEntry] | None = None) -> list[Path]:
     entries = _entries(root) if entries is None else entries
-    return sorted(Path(e.path) for e in entries if e.name.startswith(SPARE_PREFIX))
+    return sorted(Path(e.path) for e in entries if e.name.startswith(SPARE_PREFIX) and e.is_dir(follow_symlinks=False))
 
 
 def _recycle_spare(root: Path, tmp: Path) -> bool:
@@ -102,9 +105,11 @@ def _recycle_spare(root: Path, tmp: Path) -> bool:
     for spare in spares(root):
         try:
             spare.rename(tmp)
-            return True
         except OSError:
             continue
+        if is_real_dir(tmp):  # checked again after the rename: a link swapped in since the listing
+            return True
+        remove_local(tmp)
     return False
 
 
@@ -122,16 +127,16 @@ def prune_local(root: Path, keep_last: int) -> None:
         except OSError:
             continue
         if have_spare:
-            shutil.rmtree(hidden, ignore_errors=True)
+            remove_local(hidden)
         have_spare = True
     for leftover in leftovers:
-        shutil.rmtree(leftover, ignore_errors=True)
+        remove_local(leftover)
 
 
 def drop_spares(root: Path) -> None:
     """Delete the spare folders below `root` (when no writer is using them)."""
     for spare in spares(root):
-        shutil.rmtree(spare, ignore_errors=True)
+        remove_local(spare)
 
 
 # --- the rank's side ------------------------------------------------------------------------------
@@ -231,7 +236,7 @@ class WriterProcess:
                 except _WriterDied as exc:
                     say(f"gangflow: {exc}; starting a new writer and committing step-{step} again", stream=sys.stderr)
                     for stale in root.glob(f".tmp-step-{step}-*"):  # the dead writer's half-written folder
-                        shutil.rmtree(stale, ignore_errors=True)
+                        remove_local(stale)
                 sent = False
             try:
                 return self._commit(root, step, files, keep_last, before_commit, sent)

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from trainer.errors import ConfigError
+from trainer.urls import credentials_refusal, has_credentials
 
 #: `module:name`, a dotted module path and a name in it: how a factory, a model architecture, an
 #: expectation suite or a backend class is named (here, in trainer.allowlist and in pipeline files).
@@ -65,6 +66,12 @@ class _Section:
             raise _fail(f"{self.SECTION}.{name}", getattr(self, name), accepted)
 
 
+def _no_credentials(key: str, url: str) -> None:
+    """URL settings reach argv, logs and MLflow params: user:password@ in them is refused."""
+    if has_credentials(url):
+        raise ConfigError(credentials_refusal(key, url))
+
+
 def _as_float(key: str, value: Any) -> float:
     if isinstance(value, bool):
         raise _fail(key, value, "must be a number")
@@ -104,6 +111,7 @@ class DataConfig(_Section):
                       "(the md5 of the dataset's DVC directory object, without '.dir')")
         self._require("remote", bool(self.remote.strip()) or not self.version,
                       "must be the DVC remote's URL (e.g. s3://bucket/dvc or file:///abs/dvc-remote) when data.version is set")
+        _no_credentials("data.remote", self.remote)
 
 
 @dataclass(frozen=True)
@@ -190,6 +198,7 @@ class TrackingConfig(_Section):
     progress_every_s: float = 10.0  # rank 0's progress line (task log, MLflow); 0 = off
 
     def validate(self) -> None:
+        _no_credentials("tracking.mlflow_uri", self.mlflow_uri)
         self._require("experiment", bool(self.experiment.strip()), "must be a non-empty experiment name")
         self._require("flush_every_s", self.flush_every_s > 0, "must be a number of seconds > 0")
         self._require("progress_every_s", self.progress_every_s >= 0, "must be a number of seconds >= 0 (0 = no progress lines)")

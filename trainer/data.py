@@ -7,7 +7,10 @@ order one seeded permutation whatever the world size, so a resume at another siz
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,19 +166,35 @@ class DataFiles:
                 "train_md5": self.train_md5, "test_path": self.test_path, "test_md5": self.test_md5}
 
 
-def scratch_dir() -> Path:
-    """Rank-local scratch for fetched data ($TMPDIR; shared by the ranks of one machine)."""
-    return Path(tempfile.gettempdir()) / "gangflow-data"
+def _private_dir(path: Path) -> Path:
+    """`path` as a folder only this user can enter (made 0700 when missing); DataError when it is
+    a link, someone else's, or open to others (planted before this run)."""
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as exc:
+        raise DataError(f"scratch folder {path}: cannot create it ({exc.strerror or exc})") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise DataError(f"scratch folder {path} is not a private folder of this user (a link, another user's, or "
+                        f"mode {oct(stat.S_IMODE(st.st_mode))}); remove it or set TMPDIR elsewhere")
+    return path
 
 
-def resolve_data(cfg_data) -> DataFiles:
+def scratch_dir(run_dir: str | os.PathLike = "") -> Path:
+    """Scratch for fetched data, private to this user and this run: `$TMPDIR/gangflow-<uid>/<run>`,
+    both 0700 (shared by the ranks of one run on one machine, never by users or runs)."""
+    base = _private_dir(Path(tempfile.gettempdir()) / f"gangflow-{os.getuid()}")
+    return _private_dir(base / hashlib.sha256(os.fspath(run_dir).encode()).hexdigest()[:16])
+
+
+def resolve_data(cfg_data, run_dir: str | os.PathLike = "") -> DataFiles:
     """Local files for `cfg.data` on this rank: fetched by content address (data.version) into
     scratch and md5-verified, or the given paths (checked against data.train_md5 when set).
     Raises DataError (exit 1, source "user") before anything trains."""
     from trainer.datastore import DATASET_FILES, dir_listing, fetch_dataset
 
     if cfg_data.version:
-        files = fetch_dataset(cfg_data.remote, cfg_data.version, scratch_dir())
+        files = fetch_dataset(cfg_data.remote, cfg_data.version, scratch_dir(run_dir))
         md5s = {e["relpath"]: e["md5"] for e in dir_listing(cfg_data.remote, cfg_data.version)}
         train, test = DATASET_FILES
         return DataFiles(str(files[train]), str(files[test]), md5s[train], md5s[test],

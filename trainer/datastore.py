@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import DataError
-from trainer.storage import replacing
+from trainer.storage import UnsafePath, inside, plain_name, replacing
 
 DATASET_FILES = ("train.parquet", "test.parquet")
 _MD5 = re.compile(r"^[0-9a-f]{32}$")
@@ -87,6 +87,11 @@ def dir_listing(remote: str, version: str) -> list[dict[str, str]]:
     if actual != version:
         raise ChecksumMismatch(f"dataset version {version}: the listing {path} has md5 {actual}, expected {version} "
                                "(the remote's object was changed; refusing it)", expected=version, actual=actual)
+    for e in entries:  # names are data: each becomes a path under dest_dir/<version>/
+        try:
+            plain_name(e["relpath"], f"dataset version {version}: the listing {path}")
+        except UnsafePath as exc:
+            raise DataError(str(exc)) from None
     return [{"md5": e["md5"], "relpath": e["relpath"]} for e in entries]
 
 
@@ -134,10 +139,12 @@ def fetch_dataset(remote: str, version: str, dest_dir: str | os.PathLike, *,
     folder = Path(dest_dir) / version
     out: dict[str, Path] = {}
     for relpath in wanted:
-        if relpath.startswith("/") or ".." in relpath.split("/"):
-            raise DataError(f"dataset version {version}: relpath {relpath!r} escapes the dataset folder")
+        try:  # the version's folder and every name resolve inside dest_dir (a planted link does not)
+            target = inside(dest_dir, f"{version}/{plain_name(relpath, f'dataset version {version}: relpath')}",
+                            f"dataset version {version}: relpath")
+        except UnsafePath as exc:
+            raise DataError(str(exc)) from None
         expected = by_path[relpath]
-        target = folder / relpath
         what = f"dataset version {version} file {relpath}"
         if not (target.is_file() and file_md5(target) == expected):  # reuse a verified earlier fetch
             _download(fs, object_path(root, expected), target, expected, what)

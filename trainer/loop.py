@@ -404,7 +404,7 @@ def run(cfg: Config, fault: Fault | None, launch: Launch, run_dir: str | Path | 
     trainer = None
     try:
         if data is None:
-            data = resolve_data(cfg.data)
+            data = resolve_data(cfg.data, run_dir.url)
         d = setup(launch, cfg.train.device)
         trainer = Trainer(cfg, fault, d, run_dir, preempt, data)
         code = trainer.fit()

@@ -8,10 +8,12 @@ Credentials come from the storage's standard environment (for S3, the `AWS_*` va
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import posixpath
 import shutil
+import stat
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -27,6 +29,100 @@ def _scheme(text: str) -> str:
 
 def is_remote(location: str | os.PathLike) -> bool:
     return _scheme(os.fspath(location)) not in _LOCAL_SCHEMES
+
+
+class UnsafePath(ValueError):
+    """A name taken from data (a manifest, a listing, a run dir) that could leave its root."""
+
+
+def plain_name(rel: object, what: str) -> str:
+    """`rel` when it is a plain relative '/'-separated name (no '..', '.', empty part, absolute
+    path or NUL); UnsafePath naming `what` otherwise. Checked before anything is opened."""
+    parts = rel.split("/") if isinstance(rel, str) else []
+    if not parts or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+        raise UnsafePath(f"{what}: {rel!r} is not a plain relative name (no '..', '.', empty part, "
+                         "absolute path or NUL)")
+    return rel
+
+
+def inside(root: str | os.PathLike, rel: str, what: str) -> Path:
+    """`root/rel` for a plain name `rel`, after checking that it resolves (links included) inside `root`."""
+    base = Path(root).resolve()
+    target = base.joinpath(plain_name(rel, what))
+    if not target.resolve().is_relative_to(base):
+        raise UnsafePath(f"{what}: {rel!r} resolves outside {base} (through a link)")
+    return target
+
+
+def check_regular_tree(folder: str | os.PathLike, what: str) -> None:
+    """UnsafePath unless everything below the local `folder` is a regular file or a folder (no link,
+    FIFO or device): for a folder about to be uploaded, whose files would be read through links."""
+    pending = [Path(folder)]
+    while pending:
+        with os.scandir(pending.pop()) as it:
+            for entry in it:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+                elif not entry.is_file(follow_symlinks=False):
+                    raise UnsafePath(f"{what}: {entry.path} is not a regular file (a link, a FIFO or a device); refusing to upload it")
+
+
+def remove_local(path: str | os.PathLike) -> None:
+    """Delete a local file, folder or link; a link is removed itself, never what it points at.
+    Missing is fine."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path, ignore_errors=True)  # rmtree does not follow links below it
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def is_real_dir(path: str | os.PathLike) -> bool:
+    """A folder, not a link to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def read_regular(path: str | os.PathLike, *, size: int | None = None, limit: int | None = None) -> bytes:
+    """The bytes of the regular file `path`, opened without following a link and read only when
+    its size is `size` (or at most `limit`): a FIFO, a device, a link or a file of another size
+    is never read. FileNotFoundError, NotRegularFile (a link: ELOOP too) or SizeMismatch otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegularFile(errno.ELOOP, "not a regular file (a link)") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file")
+        if (size is not None and st.st_size != size) or (limit is not None and st.st_size > limit):
+            raise SizeMismatch(st.st_size)
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read(st.st_size)
+    finally:
+        os.close(fd)
+
+
+class LinkInPath(OSError):
+    """A folder on the way to a path below a storage root is a link (ELOOP): never followed."""
+
+
+class NotRegularFile(OSError):
+    """A link, a FIFO, a device: not a file a checkpoint or a listing may name."""
+
+
+class SizeMismatch(OSError):
+    def __init__(self, actual: int) -> None:
+        super().__init__(f"{actual} bytes")
+        self.actual = actual
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -91,6 +187,8 @@ def write_folder(folder: str | os.PathLike, files: Mapping[str, bytes | Callable
         _fsync_pool = ThreadPoolExecutor(8, thread_name_prefix="gangflow-fsync")
     fds: list[int] = []
     futures = []
+    # Never through a link: the folder itself and each file are opened with O_NOFOLLOW (ELOOP).
+    dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         names = list(files)
         for i, name in enumerate(names):
@@ -98,7 +196,8 @@ def write_folder(folder: str | os.PathLike, files: Mapping[str, bytes | Callable
                 before_last()
             data = files[name]
             view = memoryview(data() if callable(data) else data).cast("B")
-            fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT, 0o644)  # no O_TRUNC: see above
+            fd = os.open(plain_name(name, "write_folder"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644,
+                         dir_fd=dir_fd)  # no O_TRUNC: see above
             fds.append(fd)
             size = view.nbytes
             while view:
@@ -106,12 +205,14 @@ def write_folder(folder: str | os.PathLike, files: Mapping[str, bytes | Callable
             if os.fstat(fd).st_size != size:
                 os.ftruncate(fd, size)
             futures.append(_fsync_pool.submit(os.fsync, fd))
-        fds.append(os.open(folder, os.O_RDONLY))
-        futures.append(_fsync_pool.submit(os.fsync, fds[-1]))
+        fds.append(dir_fd)
+        futures.append(_fsync_pool.submit(os.fsync, dir_fd))
     finally:
         wait(futures)  # all of them, so that no fsync is still running when its fd is closed
         for fd in fds:
             os.close(fd)
+        if dir_fd not in fds:
+            os.close(dir_fd)
     for future in futures:
         future.result()
 
@@ -121,13 +222,13 @@ def publish_folder(tmp: Path, final: Path, *, aside: str) -> None:
     fsync of the parent. A `final` already there (a re-save) is first renamed to `<aside>-<id>`
     beside it and deleted after: readers see the old folder or the new one, never neither."""
     old = None
-    if final.exists():
+    if os.path.lexists(final):
         old = final.with_name(f"{aside}-{uuid.uuid4().hex[:8]}")
         final.rename(old)
     tmp.rename(final)
     fsync_dir(final.parent)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_local(old)
 
 
 class Storage:
@@ -135,7 +236,7 @@ class Storage:
 
     def __init__(self, location: str | os.PathLike | Storage) -> None:
         if isinstance(location, Storage):
-            self.fs, self.root, self.url = location.fs, location.root, location.url
+            self.fs, self.root, self.url, self.anchor = location.fs, location.root, location.url, location.anchor
             return
         text = os.fspath(location)
         scheme = _scheme(text)
@@ -143,12 +244,14 @@ class Storage:
             self.fs = None
             self.root = text.split("://", 1)[1] if scheme else text
             self.url = text
+            self.anchor = self.root  # below it (children included) no link is followed
         else:
             import fsspec  # noqa: PLC0415 - only for remote run dirs
 
             self.fs, root = fsspec.core.url_to_fs(text)
             self.root = root.rstrip("/")
             self.url = text.rstrip("/")
+            self.anchor = self.root
 
     def __repr__(self) -> str:
         return f"Storage({self.url!r})"
@@ -177,15 +280,27 @@ class Storage:
         return posixpath.join(self.url, *parts) if parts else self.url
 
     def local_path(self, *parts: str) -> Path:
+        """The local path of `parts`; LinkInPath when a folder between the anchor (the location
+        this storage was made from) and it is a link. The last part itself is left to the
+        operation (removed as a link, opened with O_NOFOLLOW, replaced by a rename)."""
         assert self.local, "local_path() of a remote location"
-        return Path(self.path(*parts))
+        path = Path(self.path(*parts))
+        anchor = Path(self.anchor)
+        if path != anchor and path.is_relative_to(anchor):
+            names = path.relative_to(anchor).parts
+            current = anchor
+            for name in names[:-1] if parts else names:
+                current = current / name
+                if os.path.islink(current):
+                    raise LinkInPath(errno.ELOOP, f"{current} is a link; paths below {anchor} never follow one")
+        return path
 
     # --- files ----------------------------------------------------------------------------------
 
     def read_bytes(self, *parts: str) -> bytes:
         """FileNotFoundError when missing (both kinds)."""
         if self.local:
-            return self.local_path(*parts).read_bytes()
+            return read_regular(self.local_path(*parts))  # never through a link, never a FIFO
         return self.fs.cat_file(self.path(*parts))
 
     def write_bytes(self, rel: str, data: bytes) -> None:
@@ -221,11 +336,7 @@ class Storage:
     def remove(self, *parts: str) -> None:
         """Delete a file or folder; missing is fine."""
         if self.local:
-            path = self.local_path(*parts)
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            elif path.exists():
-                path.unlink(missing_ok=True)
+            remove_local(self.local_path(*parts))
             return
         try:
             self.fs.rm(self.path(*parts), recursive=True)

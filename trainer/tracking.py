@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import re
 import sys
 import threading
 import time
@@ -20,6 +19,7 @@ from typing import Any
 from trainer.console import say
 from trainer.errors import TrainerError
 from trainer.storage import Storage
+from trainer.urls import redact_url
 
 _MAX_BATCH = 900  # MLflow accepts 1000 metrics per log_batch
 RECORD = "tracking.json"
@@ -32,11 +32,6 @@ class FinalUploadError(TrainerError):
     raises it; the training task's relay raises its subclass `RelayFinalUploadError`."""
 
 
-def redact(uri: str) -> str:
-    """A tracking URI without its user:password."""
-    return re.sub(r"//[^/@]+@", "//***@", uri)
-
-
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in d.items():
@@ -44,7 +39,8 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
         if isinstance(value, dict):
             out.update(_flatten(value, name + "."))
         else:
-            out[name] = json.dumps(value) if isinstance(value, (list, bool)) or value is None else str(value)
+            text = json.dumps(value) if isinstance(value, (list, bool)) or value is None else str(value)
+            out[name] = redact_url(text)  # params are shown to anyone who can read the experiment
     return out
 
 
@@ -173,7 +169,7 @@ class MlflowSink:
         except Exception as exc:  # noqa: BLE001 - tracking must never stop training
             if not self._warned:
                 self._warned = True
-                say(f"gangflow: warning: MLflow logging to {redact(self.uri)} failed ({type(exc).__name__}: {exc}); continuing", stream=sys.stderr)
+                say(redact_url(f"gangflow: warning: MLflow logging to {self.uri} failed ({type(exc).__name__}: {exc}); continuing"), stream=sys.stderr)
 
     def _run(self) -> None:
         while not self._closed.wait(self.flush_every_s):
@@ -209,7 +205,8 @@ class Tracker:
             return
         self.store = Storage(run_dir)
         if self.store.local:
-            self._fh = open(self.store.local_path(METRICS), "a", buffering=1)
+            fd = os.open(self.store.local_path(METRICS), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            self._fh = os.fdopen(fd, "a", buffering=1)  # never appended through a link
         else:
             try:
                 self._lines = self.store.read_bytes(METRICS).decode().splitlines(keepends=True)
@@ -220,8 +217,8 @@ class Tracker:
             try:
                 self.mlflow = MlflowSink(self.uri, experiment, self.store, flush_every_s)
             except Exception as exc:  # noqa: BLE001 - tracking must never stop training
-                say(f"gangflow: warning: MLflow at {redact(self.uri)} unavailable ({type(exc).__name__}: {exc}); "
-                    "metrics go to metrics.jsonl only", stream=sys.stderr)
+                say(redact_url(f"gangflow: warning: MLflow at {self.uri} unavailable ({type(exc).__name__}: {exc}); "
+                               "metrics go to metrics.jsonl only"), stream=sys.stderr)
         if params or tags:  # the run's params and tags, for whoever sends this file to MLflow
             self.write({"event": "tracking", "step": 0, "params": _flatten(params or {}), "tags": dict(tags or {})})
 
@@ -277,8 +274,8 @@ class Tracker:
             client = self.mlflow.client if self.mlflow is not None else mlflow_client(self.uri)
             client.log_artifacts(run_id, str(local_dir), artifact_path=FINAL_ARTIFACT_PATH)
         except Exception as exc:  # noqa: BLE001 - reported with what failed
-            raise FinalUploadError(f"logging the final weights to MLflow run {run_id} at {redact(self.uri)} failed "
-                                   f"({type(exc).__name__}: {exc})") from exc
+            raise FinalUploadError(redact_url(f"logging the final weights to MLflow run {run_id} at {self.uri} failed "
+                                              f"({type(exc).__name__}: {exc})")) from exc
         return f"runs:/{run_id}/{FINAL_ARTIFACT_PATH}"
 
     def close(self, status: str | None = None) -> None:

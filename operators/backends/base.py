@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from trainer.urls import credentials_refusal, has_credentials
+
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -41,6 +43,11 @@ class GangSpec:
         for item in self.overrides:
             if "=" not in item:
                 raise ValueError(f"overrides item {item!r}: must look like section.key=value")
+            key, _, value = item.partition("=")
+            if has_credentials(value):  # argv is seen by every process lister and printed in the task log
+                raise ValueError(credentials_refusal(f"overrides {key}", value))
+        if has_credentials(self.run_dir):
+            raise ValueError(credentials_refusal("run_dir", self.run_dir))
 
     def trainer_args(self) -> list[str]:
         """The trainer's argv after `-m trainer` (contract 1)."""

@@ -33,8 +33,8 @@ from operators.kubernetes.runtime import (
     RuntimeDefaults,
     merge_runtime,
     parse_quantity,
-    redact_uri,
 )
+from trainer.urls import redact_url
 
 # MLflow run tags the backend sets (the registry copies gangflow.* tags onto the model version).
 TAG_GANG = "gangflow.gang"
@@ -154,7 +154,7 @@ class KubernetesBackend(GangBackend):
         try:
             return build_gang(spec, runtime, namespace=self.namespace or runtime.namespace or self._home_namespace())
         except (ValueError, RuntimeConfigError) as exc:
-            raise GangConfigError(f"gang {spec.name}: {redact_uri(str(exc))}") from None
+            raise GangConfigError(f"gang {spec.name}: {redact_url(str(exc))}") from None
 
     def _handle_for(self, plan: GangPlan, obj: Mapping[str, Any], runtime: RuntimeDefaults, *, reattached: bool) -> dict[str, Any]:
         meta = obj.get("metadata") or {}
@@ -300,7 +300,7 @@ class KubernetesBackend(GangBackend):
             for key, value in tags.items():
                 client.set_tag(run_id, key, value)
         except Exception as exc:  # noqa: BLE001 - the gang runs already; lineage is retried by a re-attach
-            self._log(f"warning: could not tag MLflow run {run_id} with the gang's lineage: {redact_uri(str(exc))}")
+            self._log(f"warning: could not tag MLflow run {run_id} with the gang's lineage: {redact_url(str(exc))}")
             return {}
         self._log(f"MLflow run {run_id} tagged: " + ", ".join(f"{k}={v}" for k, v in tags.items()))
         return tags

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from operators.config import settings
 from operators.backends.base import GangBackend, GangResult, GangSpec, LogFn
-from operators.exceptions import GangCapacityError
+from operators.exceptions import GangCapacityError, GangConfigError
 from operators.utils.processes import stop_group_nowait
+from trainer.urls import credentials_refusal, has_credentials, redact_url
 
 LOG_TAIL_LINES = 60
 _RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$")
@@ -81,6 +82,8 @@ class LocalBackend(GangBackend):
         self.grace_period_s = grace_period_s
         self.extra_torchrun_args = tuple(extra_torchrun_args)
         # Where ranks fetch `spec.dataset_version` from; default: the DVC remote of this machine.
+        if has_credentials(dataset_remote):
+            raise GangConfigError(credentials_refusal("dataset_remote", dataset_remote))
         self.dataset_remote = dataset_remote
         self._proc: subprocess.Popen | None = None
         self._kill_requested = False
@@ -134,7 +137,7 @@ class LocalBackend(GangBackend):
             for key in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID"):
                 env.pop(key, None)
         cmd = self.command(spec, log_dir)
-        log(f"launching gang of {spec.world_size} ranks: {' '.join(cmd)}")
+        log(f"launching gang of {spec.world_size} ranks: {redact_url(' '.join(cmd))}")
         # A session of its own, so on_kill can stop torchrun and every rank together.
         self._proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1,

@@ -15,6 +15,7 @@ import sys
 from operators.config import embedded
 
 from operators.config import settings
+from trainer.urls import redact_url
 
 DAG_ID = "train_pipeline"  # the digits pipeline's
 
@@ -58,7 +59,7 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
         "dataset_version": manifest.get("version") or (dag_run.conf or {}).get("dataset_version"),
         "metric": {**config.metric.as_dict(), "value": metrics.get(config.metric.name)},
         "accuracy": metrics.get("accuracy"),
-        "tracking_uri": settings.tracking_uri(),
+        "tracking_uri": redact_url(settings.tracking_uri()),
         "model_name": decision.get("model_name"),
         "model_version": decision.get("model_version"),
         "promoted": bool(decision.get("promoted", False)),
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         dag_run = run_dag(conf, config.dag_id)
     except ParamValidationError as exc:  # refused before any task ran
-        summary = {"state": "failed", "pipeline": config.name, "tracking_uri": settings.tracking_uri(),
+        summary = {"state": "failed", "pipeline": config.name, "tracking_uri": redact_url(settings.tracking_uri()),
                    "train_attempts": 0, "promoted": False, "failure": {"kind": "user", "reason": str(exc)}}  # fmt: skip
         print(json.dumps(summary), flush=True)
         return 2

@@ -15,6 +15,7 @@ import time
 from operators.config import embedded
 
 from operators.config import settings
+from trainer.urls import redact_url
 
 
 def airflow(*args: str, env: dict[str, str]) -> None:
@@ -42,7 +43,7 @@ def main() -> int:
     tracking.ensure_experiment(tracking.get_client(), "gangflow")
     print(
         f"gangflow setup: state {settings.state_dir()}, pool {settings.TRAINING_POOL}={slots} slots, "
-        f"dataset {version}, tracking {settings.tracking_uri()} ({time.monotonic() - started:.1f}s)"
+        f"dataset {version}, tracking {redact_url(settings.tracking_uri())} ({time.monotonic() - started:.1f}s)"
     )
     return 0
 

@@ -30,6 +30,8 @@ from operators.exceptions import (
     UserError,
 )
 from operators.config.settings import PROJECT_ROOT
+from trainer.storage import plain_name
+from trainer.urls import credentials_refusal, has_credentials, redact_url
 
 if TYPE_CHECKING:
     from dvc.repo import Repo
@@ -82,6 +84,8 @@ class ResolvedDataset:
 def remote_spec() -> tuple[str, str | None]:
     """(remote name, URL or None): None means a remote already configured in .dvc/config."""
     value = os.environ.get(REMOTE_ENV, "").strip()
+    if has_credentials(value):  # it becomes the ranks' data.remote: argv, task log, MLflow params
+        raise UserError(credentials_refusal(REMOTE_ENV, value))
     if not value:
         return LOCAL_REMOTE, str(settings.dvc_remote())
     if "://" in value or value.startswith(("/", ".", "~")):
@@ -95,7 +99,11 @@ def remote_url() -> str:
     name, url = remote_spec()
     if url is None:  # a named remote of .dvc/config: DVC resolves its URL
         with open_repo() as repo:
-            return _remote_url(repo)
+            url = _remote_url(repo)
+        if has_credentials(url):
+            raise UserError(credentials_refusal(f"the URL of DVC remote {name!r} (.dvc/config)", url,
+                                                "from the remote's own credential settings (.dvc/config.local) or AWS_*"))
+        return url
     return url if "://" in url else Path(url).expanduser().resolve().as_uri()
 
 
@@ -261,7 +269,7 @@ def publish(
         log.warning(
             "dvc repro changed %s: %s is now version %s; commit dvc.lock to pin it", lock, out, version
         )
-    log.info("Published %s version %s (%d object(s) pushed; %s)", out, version, pushed, url)
+    log.info("Published %s version %s (%d object(s) pushed; %s)", out, version, pushed, redact_url(url))
     return version
 
 
@@ -387,7 +395,9 @@ def _read_dir_manifest(path: Path, version: str) -> list[dict[str, str]]:
         entries = json.loads(path.read_bytes())
         if not all(isinstance(e, dict) and "md5" in e and "relpath" in e for e in entries):
             raise ValueError("entries lack md5/relpath")
-    except ValueError as exc:
+        for entry in entries:  # names become keys of files a caller may join to a folder
+            plain_name(entry["relpath"], "relpath")
+    except ValueError as exc:  # UnsafePath is one
         raise DatasetHashMismatch(
             f"dataset version {version}: the cached manifest {path} is not a DVC .dir manifest ({exc}); "
             "delete it to fetch it again from the DVC remote"
@@ -402,7 +412,7 @@ def _remote_url(repo: Repo, oid: str | None = None) -> str:
     except Exception as exc:  # noqa: BLE001 - a locator for messages only
         return f"<no usable DVC remote: {exc}>"
     url = odb.fs.unstrip_protocol(odb.oid_to_path(oid) if oid else odb.path)
-    return url if "://" in url else Path(url).as_uri()
+    return url if "://" in url else Path(url).as_uri()  # fsspec strips user info from a path
 
 
 

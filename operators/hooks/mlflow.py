@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from operators.config import settings
-from operators.exceptions import RegistryUnavailable
+from operators.exceptions import RegistryUnavailable, UserError
+from trainer.urls import credentials_refusal, has_credentials, redact_url
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -54,7 +55,7 @@ def mlflow_errors(tracking_uri: str | None, what: str) -> Iterator[None]:
         raise
     except Exception as exc:
         if transient_exception(exc):  # connection errors, timeouts, 5xx/429, busy database: the one catalogue
-            uri = tracking_uri or settings.tracking_uri()
+            uri = redact_url(tracking_uri or settings.tracking_uri())
             raise RegistryUnavailable(f"MLflow at {uri} unavailable while trying to {what}: {exc}") from exc
         raise
 
@@ -68,6 +69,8 @@ def get_client(tracking_uri: str | None = None) -> MlflowClient:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from trainer.tracking import mlflow_client
 
+    if has_credentials(tracking_uri):  # a setting (an operator argument): it would reach logs and XCom
+        raise UserError(credentials_refusal("tracking_uri", tracking_uri, "from MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN"))
     uri = tracking_uri or settings.tracking_uri()
     with mlflow_errors(uri, "connect"):
         return mlflow_client(uri)

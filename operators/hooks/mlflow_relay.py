@@ -16,8 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from operators.exceptions import InfraError, RegistryUnavailable
-from trainer.tracking import FINAL_ARTIFACT_PATH, METRICS, FinalUploadError, log_records, redact  # light: no torch
+from operators.exceptions import InfraError, RegistryUnavailable, UserError
+from trainer.tracking import FINAL_ARTIFACT_PATH, METRICS, FinalUploadError, log_records  # light: no torch
+from trainer.storage import UnsafePath, check_regular_tree
+from trainer.urls import redact_url
 
 OpenRun = Callable[[], tuple[Any, str]]  # -> (MlflowClient, run id)
 # The relay's thread runs this much nicer than the task (Linux: per thread): opening the run (mlflow import,
@@ -174,12 +176,18 @@ class TrackingRelay:
         if succeeded and final_dir is not None:
             from operators.hooks.mlflow import client_uri
 
+            if Path(final_dir).is_dir():
+                try:  # a run dir is data: its links are never followed (here: never uploaded through)
+                    check_regular_tree(final_dir, "final weights")
+                except UnsafePath as exc:
+                    raise UserError(str(exc)) from None
+
             try:
                 if not any(Path(final_dir).glob("*")):
                     raise FileNotFoundError(f"{final_dir} is missing or empty")
                 self.client.log_artifacts(self.run_id, str(final_dir), artifact_path=FINAL_ARTIFACT_PATH)
             except Exception as exc:  # noqa: BLE001 - reported with what failed
                 raise RelayFinalUploadError(f"logging the final weights ({final_dir}) to MLflow run {self.run_id} at "
-                                            f"{redact(client_uri(self.client))} failed ({type(exc).__name__}: {exc})") from exc
+                                            f"{redact_url(client_uri(self.client))} failed ({type(exc).__name__}: {exc})") from exc
             self.log(f"gangflow: final weights logged to MLflow as runs:/{self.run_id}/{FINAL_ARTIFACT_PATH}")
         return self.run_id

@@ -18,7 +18,8 @@ from kubernetes import client as k8s
 
 from operators.backends.base import GangSpec
 from operators.kubernetes import models as m
-from operators.kubernetes.runtime import RuntimeDefaults, redact_uri
+from operators.kubernetes.runtime import RuntimeDefaults
+from trainer.urls import redact_url
 from trainer import EXIT_CONFIG_ERROR, EXIT_USER_ERROR
 
 # Labels every training pod carries; the Helm chart's NetworkPolicy selects on COMPONENT_LABEL.
@@ -128,7 +129,8 @@ def _name_budget(kind: str, world_size: int) -> int:
 
 def gang_object_name(gang: str, attempt: int, kind: str = "JobSet", world_size: int = 1) -> str:
     """Deterministic object name for one Airflow try of a gang: `<gang>-t<attempt>`, shortened
-    with a hash when the generated pod names would exceed 63 characters."""
+    when the generated pod names would exceed 63 characters: the readable stem is cut, never the
+    64 bits that tell runs apart (16 hex digits of the gang name's hash)."""
     if attempt < 1:
         raise ValueError(f"attempt={attempt!r}: must be >= 1")
     base = gang if gang[:1].isalpha() else f"g{gang}"
@@ -136,9 +138,9 @@ def gang_object_name(gang: str, attempt: int, kind: str = "JobSet", world_size: 
     budget = _name_budget(kind, world_size)
     if len(base) + len(suffix) <= budget:
         return base + suffix
-    digest = hashlib.sha256(gang.encode()).hexdigest()[:5]
-    keep = budget - len(suffix) - len(digest) - 1
-    return f"{base[:keep].rstrip('-')}-{digest}{suffix}"
+    digest = hashlib.sha256(gang.encode()).hexdigest()[:16]
+    keep = max(budget - len(suffix) - len(digest) - 1, 1)
+    return f"{base[:keep].rstrip('-') or 'g'}-{digest}{suffix}"
 
 
 def _pod_paths(runtime: RuntimeDefaults) -> tuple[str, ...]:
@@ -445,7 +447,7 @@ def gang_annotations(spec: GangSpec, runtime: RuntimeDefaults) -> dict[str, str]
     version = dataset_version(spec)
     if version:
         out[DATASET_VERSION_LABEL] = version
-        out[DATASET_REMOTE_ANNOTATION] = redact_uri(runtime.dataset.remote or "")
+        out[DATASET_REMOTE_ANNOTATION] = redact_url(runtime.dataset.remote or "")
     run_id = spec.env.get("MLFLOW_RUN_ID")
     if run_id:
         out[MLFLOW_RUN_ANNOTATION] = str(run_id)

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from trainer.urls import has_credentials, redact_url
+
 RUNTIME_CONFIGMAP = "gangflow-runtime"
 RUNTIME_CONFIGMAP_KEY = "runtime.yaml"
 
@@ -32,26 +34,36 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _URI = re.compile(r"^[a-z][a-z0-9+.-]*://[^\s]+$")
-# ncclEnv is for the collective libraries only: a name outside this list (GANGFLOW_FAULT,
-# LD_PRELOAD, PYTHONPATH, MLFLOW_*) would change what the ranks run, not how they talk.
-NCCL_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_")
-NCCL_ENV_NAMES = ("GLOO_SOCKET_IFNAME", "TORCH_DISTRIBUTED_DEBUG")
+# ncclEnv is for the collective libraries only, by name and value: a name outside this list
+# (GANGFLOW_FAULT, LD_PRELOAD, PYTHONPATH, MLFLOW_*, and NCCL's own NCCL_NET_PLUGIN,
+# NCCL_TUNER_PLUGIN, NCCL_*_FILE, which load a library or read or write a path) would change what
+# the ranks run or touch, not how they talk. No value may hold a '/': never a path.
+_INT = r"^[0-9]{1,12}$"
+_FLAG = r"^[01]$"
+_IFACES = r"^[=^]?[A-Za-z0-9_.:,-]{1,256}$"  # interface / HCA lists, '^' excludes, '=' exact
+_LIST = r"^\^?[A-Za-z0-9_,;:]{1,128}$"
+NCCL_ENV: dict[str, str] = {
+    "NCCL_DEBUG": r"^(VERSION|WARN|INFO|TRACE)$", "NCCL_DEBUG_SUBSYS": r"^\^?[A-Z_,]{1,128}$",
+    "NCCL_SOCKET_IFNAME": _IFACES, "NCCL_SOCKET_FAMILY": r"^AF_INET6?$", "NCCL_SOCKET_NTHREADS": _INT,
+    "NCCL_NSOCKS_PERTHREAD": _INT, "NCCL_IB_DISABLE": _FLAG, "NCCL_IB_HCA": _IFACES, "NCCL_IB_GID_INDEX": _INT,
+    "NCCL_IB_TIMEOUT": _INT, "NCCL_IB_RETRY_CNT": _INT, "NCCL_IB_TC": _INT, "NCCL_IB_SL": _INT,
+    "NCCL_IB_QPS_PER_CONNECTION": _INT, "NCCL_IB_PCI_RELAXED_ORDERING": r"^[012]$", "NCCL_IB_ADAPTIVE_ROUTING": _FLAG,
+    "NCCL_NET_GDR_LEVEL": r"^(LOC|PIX|PXB|PHB|SYS|[0-9])$", "NCCL_NET_GDR_READ": _FLAG, "NCCL_P2P_DISABLE": _FLAG,
+    "NCCL_P2P_LEVEL": r"^(LOC|NVL|PIX|PXB|PHB|SYS|[0-9])$", "NCCL_SHM_DISABLE": _FLAG, "NCCL_BUFFSIZE": _INT,
+    "NCCL_NTHREADS": _INT, "NCCL_MIN_NCHANNELS": _INT, "NCCL_MAX_NCHANNELS": _INT, "NCCL_ALGO": _LIST, "NCCL_PROTO": _LIST,
+    "NCCL_CROSS_NIC": r"^[012]$", "NCCL_NVLS_ENABLE": _FLAG, "NCCL_CUMEM_ENABLE": _FLAG,
+    "NCCL_LAUNCH_MODE": r"^(PARALLEL|GROUP)$", "NCCL_ASYNC_ERROR_HANDLING": r"^[0-3]$", "NCCL_BLOCKING_WAIT": _FLAG,
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": r"^[0-3]$", "TORCH_NCCL_BLOCKING_WAIT": _FLAG, "TORCH_NCCL_ENABLE_MONITORING": _FLAG,
+    "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": _INT, "TORCH_NCCL_TRACE_BUFFER_SIZE": _INT, "TORCH_NCCL_DUMP_ON_TIMEOUT": _FLAG,
+    "TORCH_NCCL_DESYNC_DEBUG": _FLAG, "TORCH_NCCL_ENABLE_TIMING": _FLAG,
+    "GLOO_SOCKET_IFNAME": r"^[A-Za-z0-9_.:-]{1,64}(,[A-Za-z0-9_.:-]{1,64}){0,15}$",
+    "TORCH_DISTRIBUTED_DEBUG": r"^(OFF|INFO|DETAIL)$",
+}  # fmt: skip
 _QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|e[0-9]+)?$")
 
 
 class RuntimeConfigError(ValueError):
     """A runtime default has a value the backend cannot use."""
-
-
-def redact_uri(uri: Any) -> Any:
-    """`uri` with any password in its user-info replaced by `***` (for every message and log)."""
-    if not isinstance(uri, str):
-        return uri
-    return re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)([^/@\s]*)@", lambda m: m.group(1) + m.group(2).split(":", 1)[0] + (":***" if ":" in m.group(2) else "") + "@", uri)
-
-
-def has_userinfo(uri: str) -> bool:
-    return bool(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/@\s]*@", uri))
 
 
 def _fail(key: str, value: Any, accepted: str) -> None:
@@ -147,7 +159,9 @@ class Checkpoint:
         if not isinstance(self.mount_path, str) or not self.mount_path.startswith("/") or self.mount_path in ("/", "/tmp", "/dev/shm"):
             _fail("checkpoint.mountPath", self.mount_path, "must be an absolute path other than /, /tmp and /dev/shm")
         if self.uri is not None and not (isinstance(self.uri, str) and re.match(r"^[a-z][a-z0-9+.-]*://.+", self.uri)):
-            _fail("checkpoint.uri", self.uri, "must be an object-storage URI such as s3://bucket/prefix or gs://bucket/prefix")
+            _fail("checkpoint.uri", redact_url(self.uri), "must be an object-storage URI such as s3://bucket/prefix or gs://bucket/prefix")
+        if has_credentials(self.uri):  # it reaches pod args and an MLflow tag
+            _fail("checkpoint.uri", redact_url(self.uri), "must not carry credentials; put them in dataset.credentialsSecret (AWS_* keys)")
         if (self.pvc is None) == (self.uri is None):
             _fail(
                 "checkpoint",
@@ -193,13 +207,13 @@ class Dataset:
     def __post_init__(self):
         if self.remote is not None:
             if not isinstance(self.remote, str) or not _URI.match(self.remote) or self.remote.startswith("file:"):
-                _fail("dataset.remote", redact_uri(self.remote), "must be the DVC remote as an fsspec URL such as s3://bucket/dvc or gs://bucket/dvc (never a path on the Airflow worker)")
-            if has_userinfo(self.remote):
-                _fail("dataset.remote", redact_uri(self.remote), "must not carry credentials; put them in dataset.credentialsSecret")
+                _fail("dataset.remote", redact_url(self.remote), "must be the DVC remote as an fsspec URL such as s3://bucket/dvc or gs://bucket/dvc (never a path on the Airflow worker)")
+            if has_credentials(self.remote):
+                _fail("dataset.remote", redact_url(self.remote), "must not carry credentials; put them in dataset.credentialsSecret")
         if self.credentials_secret is not None and not (isinstance(self.credentials_secret, str) and _DNS_SUBDOMAIN.match(self.credentials_secret)):
             _fail("dataset.credentialsSecret", self.credentials_secret, "must be a Secret name (DNS-1123 subdomain) whose keys are AWS_* variables")
         if self.endpoint_url is not None and not (isinstance(self.endpoint_url, str) and re.match(r"^https?://[^\s@]+$", self.endpoint_url)):
-            _fail("dataset.endpointUrl", redact_uri(self.endpoint_url), "must be an http(s) URL without credentials, such as https://minio.storage:9000")
+            _fail("dataset.endpointUrl", redact_url(self.endpoint_url), "must be an http(s) URL without credentials, such as https://minio.storage:9000")
         if not isinstance(self.image_carries_data, bool):
             _fail("dataset.imageCarriesData", self.image_carries_data, "must be true or false")
 
@@ -319,15 +333,17 @@ class RuntimeDefaults:
             for name, value in mapping.items():
                 if value_check == "env" and not (isinstance(name, str) and _ENV_NAME.match(name)):
                     _fail(f"{mapping_key}.{name}", value, "names must be environment variable names ([A-Za-z_][A-Za-z0-9_]*)")
-                if value_check == "env" and not (name.startswith(NCCL_ENV_PREFIXES) or name in NCCL_ENV_NAMES):
+                if value_check == "env" and name not in NCCL_ENV:
                     _fail(
                         f"{mapping_key}.{name}",
                         value,
-                        f"ncclEnv takes collective-library settings only: names starting with {', '.join(NCCL_ENV_PREFIXES)} "
-                        f"or one of {', '.join(NCCL_ENV_NAMES)}",
+                        f"ncclEnv takes collective-library settings only: one of {', '.join(sorted(NCCL_ENV))} "
+                        "(settings that load a plugin or name a file, such as NCCL_NET_PLUGIN or NCCL_DEBUG_FILE, are refused)",
                     )
                 if not isinstance(value, (str, int, float)) or isinstance(value, bool):
                     _fail(f"{mapping_key}.{name}", value, "values must be strings (quote numbers and booleans)")
+                if value_check == "env" and not re.fullmatch(NCCL_ENV[name], str(value)):
+                    _fail(f"{mapping_key}.{name}", value, f"accepted values match {NCCL_ENV[name]}")
             object.__setattr__(self, _KEYS[mapping_key][0], {str(k): str(v) for k, v in mapping.items()})
         if isinstance(self.tolerations, Mapping) or not isinstance(self.tolerations, (list, tuple)):
             _fail("tolerations", self.tolerations, "must be a list of Kubernetes tolerations")
@@ -344,11 +360,11 @@ class RuntimeDefaults:
         if self.mlflow_tracking_uri is not None:
             uri = self.mlflow_tracking_uri
             if not (isinstance(uri, str) and re.match(r"^https?://[^\s/]+", uri)):
-                _fail("mlflowTrackingUri", redact_uri(uri), "must be the tracking server's http(s) URL such as http://mlflow.mlflow:5000 (pods log weights through its artifact proxy), or unset")
-            if has_userinfo(uri):
+                _fail("mlflowTrackingUri", redact_url(uri), "must be the tracking server's http(s) URL such as http://mlflow.mlflow:5000 (pods log weights through its artifact proxy), or unset")
+            if has_credentials(uri):
                 _fail(
                     "mlflowTrackingUri",
-                    redact_uri(uri),
+                    redact_url(uri),
                     "must not carry credentials (they would be a plain value in every pod spec); "
                     "put the token in a Secret and name it in mlflowSecretRef",
                 )

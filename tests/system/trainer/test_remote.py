@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -79,7 +80,10 @@ def test_dataset_by_version_is_fetched_into_rank_scratch_and_recorded(work, data
     card = json.loads((run_dir / "final" / "model_card.json").read_text())
     assert card["data"]["version"] == version and card["data"]["remote"] == remote
     assert card["data"]["train_md5"] == md5s["train.parquet"] and card["data"]["test_md5"] == md5s["test.parquet"]
-    assert card["data"]["train_path"] == str(work / "scratch-ref" / "gangflow-data" / version / "train.parquet")
+    # scratch private to the user and the run (issue 28.2): $TMPDIR/gangflow-<uid>/<hash of the run dir>/<version>/
+    train = Path(card["data"]["train_path"])
+    assert (train.name, train.parent.name) == ("train.parquet", version)
+    assert train.parents[2] == work / "scratch-ref" / f"gangflow-{os.getuid()}" and re.fullmatch(r"[0-9a-f]{16}", train.parents[1].name)
     assert card["metrics"]["test_accuracy"] > 0.7
     state = json.loads((run_dir / "checkpoints" / "step-60" / "state.json").read_text())
     assert state["identity"]["data.version"] == version and state["identity"]["data.train_md5"] == md5s["train.parquet"]

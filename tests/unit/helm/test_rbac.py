@@ -111,3 +111,96 @@ def test_training_service_account_mounts_no_token(render, kinds):
     # No Role is bound to the training ServiceAccount.
     for binding in kinds(render(), "RoleBinding") + kinds(render(), "ClusterRoleBinding"):
         assert all(s["name"] != "gangflow-training" for s in binding["subjects"])
+
+
+# --- issue 28.5: gangs run apart from the platform's Secrets; the docs' can-i table is the rendered RBAC -
+
+
+import re  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import helm_python  # noqa: E402
+
+RELEASE_NAMESPACE = "gangflow-system"  # conftest's NAMESPACE
+HELM_MD = Path(__file__).resolve().parents[3] / "docs" / "helm.md"
+
+
+def test_default_gangs_run_outside_the_namespaces_that_hold_the_platforms_secrets(render, kinds):
+    """Issue 28: with the default layout, team gangs ran in the release namespace, beside MLflow's
+    backend and S3 Secrets, which a JobSet's pod can mount by secretKeyRef."""
+    objects = render()
+    teams = {r["metadata"]["namespace"] for r in kinds(objects, "Role")}
+    assert teams and RELEASE_NAMESPACE not in teams and "airflow" not in teams
+    runtime = [o for o in kinds(objects, "ConfigMap") if o["metadata"]["name"] == "gangflow-runtime"]
+    assert {o["metadata"]["namespace"] for o in runtime} == teams
+
+
+@pytest.mark.parametrize("teams, where", [([{"name": "core", "namespace": ""}], "release namespace"),
+                                          ([{"name": "core", "namespace": RELEASE_NAMESPACE}], "release namespace"),
+                                          ([{"name": "core", "namespace": "airflow"}], "Airflow namespace")])
+def test_a_team_namespace_that_holds_the_platforms_secrets_is_refused(render, teams, where):
+    with pytest.raises(helm_python.HelmRenderError) as err:
+        render({"kueue": {"teams": teams}})
+    assert "kueue.teams" in str(err.value) and where in str(err.value)
+
+
+def _binding_rules(objects, kinds, who: tuple[str, str], namespace: str) -> list[dict]:
+    """The rules the ServiceAccount `who` (namespace, name) holds in `namespace`, from the rendered
+    RoleBindings (to Roles of that namespace) and ClusterRoleBindings, as the API server reads them."""
+    subject = {"kind": "ServiceAccount", "namespace": who[0], "name": who[1]}
+    roles = {(o["metadata"].get("namespace"), o["kind"], o["metadata"]["name"]): o for o in objects if o["kind"] in ("Role", "ClusterRole")}
+    rules = []
+    for binding in kinds(objects, "RoleBinding") + kinds(objects, "ClusterRoleBinding"):
+        bound_ns = binding["metadata"].get("namespace") if binding["kind"] == "RoleBinding" else None
+        if subject not in binding.get("subjects", []) or (bound_ns is not None and bound_ns != namespace):
+            continue
+        ref = binding["roleRef"]
+        role = roles.get((bound_ns if ref["kind"] == "Role" else None, ref["kind"], ref["name"]))
+        rules += role["rules"] if role else []
+    return rules
+
+
+def can_i(objects, kinds, who, verb: str, target: str, namespace: str) -> bool:
+    """`kubectl auth can-i VERB TARGET -n NAMESPACE --as=system:serviceaccount:WHO` on the rendered
+    objects. TARGET as kubectl takes it: resource[.group][/name] [--subresource=SUB] (with a name,
+    resourceNames rules count)."""
+    target, _, sub = target.partition(" --subresource=")
+    target, _, name = target.partition("/")
+    resource, _, group = target.partition(".")
+    full = f"{resource}/{sub}" if sub else resource
+    for rule in _binding_rules(objects, kinds, who, namespace):
+        if group in rule["apiGroups"] and full in rule["resources"] and verb in rule["verbs"]:
+            names = rule.get("resourceNames")
+            if not names or name in names:
+                return True
+    return False
+
+
+def _doc_table() -> tuple[list[str], list[tuple[str, str, str, list[str]]]]:
+    text = HELM_MD.read_text()
+    block = text.split("<!-- can-i table: checked by tests/unit/helm/test_rbac.py -->", 1)[1].strip().split("\n\n", 1)[0]
+    lines = [line.strip().strip("|").split("|") for line in block.splitlines()]
+    header = [c.strip().strip("`") for c in lines[0]]
+    rows = []
+    for cells in lines[2:]:
+        cells = [c.strip() for c in cells]
+        who, verb, target = cells[0].strip("`"), *cells[1].strip("`").split(" ", 1)
+        rows.append((who, verb, target, [c.strip("*") for c in cells[2:]]))
+    return header, rows
+
+
+def test_the_docs_can_i_table_is_what_the_rendered_rbac_allows(render, kinds):
+    """docs/helm.md's `kubectl auth can-i` table, rendered with its own values (teams team-vision and
+    team-nlp, Airflow in `airflow`, the release in gangflow-system), answer by answer."""
+    objects = render({"kueue": {"teams": [{"name": "vision", "namespace": "team-vision"}, {"name": "nlp", "namespace": "team-nlp"}]}})
+    header, rows = _doc_table()
+    namespaces = header[2:]
+    assert namespaces == ["team-vision", "gangflow-system", "airflow"], header
+    assert len(rows) >= 10
+    identities = {"airflow worker": ("airflow", "gangflow-airflow-worker"), "training pod": ("team-vision", "gangflow-training")}
+    for who, verb, target, answers in rows:
+        for namespace, answer in zip(namespaces, answers):
+            got = "yes" if can_i(objects, kinds, identities[who], verb, target, namespace) else "no"
+            assert got == answer, f"can-i {verb} {target} -n {namespace} as {who}: the doc says {answer}, the chart gives {got}"
+    denied = {(v, t) for who, v, t, a in rows if who == "airflow worker" and a[0] == "no"}
+    assert {("get", "secrets"), ("list", "secrets"), ("create", "pods"), ("create", "pods --subresource=exec")} <= denied

@@ -33,7 +33,7 @@ def test_runtime_yaml_has_the_contract_keys_and_defaults(render):
     runtime = runtime_of(render())
     assert set(runtime) == (CONTRACT_KEYS - OFF_BY_DEFAULT) | BACKEND_EXTRAS
     assert re.fullmatch(r"[^@\s]+@sha256:[0-9a-f]{64}", runtime["image"])
-    assert runtime["namespace"] == "gangflow-system"
+    assert runtime["namespace"] == "gangflow-team"  # issue 28.5: apart from the release namespace's Secrets
     assert runtime["serviceAccountName"] == "gangflow-training"
     assert (runtime["scheduler"], runtime["api"], runtime["queue"]) == ("kueue", "jobset", "gangflow")
     assert runtime["priorityClassName"] == "gangflow-training"

@@ -78,7 +78,8 @@ def test_mlflow_pod_meets_restricted(render, kinds):
 
 
 def test_team_namespaces_get_pod_security_labels(render, kinds, notes):
-    values = {"podSecurity": {"createNamespaces": True},
+    # A team in the release namespace needs mlflow.enabled=false (issue 28.5: MLflow's Secrets live there).
+    values = {"podSecurity": {"createNamespaces": True}, "mlflow": {"enabled": False},
               "kueue": {"teams": [{"name": "vision", "namespace": "team-vision"}, {"name": "core", "namespace": ""}]}}
     namespaces = kinds(render(values), "Namespace")
     assert [n["metadata"]["name"] for n in namespaces] == ["team-vision"]  # the release namespace is Helm's
@@ -87,7 +88,7 @@ def test_team_namespaces_get_pod_security_labels(render, kinds, notes):
     assert labels[PSA + "warn"] == labels[PSA + "audit"] == "restricted"
     assert kinds(render(), "Namespace") == []  # off by default: the chart never takes over namespaces ...
     text = notes()  # ... and says how to label them
-    assert f"kubectl label namespace gangflow-system --overwrite {PSA}enforce=restricted" in text
+    assert f"kubectl label namespace gangflow-team --overwrite {PSA}enforce=restricted" in text
 
 
 def _mlflow_policy(objects):

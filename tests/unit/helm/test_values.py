@@ -167,3 +167,18 @@ def test_check_values_fails_with_a_clear_message(render, bad, message):
 ], ids=["exactly-full", "cpu-only", "second-flavor-fits", "real-digests"])
 def test_check_values_accepts_gangs_that_fit(render, good):
     assert render(good)
+
+
+@pytest.mark.parametrize("nccl", [{"NCCL_NET_PLUGIN": "/shared/libnccl-net.so"}, {"NCCL_TUNER_PLUGIN": "tuner"},
+                                  {"NCCL_DEBUG_FILE": "/checkpoints/x"}, {"NCCL_SOCKET_IFNAME": "/lib/x.so"}])
+def test_schema_refuses_nccl_plugins_and_paths(chart, nccl):
+    """Issue 28.5: `ncclEnv` accepted NCCL_NET_PLUGIN=/path/lib.so (NCCL loads that library)."""
+    with pytest.raises(helm_python.HelmValuesError):
+        chart.validate_schema({"training": {"ncclEnv": nccl}})
+
+
+def test_schema_nccl_allow_list_is_the_runtimes(schema):
+    from operators.kubernetes.runtime import NCCL_ENV
+
+    nccl = schema["properties"]["training"]["properties"]["ncclEnv"]
+    assert sorted(nccl["propertyNames"]["enum"]) == sorted(NCCL_ENV)

@@ -94,3 +94,47 @@ def test_manifest_as_rendered_json(worker_manifest):
     _, spec = _spec(json.dumps(worker_manifest))
     assert spec.dataset_version == VERSION
     assert Path(spec.run_dir).parent.name == "train_pipeline"
+
+
+# --- issue 28.4: no credential in argv, logs, params or tags ------------------------------------------
+
+
+SECRET = "wJalr-secret"
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"run_dir": f"s3://AKIAEXAMPLE:{SECRET}@bucket/runs/r1"}, "run_dir"),
+    ({"overrides": {"data.remote": f"s3://AKIAEXAMPLE:{SECRET}@bucket/dvc"}}, "overrides data.remote"),
+])
+def test_a_gang_whose_argv_would_carry_credentials_is_refused_naming_the_field(worker_manifest, kwargs, field):
+    with pytest.raises(ValueError) as info:
+        _spec(worker_manifest, **kwargs)
+    assert str(info.value).startswith(f"{field}=") and "must not carry credentials" in str(info.value)
+    assert SECRET not in str(info.value)
+
+
+def test_a_local_dataset_remote_with_credentials_is_refused_naming_the_option():
+    with pytest.raises(UserError) as info:
+        LocalBackend(dataset_remote=f"s3://AKIAEXAMPLE:{SECRET}@bucket/dvc")
+    assert "dataset_remote=" in str(info.value) and "must not carry credentials" in str(info.value)
+    assert SECRET not in str(info.value)
+
+
+def test_the_dvc_remote_with_a_password_never_reaches_argv_or_the_log(worker_manifest, tmp_path, monkeypatch):
+    """Issue 28: the local backend printed a DVC remote URL with its password in the task log
+    (its `launching gang ...` line) and the trainer logged it as an MLflow param."""
+    monkeypatch.setenv("GANGFLOW_DVC_REMOTE", f"s3://AKIAEXAMPLE:{SECRET}@bucket/dvc")
+    _, spec = _spec(worker_manifest)
+    with pytest.raises(UserError) as info:
+        LocalBackend().command(spec, tmp_path / "logs")
+    assert "GANGFLOW_DVC_REMOTE" in str(info.value) and "must not carry credentials" in str(info.value)
+    assert SECRET not in str(info.value)
+
+
+def test_an_explicit_tracking_uri_with_credentials_is_refused():
+    from operators.hooks.mlflow import get_client
+
+    with pytest.raises(UserError) as info:
+        get_client(f"https://bob:{SECRET}@mlflow.example.com")
+    assert "tracking_uri=" in str(info.value) and "must not carry credentials" in str(info.value)
+    assert SECRET not in str(info.value)

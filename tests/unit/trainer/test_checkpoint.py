@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -506,3 +507,151 @@ def test_a_writer_that_dies_holding_a_job_the_loop_handed_it_is_replaced_and_the
     assert writer._proc.pid != pid
     writer.close()
     assert Checkpointer.verify(root / "step-1")["step"] == 1
+
+
+# --- issue 28.2: storage stays inside its root ------------------------------------------------------
+
+
+def _outside(tmp_path):
+    """A folder outside the run dir with files a hostile link points at."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("precious")
+    (outside / "model.safetensors").write_bytes(b"not yours")
+    return outside
+
+
+def _snapshot_of(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+@pytest.mark.parametrize("cleanup", [True, False])
+def test_a_spare_linked_outside_the_run_dir_is_never_followed(tmp_path, cleanup):
+    """The reproduction of issue 28: `checkpoints/.spare-evil -> /some/dir` and a 4-step run that
+    saves every 2 steps deleted every entry of /some/dir and wrote a checkpoint into it."""
+    outside = _outside(tmp_path)
+    before = _snapshot_of(outside)
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    (root / ".spare-evil").symlink_to(outside, target_is_directory=True)
+    ck = _ckpt(tmp_path, keep_last=1, async_save=False)
+    if cleanup:
+        ck.cleanup_stale()
+    for step in (2, 4):
+        ck.save(_state(step)[2])
+    ck.close()
+    assert _snapshot_of(outside) == before  # nothing deleted, nothing written there
+    assert [s for s, _ in ck.committed()] == [4]
+    assert not (root / "step-4").is_symlink()
+    ck.verify(root / "step-4")
+
+
+def test_a_checkpoint_folder_linked_outside_is_ignored_never_pruned_through(tmp_path):
+    """A `step-N` link is not a committed checkpoint of this run dir: never read, never pruned
+    into (pruning deletes what it points at)."""
+    other = _ckpt(tmp_path / "elsewhere", async_save=False)
+    other.save(_state(900)[2])
+    target = tmp_path / "elsewhere" / "checkpoints" / "step-900"
+    before = _snapshot_of(target)
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    (root / "step-500").symlink_to(target, target_is_directory=True)
+    ck = _ckpt(tmp_path, keep_last=1, async_save=False)
+    assert ck.committed() == [] and ck.select() is None
+    for step in (1, 2, 3):
+        ck.save(_state(step)[2])
+    ck.close()
+    assert _snapshot_of(target) == before
+    assert [s for s, _ in ck.committed()] == [3]
+
+
+def test_a_file_linked_outside_inside_a_spare_is_not_written_through(tmp_path):
+    outside = _outside(tmp_path)
+    before = _snapshot_of(outside)
+    root = tmp_path / "checkpoints"
+    spare = root / ".spare-step-1-0000beef"
+    spare.mkdir(parents=True)
+    (spare / "model.safetensors").symlink_to(outside / "model.safetensors")
+    (spare / "manifest.json").symlink_to(outside / "keep.txt")
+    files = {"model.safetensors": b"m" * 1000, "optimizer.safetensors": b"o", "state.json": b'{"step": 2}'}
+    commit_local(root, 2, files)
+    assert _snapshot_of(outside) == before
+    folder = root / "step-2"
+    assert not any(p.is_symlink() for p in folder.iterdir())
+    assert Checkpointer.verify(folder)["step"] == 2
+
+
+def _hostile_entry(ck_dir, name, data):
+    """Point the manifest of `ck_dir` at `name`, with the right size and sha256 of `data`."""
+    _rewrite_manifest(ck_dir, lambda m: m["files"].__setitem__(name, {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}))
+
+
+@pytest.mark.parametrize("name", ["../../outside/keep.txt", "{outside}/keep.txt", "/dev/null", "sub/../state.json",
+                                  "./state.json", "state.json\x00x", "", "/dev/zero"])
+def test_a_manifest_naming_a_path_outside_its_folder_is_corrupt_before_anything_is_opened(tmp_path, monkeypatch, name):
+    """Issue 28: `../../../secret.txt` or an absolute path with the right sha256 passed verify;
+    `/dev/zero` ended the rank in MemoryError (the user's exit code), so the checkpoint was neither
+    moved aside nor the previous one used."""
+    outside = _outside(tmp_path)
+    name = name.format(outside=outside)
+    logs: list[str] = []
+    ck = _three(tmp_path, logs)
+    data = b"" if name.startswith("/dev/") else b"precious"
+    _hostile_entry(tmp_path / "checkpoints" / "step-300", name, data)
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: (opened.append(str(path)), real_open(path, *a, **k))[1])
+    with pytest.raises(CorruptCheckpoint, match="is not a plain file name of the checkpoint folder"):
+        ck.verify(tmp_path / "checkpoints" / "step-300")
+    assert not [p for p in opened if "outside" in p or p.startswith("/dev/")]
+    assert ck.select()[0] == 200
+    assert "checkpoint step-300 is corrupt" in logs[0] and "resuming from step-200" in logs[0]
+    assert any(p.name.startswith("corrupt-step-300") for p in (tmp_path / "checkpoints").iterdir())
+
+
+def test_the_size_message_does_not_say_whether_a_file_outside_exists(tmp_path):
+    _outside(tmp_path)
+    ck = _three(tmp_path, [])
+    messages = []
+    manifest = tmp_path / "checkpoints" / "step-300" / "manifest.json"
+    original = manifest.read_bytes()
+    for name in ("../../outside/keep.txt", "../../outside/nothing.txt"):
+        manifest.write_bytes(original)  # one hostile entry at a time
+        _hostile_entry(tmp_path / "checkpoints" / "step-300", name, b"x" * 7)
+        with pytest.raises(CorruptCheckpoint) as info:
+            ck.verify(tmp_path / "checkpoints" / "step-300")
+        messages.append(str(info.value).replace(name, "NAME"))
+    assert messages[0] == messages[1]
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_a_listed_file_that_is_a_link_or_not_a_regular_file_is_corrupt_and_not_followed(tmp_path, kind):
+    outside = _outside(tmp_path)
+    logs: list[str] = []
+    ck = _three(tmp_path, logs)
+    folder = tmp_path / "checkpoints" / "step-300"
+    data = (folder / "state.json").read_bytes()
+    (folder / "state.json").unlink()
+    if kind == "link":
+        (outside / "copy.json").write_bytes(data)
+        (folder / "state.json").symlink_to(outside / "copy.json")
+    else:
+        os.mkfifo(folder / "state.json")  # reading it would block the rank for ever
+    with pytest.raises(CorruptCheckpoint, match="state.json: not a regular file"):
+        ck.verify(folder)
+    assert ck.select()[0] == 200
+
+
+@pytest.mark.parametrize("name, garbage", [("model.safetensors", b"\xff" * 64), ("state.json", b"[1, 2"),
+                                           ("optimizer.safetensors", b"\x08\x00\x00\x00\x00\x00\x00\x00{\"a\":1}")])
+def test_a_checkpoint_whose_hashes_match_but_whose_content_is_hostile_is_moved_aside(tmp_path, name, garbage):
+    """Bytes the manifest vouches for are still data: malformed tensors or JSON make the checkpoint
+    corrupt (set aside, the previous one used), never an exception that ends the rank as a user error."""
+    logs: list[str] = []
+    ck = _three(tmp_path, logs)
+    folder = tmp_path / "checkpoints" / "step-300"
+    (folder / name).write_bytes(garbage)
+    _hostile_entry(folder, name, garbage)
+    assert ck.select()[0] == 200
+    assert f"checkpoint step-300 is corrupt ({name}" in logs[0]
+    ck.read(200)

@@ -194,3 +194,26 @@ def test_cli_warns_and_trains_without_the_fault_unless_allowed(h, tmp_path):
     proc = h.run(tmp_path / "armed", sets=sets, nproc=None, GANGFLOW_FAULT="raise@step=1")
     assert proc.returncode == 1
     assert "fault injection ARMED on rank 0: GANGFLOW_FAULT='raise@step=1'" in proc.stdout
+
+
+# --- issue 28.4: no credential in a URL setting ------------------------------------------------------
+
+
+@pytest.mark.parametrize("override, field", [
+    ("data.remote=s3://AKIAEXAMPLE:wJalr-secret@bucket/dvc", "data.remote"),
+    ("tracking.mlflow_uri=https://bob:wJalr-secret@mlflow.example.com", "tracking.mlflow_uri"),
+])
+def test_a_url_setting_with_credentials_is_refused_naming_the_field_without_the_secret(override, field):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    message = str(info.value)
+    assert message.startswith(f"{field}=") and "must not carry credentials" in message
+    assert "wJalr-secret" not in message and ":***@" in message
+
+
+def test_a_run_dir_url_with_credentials_is_refused_before_anything_runs(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "trainer", "--run-dir", "s3://AKIAEXAMPLE:wJalr-secret@bucket/runs/r1"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == EXIT_CONFIG_ERROR, proc.stderr
+    assert "--run-dir" in proc.stderr and "must not carry credentials" in proc.stderr
+    assert "wJalr-secret" not in proc.stdout + proc.stderr

@@ -128,3 +128,72 @@ def test_a_rank_imports_only_what_it_needs():
             "print(sorted(m for m in ('mlflow', 'fsspec', 's3fs', 'boto3', 'airflow', 'dvc', 'dvc_data') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+# --- issue 28.2: listing names stay inside the dataset folder; scratch is private ----------------------
+
+
+@pytest.mark.parametrize("relpath", ["../../escape.parquet", "/tmp/abs.parquet", "a/../../b", "x\x00y", "./train.parquet", ""])
+def test_a_listing_with_a_name_that_is_not_a_plain_relative_path_is_refused(tmp_path, relpath):
+    """A listing is data: a name that could leave dest_dir/<version>/ is refused before any
+    download, even when the listing hashes to its version."""
+    root = tmp_path / "remote"
+    md5 = hashlib.md5(b"data").hexdigest()
+    Path(object_path(str(root), md5)).parent.mkdir(parents=True)
+    Path(object_path(str(root), md5)).write_bytes(b"data")
+    entries = [{"md5": md5, "relpath": relpath}, {"md5": md5, "relpath": "train.parquet"}, {"md5": md5, "relpath": "test.parquet"}]
+    version = listing_digest(entries)
+    Path(object_path(str(root), version, ".dir")).parent.mkdir(parents=True, exist_ok=True)
+    Path(object_path(str(root), version, ".dir")).write_text(json.dumps(entries))
+    with pytest.raises(DataError, match="is not a plain relative name"):
+        dir_listing(str(root), version)
+    with pytest.raises(DataError, match="is not a plain relative name"):
+        fetch_dataset(str(root), version, tmp_path / "scratch", relpaths=[relpath] if relpath else ["train.parquet"])
+    assert not (tmp_path / "escape.parquet").exists()
+
+
+def test_a_dataset_folder_linked_elsewhere_is_not_written_through(remote, tmp_path):
+    root, version = remote
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "scratch" / version).symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(DataError, match="outside"):
+        fetch_dataset(str(root), version, tmp_path / "scratch")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_scratch_is_private_to_the_user_and_the_run(tmp_path, monkeypatch):
+    """Issue 28: a fixed /tmp/gangflow-data was shared by every user of a host."""
+    import os
+    import stat
+    import tempfile
+
+    from trainer.data import scratch_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    a, b = scratch_dir("/runs/a"), scratch_dir("s3://bucket/runs/b")
+    assert a != b and a == scratch_dir("/runs/a")  # the ranks of one run on one machine share it
+    for folder in (a, b, a.parent):
+        st = os.lstat(folder)
+        assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+    assert str(os.getuid()) in a.parent.name
+
+
+def test_scratch_refuses_a_planted_link_or_a_folder_others_can_write(tmp_path, monkeypatch):
+    import os
+    import tempfile
+
+    from trainer.data import scratch_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    base = scratch_dir("/runs/a").parent
+    run = scratch_dir("/runs/a")
+    run.rmdir()
+    run.symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(DataError, match="not a private folder"):
+        scratch_dir("/runs/a")
+    run.unlink()
+    os.chmod(base, 0o777)
+    with pytest.raises(DataError, match="not a private folder"):
+        scratch_dir("/runs/a")

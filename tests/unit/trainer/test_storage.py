@@ -47,3 +47,97 @@ def test_write_json_replaces_the_file_whole_and_leaves_no_temporary(tmp_path):
         tmp.write_text("{half")
         raise ValueError("interrupted")
     assert path.read_text() == '{"kind": "user", "try": 2}' and os.listdir(path.parent) == ["record.json"]
+
+
+# --- issue 28.2: never follow a link for writing or deleting ---------------------------------------
+
+
+def _outside(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("precious")
+    return outside
+
+
+def test_remove_of_a_link_removes_the_link_never_what_it_points_at(tmp_path):
+    outside = _outside(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "dir-link").symlink_to(outside, target_is_directory=True)
+    (run / "file-link").symlink_to(outside / "keep.txt")
+    store = storage.Storage(run)
+    store.remove("dir-link")
+    store.remove("file-link")
+    assert sorted(os.listdir(run)) == []
+    assert (outside / "keep.txt").read_text() == "precious"
+
+
+def test_write_folder_refuses_a_folder_or_a_file_that_is_a_link(tmp_path):
+    outside = _outside(tmp_path)
+    link = tmp_path / "folder-link"
+    link.symlink_to(outside, target_is_directory=True)
+    with pytest.raises(OSError):
+        storage.write_folder(link, {"new.bin": b"x"})
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "keep.txt").symlink_to(outside / "keep.txt")
+    with pytest.raises(OSError):
+        storage.write_folder(folder, {"keep.txt": b"overwritten"})
+    assert sorted(os.listdir(outside)) == ["keep.txt"] and (outside / "keep.txt").read_text() == "precious"
+
+
+@pytest.mark.parametrize("name", ["../x", "/etc/passwd", "a/../../x", "a\x00b", "", ".", "..", "./a", "a//b", "a/", 7])
+def test_plain_names_refuse_anything_that_could_leave_the_root(name):
+    with pytest.raises(storage.UnsafePath, match="field-x"):
+        storage.plain_name(name, "field-x")
+
+
+def test_plain_names_accept_relative_names_and_inside_resolves_within_the_root(tmp_path):
+    assert storage.plain_name("train.parquet", "f") == "train.parquet"
+    assert storage.plain_name("shards/part-0.parquet", "f") == "shards/part-0.parquet"
+    assert storage.inside(tmp_path, "shards/a.parquet", "f") == tmp_path / "shards" / "a.parquet"
+    (tmp_path / "shards").symlink_to(tmp_path.parent, target_is_directory=True)
+    with pytest.raises(storage.UnsafePath, match="outside"):
+        storage.inside(tmp_path, "shards/a.parquet", "f")
+
+
+def test_a_run_dir_folder_or_file_linked_outside_is_never_written_or_read_through(tmp_path):
+    """Every path below a run dir is taken without following a link: `errors -> /some/dir` or
+    `tracking.json -> a secret` is refused (OSError), never written or read through."""
+    outside = _outside(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "errors").symlink_to(outside, target_is_directory=True)
+    (run / "tracking.json").symlink_to(outside / "keep.txt")
+    store = storage.Storage(run)
+    with pytest.raises(OSError):
+        store.write_bytes("errors/rank-0.json", b"{}")
+    with pytest.raises(OSError):
+        store.read_bytes("tracking.json")
+    assert sorted(os.listdir(outside)) == ["keep.txt"]
+
+
+def test_a_checkpoints_folder_linked_outside_the_run_dir_is_refused(tmp_path):
+    from trainer.checkpoint import Checkpointer
+    from trainer.config import CheckpointConfig
+    from trainer.errors import CheckpointError
+
+    outside = _outside(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoints").symlink_to(outside, target_is_directory=True)
+    with pytest.raises((CheckpointError, OSError), match="checkpoints"):
+        Checkpointer(storage.Storage(run).child("checkpoints"), CheckpointConfig(async_save=False)).cleanup_stale()
+    assert sorted(os.listdir(outside)) == ["keep.txt"]
+
+
+def test_metrics_are_never_appended_through_a_link(tmp_path):
+    from trainer.tracking import Tracker
+
+    outside = _outside(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").symlink_to(outside / "keep.txt")
+    with pytest.raises(OSError):
+        Tracker(run, enabled=True).step(1, loss=1.0)
+    assert (outside / "keep.txt").read_text() == "precious"

@@ -103,3 +103,19 @@ def test_mlflow_run_is_keyed_on_the_identity(home, client, monkeypatch):
     assert tracking.ensure_run(client, exp, dag_id="train_pipeline", dag_run_id="retrain+v2") != tracking.ensure_run(
         client, exp, dag_id="train_pipeline", dag_run_id="retrain:v2"
     )
+
+
+def test_gang_names_and_object_names_carry_64_bits_of_the_run_identity():
+    """Issue 28.5: the Kubernetes backend used run_identity[:10] (40 bits) for gang names and
+    in-cluster run dirs, and shortened object names kept 20 bits; 5000 runs of one long-named DAG
+    must give 5000 distinct names at every level, each within Kubernetes' 63 characters."""
+    from operators.kubernetes.builders import gang_object_name
+
+    dag = "a_very_long_dag_identifier_for_the_vision_team_nightly_training"
+    runs = [f"scheduled__2026-12-{i:05d}" for i in range(5000)]
+    gangs = [gang_name(dag, r) for r in runs]
+    assert all(settings.run_identity(dag, r)[:16] in g for r, g in zip(runs, gangs))
+    for kind, world in (("JobSet", 1), ("JobSet", 1024), ("VolcanoJob", 64), ("TrainJob", 8)):
+        names = {gang_object_name(g, 3, kind, world) for g in gangs}
+        assert len(names) == len(gangs), kind
+        assert max(map(len, names)) <= 63

@@ -200,3 +200,12 @@ def test_pinned_version_errors_name_the_lock(tmp_path):
     with pytest.raises(DatasetVersionNotFound, match="pins no out named 'data/other'"):
         dataset.pinned_version(tmp_path, out="data/other")
 
+
+
+@pytest.mark.parametrize("relpath", ["../../secret.parquet", "/etc/passwd", "a/../../b", "x\x00y", ""])
+def test_a_cached_listing_with_a_name_that_could_leave_its_folder_is_refused(tmp_path, relpath):
+    """Issue 28.2: a DVC listing is data; its names are plain relative names or it is refused."""
+    listing = tmp_path / "0123.dir"
+    listing.write_text(json.dumps([{"md5": "0" * 32, "relpath": relpath}, {"md5": "1" * 32, "relpath": "train.parquet"}]))
+    with pytest.raises(DatasetHashMismatch, match="is not a plain relative name"):
+        dataset._read_dir_manifest(listing, "0" * 32)

@@ -350,3 +350,22 @@ def test_task_stops_its_gang_when_the_run_cannot_open_for_good(tmp_path, monkeyp
     with pytest.raises(PermissionError, match="403"):
         op.execute({"ti": ti, "run_id": "manual__refused"})
     assert time.monotonic() - started < 30
+
+
+def test_a_link_in_final_is_refused_never_uploaded(client, experiment, tmp_path):
+    """Issue 28.2: paths taken from a run dir are never followed: a `final/` entry linked to a file
+    of the worker (its airflow.cfg, a key) would be uploaded to MLflow for anyone to download."""
+    from operators.exceptions import UserError
+
+    secret = tmp_path / "worker-secret.txt"
+    secret.write_text("the worker's key")
+    run_id = _new_run(client, experiment)
+    run = tmp_path / "run"
+    final = run / "final"
+    final.mkdir(parents=True)
+    (final / "model.safetensors").write_bytes(b"weights")
+    (final / "card.json").symlink_to(secret)
+    relay = TrackingRelay(run, open_run=lambda: (client, run_id), flush_every_s=0.1, log=lambda m: None).start()
+    with pytest.raises(UserError, match="card.json"):
+        relay.finish(succeeded=True, final_dir=final)
+    assert client.list_artifacts(run_id, "final") == []

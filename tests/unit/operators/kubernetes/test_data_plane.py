@@ -289,3 +289,45 @@ def test_submit_tags_the_mlflow_run_and_annotates_the_gang(fake_k8s, tmp_path, m
     assert tags["gangflow.image_digest"] == "sha256:" + "ab" * 32
     assert tags["gangflow.dataset_version"] == VERSION
     assert handle["pods"] == 2 and handle["processes_per_pod"] == 8
+
+
+def test_a_checkpoint_uri_with_credentials_is_refused_and_redacted():
+    """Issue 28: `checkpoint.uri` with user:pass@ was accepted (it went into pod args and an MLflow tag)."""
+    with pytest.raises(RuntimeConfigError) as exc:
+        _runtime(checkpoint={"uri": "s3://AKIAEXAMPLE:wJalr-secret@bucket/ckpt", "pvc": None})
+    assert "runtime checkpoint.uri=" in str(exc.value) and "must not carry credentials" in str(exc.value)
+    assert "wJalr-secret" not in str(exc.value)
+
+
+# --- issue 28.5: ncclEnv is an allow-list of NCCL settings; no library, plugin or file paths ---------
+
+
+@pytest.mark.parametrize("name, value", [
+    ("NCCL_NET_PLUGIN", "/shared/evil/libnccl-net.so"),  # NCCL dlopens it: the reproduction of issue 28
+    ("NCCL_TUNER_PLUGIN", "/tmp/libtuner.so"),
+    ("NCCL_PROFILER_PLUGIN", "evil"),
+    ("NCCL_DEBUG_FILE", "/checkpoints/other-team/log.%h"),
+    ("NCCL_TOPO_FILE", "/etc/shadow"),
+    ("NCCL_GRAPH_DUMP_FILE", "/checkpoints/x"),
+    ("NCCL_CONF_FILE", "/checkpoints/nccl.conf"),
+    ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "/checkpoints/x"),
+])
+def test_nccl_env_refuses_plugin_and_file_settings(name, value):
+    with pytest.raises(RuntimeConfigError) as exc:
+        _runtime(ncclEnv={"NCCL_DEBUG": "WARN", name: value})
+    assert f"runtime ncclEnv.{name}=" in str(exc.value) and "ncclEnv takes collective-library settings only" in str(exc.value)
+
+
+@pytest.mark.parametrize("name, value", [("NCCL_DEBUG", "LOUD"), ("NCCL_SOCKET_IFNAME", "/lib/x.so"),
+                                         ("NCCL_IB_HCA", "mlx5 ; rm"), ("NCCL_BUFFSIZE", "big"),
+                                         ("TORCH_DISTRIBUTED_DEBUG", "EVERYTHING"), ("NCCL_IB_DISABLE", "yes")])
+def test_nccl_env_values_are_validated_naming_the_setting(name, value):
+    with pytest.raises(RuntimeConfigError) as exc:
+        _runtime(ncclEnv={name: value})
+    assert f"runtime ncclEnv.{name}={value!r}: accepted values match" in str(exc.value)
+
+
+def test_nccl_env_accepts_common_tuning():
+    env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_SOCKET_IFNAME": "^docker,lo", "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1",
+           "NCCL_IB_DISABLE": "1", "NCCL_BUFFSIZE": "8388608", "NCCL_P2P_LEVEL": "NVL", "TORCH_NCCL_BLOCKING_WAIT": "1"}
+    assert _runtime(ncclEnv=env).nccl_env == env
