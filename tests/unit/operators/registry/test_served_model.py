@@ -126,7 +126,7 @@ def test_an_altered_version_is_refused_before_anything_is_imported(home, client,
     final = write_final_dir(tmp_path / "run", tiny_mlp())
     model_id = registry.log_final_model(client, run_id, final, allowed_models=["model_cards:tiny_mlp"])
     location = Path(client.get_logged_model(model_id).artifact_location.removeprefix("file://"))
-    card = location / "final" / "model_card.json"
+    card = location / "data" / "final" / "model_card.json"
     card.write_text(card.read_text().replace("model_cards:tiny_mlp", "subprocess:run"))
     with pytest.raises(served_model.UnsignedModel, match="altered"):
         served_model.load_model(f"models:/{model_id}", tracking_uri=tracking.client_uri(client))
