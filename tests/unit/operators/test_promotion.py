@@ -81,8 +81,8 @@ def manifest(test_split: Path = TEST_SPLIT) -> dict:
 
 
 class Candidate:
-    """A training run as the DAG leaves it: final/ logged to its MLflow run (`runs:/<id>/final`,
-    as the trainer's rank 0 does), and the evaluate task's metrics."""
+    """A training run as the DAG leaves it: final/ logged as its MLflow run's model
+    (`models:/<model_id>`, as the training task does), and the evaluate task's metrics."""
 
     def __init__(self, client, tmp: Path, label: str, state_dict: dict, *, factory: str | None = None):
         self.dag_run_id = f"manual__{label}"
@@ -90,8 +90,10 @@ class Candidate:
         write_final_dir(self.run_dir, state_dict, factory)
         exp = tracking.ensure_experiment(client, "gangflow")
         self.mlflow_run_id = tracking.ensure_run(client, exp, dag_id="gangflow_train", dag_run_id=self.dag_run_id)
-        client.log_artifacts(self.mlflow_run_id, str(self.run_dir / "final"), "final")
-        self.model_uri = f"runs:/{self.mlflow_run_id}/final"
+        # What the training task does after the gang: final/ logged once, as the run's LoggedModel.
+        self.model_id = registry.log_final_model(client, self.mlflow_run_id, self.run_dir / "final",
+                                                 allowed_models=[factory or f"{__name__}:tiny_mlp"])
+        self.model_uri = f"models:/{self.model_id}"
         loadable = factory is None or factory.startswith("model_cards:")
         self.metrics = evaluation.evaluate_final_dir(self.run_dir / "final", TEST_SPLIT) if loadable else None
 
@@ -236,6 +238,29 @@ def test_candidate_metrics_of_another_test_file_are_recomputed(client, make):
     stale = dict(cand.metrics, accuracy=0.99, test_md5="0" * 32)
     result = cand.promote("digits-stale", candidate_metrics=stale)
     assert result["candidate_accuracy"] == cand.metrics["accuracy"]
+
+
+def test_promote_registers_the_model_training_logged_and_logs_nothing_again(client, make, caplog):
+    """Issue 21.3: the model goes to MLflow once; promote registers that URI (no re-upload) and
+    MLflow's validation of a serving input example is not run (it warned of the allow-list)."""
+    import logging
+
+    cand = make("once", "ok")
+    caplog.set_level(logging.WARNING)
+    result = cand.promote("digits-once")
+    version = client.get_model_version("digits-once", result["model_version"])
+    assert version.source == cand.model_uri
+    assert [o.model_id for o in client.get_run(cand.mlflow_run_id).outputs.model_outputs] == [cand.model_id]
+    assert "Failed to validate serving input example" not in caplog.text
+
+
+def test_a_run_from_before_the_logged_model_still_promotes(client, make):
+    """A DAG run in flight at the upgrade returned `runs:/<id>/final`: promote logs it itself."""
+    cand = make("legacy", "ok")
+    cand.model_uri = f"runs:/{cand.mlflow_run_id}/final"
+    client.log_artifacts(cand.mlflow_run_id, str(cand.run_dir / "final"), "final")
+    result = cand.promote("digits-legacy")
+    assert result["promoted"] and client.get_model_version("digits-legacy", "1").source.startswith("models:/m-")
 
 
 def test_bad_gate_values(make):
