@@ -11,7 +11,7 @@ from typing import Any
 
 from operators.registry.signing import SIGNATURE_FILE, UnsignedModel, verify_model_dir
 
-__all__ = ["UnsignedModel", "load_model", "load_final_model", "LOADER_MODULE"]
+__all__ = ["UnsignedModel", "ServedModel", "load_model", "load_final_model", "LOADER_MODULE"]
 
 #: The MLmodel `loader_module` of every version gangflow logs: this installed module.
 LOADER_MODULE = "operators.registry.served_model"
@@ -140,8 +140,8 @@ def check_mlmodel(model_dir: "str | Path") -> None:
                             f"{LOADER_MODULE!r}; nothing was loaded")
 
 
-def load_model(model_uri: str, *, tracking_uri: "str | None" = None):
-    """An `mlflow.pyfunc.PyFuncModel` of a version gangflow registered (`models:/gangflow-digits@champion`,
+def load_model(model_uri: str, *, tracking_uri: "str | None" = None) -> "ServedModel":
+    """The `mlflow.pyfunc.PyFuncModel` (in a `ServedModel`) of a version gangflow registered (`models:/gangflow-digits@champion`,
     `models:/<name>/<version>`, `models:/<model_id>`), loaded only after its source is found inside the
     registry's artifact root, its size within `GANGFLOW_MAX_MODEL_BYTES`, its signature valid and its
     loader this installed module: a planted or altered version runs nothing."""
@@ -157,4 +157,25 @@ def load_model(model_uri: str, *, tracking_uri: "str | None" = None):
     with tempfile.TemporaryDirectory(prefix="gangflow-serve-") as tmp:
         local = download_source(client, source, tmp, what=model_uri)
         check_mlmodel(local)
-        return mlflow.pyfunc.load_model(str(local))
+        return ServedModel(mlflow.pyfunc.load_model(str(local)))
+
+
+class ServedModel:
+    """A loaded version: MLflow's pyfunc, whose `predict` first narrows float columns to the
+    signature's `float` (float32, what the model computes in), so float64 frames are accepted."""
+
+    def __init__(self, pyfunc):
+        self.pyfunc = pyfunc
+        self.metadata = pyfunc.metadata
+        inputs = pyfunc.metadata.get_input_schema()
+        self._float32 = [s.name for s in (inputs.inputs if inputs else []) if getattr(s.type, "name", "") == "float"]
+
+    def predict(self, model_input, params=None):
+        import numpy as np
+        import pandas as pd
+
+        if isinstance(model_input, pd.DataFrame) and self._float32:
+            cast = {c: np.float32 for c in self._float32
+                    if c in model_input.columns and pd.api.types.is_float_dtype(model_input[c])}
+            model_input = model_input.astype(cast) if cast else model_input
+        return self.pyfunc.predict(model_input, params=params)

@@ -645,20 +645,28 @@ def _sqlite_file(tracking_uri: str) -> Path | None:
     return Path(path) if path and path != ":memory:" else None
 
 
+#: The registered model whose existence is the champion lock of `<name>` on an MLflow server.
+LOCK_MODEL_SUFFIX = ".gangflow-champion-lock"
+TAG_LOCK_EXPIRES = "gangflow.lock_expires_at"
+#: A lock held this long is taken as left by a dead holder (the move itself takes a few requests).
+LOCK_LEASE_S = 300.0
+
+
 @contextlib.contextmanager
-def champion_lock(client: MlflowClient, name: str) -> Iterator[str | None]:
+def champion_lock(client: MlflowClient, name: str, *, wait_s: float = 600.0) -> Iterator[str | None]:
     """Hold the champion lock of registered model `name` for a compare-and-set.
 
     On a SQLite store (the embedded default) this is an exclusive `flock` on a file beside the
-    database: every process that can write that database shares its filesystem, the kernel
-    releases the lock when a holder dies (no stale lease to expire), and MLflow offers no
-    conditional alias update to build on. On an MLflow server there is no lock to take (a tag
-    used as a lease is itself a read-then-write, so it would not exclude anything): yields None,
-    and the compare-and-set rests on re-reading the alias right before the move.
+    database: every process that can write that database shares its filesystem and the kernel
+    releases the lock when a holder dies. On an MLflow server it is the registered model
+    `<name>.gangflow-champion-lock`: creating it is atomic on the server (its name is unique in the
+    backend store, so of two creators exactly one succeeds), deleting it releases; a lock older
+    than `LOCK_LEASE_S` is taken as left by a dead holder and removed.
     """
     db = _sqlite_file(client_uri(client))
     if db is None:
-        yield None
+        with _server_lock(client, name, wait_s=wait_s) as lock:
+            yield lock
         return
     import fcntl
     import hashlib
@@ -670,6 +678,68 @@ def champion_lock(client: MlflowClient, name: str) -> Iterator[str | None]:
             yield str(lock)
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _already_exists(exc: Exception) -> bool:
+    return getattr(exc, "error_code", None) in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS")
+
+
+def _missing(exc: Exception) -> bool:
+    return getattr(exc, "error_code", None) in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND")
+
+
+@contextlib.contextmanager
+def _server_lock(client: MlflowClient, name: str, *, wait_s: float) -> Iterator[str]:
+    import random
+    import time
+
+    from mlflow.exceptions import MlflowException
+
+    lock = f"{name}{LOCK_MODEL_SUFFIX}"
+    uri = client_uri(client)
+    deadline = time.monotonic() + wait_s
+    with mlflow_errors(uri, f"take the champion lock of {name!r}"):
+        while True:
+            try:
+                client.create_registered_model(
+                    lock, tags={TAG_LOCK_EXPIRES: f"{time.time() + LOCK_LEASE_S:.3f}"},
+                    description=f"gangflow: held while a promotion moves the champion alias of {name}; removed after")
+                break
+            except MlflowException as exc:
+                if not _already_exists(exc):
+                    raise
+            try:
+                held = client.get_registered_model(lock)
+                expires = float((held.tags or {}).get(TAG_LOCK_EXPIRES) or 0)
+            except MlflowException as exc:
+                if _missing(exc):
+                    continue  # released meanwhile
+                raise
+            except ValueError:
+                expires = 0.0
+            if expires < time.time():
+                log.warning("the champion lock %s expired (a holder died?): removing it", lock)
+                _release(client, lock)
+                continue
+            if time.monotonic() > deadline:
+                raise ChampionChanged(f"the champion lock {lock} stayed held for {wait_s:.0f}s (other promotions of "
+                                      f"{name}); nothing was moved by this try, the retry decides again")
+            time.sleep(0.1 + random.random() * 0.2)
+    try:
+        yield lock
+    finally:
+        with mlflow_errors(uri, f"release the champion lock of {name!r}"):
+            _release(client, lock)
+
+
+def _release(client: MlflowClient, lock: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.delete_registered_model(lock)
+    except MlflowException as exc:
+        if not _missing(exc):
+            raise
 
 
 def _champion_state(version: ModelVersion | None, metric: str) -> tuple[str, str] | None:
@@ -685,8 +755,8 @@ def move_champion(
     """Compare-and-set the `champion` alias: point it at `version` only if it still names
     `expected` (None: no champion) with the score recorded when the decision was made.
 
-    Under `champion_lock`, the alias is re-read just before the move. Returns (moved, the
-    champion found): when it changed, nothing moves and the caller decides again against the
+    Under `champion_lock`, the alias is re-read just before the move and once after it. Returns
+    (moved, the champion found): when it changed, nothing moves and the caller decides again against the
     champion found (so a slower, worse candidate never overwrites a better champion).
     """
     with champion_lock(client, version.name):
@@ -694,6 +764,11 @@ def move_champion(
         if _champion_state(current, metric) != _champion_state(expected, metric):
             return False, current
         promote(client, version)
+        after = current_champion(client, version.name)  # the check after the write
+        if after is None or str(after.version) != str(version.version):
+            log.warning("the %s alias of %s was moved to %s by a writer outside the lock right after this move",
+                        CHAMPION_ALIAS, version.name, f"v{after.version}" if after is not None else "nothing")
+            return False, after
         return True, current
 
 

@@ -115,7 +115,7 @@ class Candidate:
 
 @pytest.fixture
 def make(client, weights, tmp_path):
-    def _make(label: str, which: str, **kwargs) -> Candidate:
+    def _make(label: str, which: str, client=client, **kwargs) -> Candidate:
         return Candidate(client, tmp_path, label, weights[which], **kwargs)
 
     return _make
@@ -364,15 +364,35 @@ def test_two_promotions_racing_from_separate_processes_leave_the_better_champion
     """12.4: the champion alias moves by compare-and-set. Two promote tasks in two processes on
     the real SQLite store both decide against the same old champion; the worse one's alias
     write comes last. The better model must end as champion, and the loser says why."""
+    _race(client, make, home, monkeypatch, "digits-race")
+
+
+def test_two_promotions_racing_through_an_mlflow_server_leave_the_better_champion(make, home, monkeypatch,
+                                                                                    tmp_path):
+    """Issue 28.6: the same race through `mlflow server` on 127.0.0.1 (no flock reaches it): the
+    champion lock is a registered model whose creation the server makes atomic."""
+    from operators.cli.drill.servers import MlflowServer
+
+    server = MlflowServer(tmp_path / "mlflow-server").start()
+    try:
+        _race(tracking.get_client(server.url), make, home, monkeypatch, "digits-server-race", tracking_uri=server.url)
+    finally:
+        server.stop()
+
+
+def _race(client, make, home, monkeypatch, name, tracking_uri=None):
     import multiprocessing
 
     import promotion_race
 
-    name = "digits-race"
     factory = "model_cards:tiny_mlp"  # the same module, importable by name in a fresh process
     monkeypatch.setenv("GANGFLOW_ALLOWED_MODELS", factory)
-    make("race-bad", "bad", factory=factory).promote(name, floor=0.0)  # the old champion both racers beat
-    racers = {"better": make("race-good", "good", factory=factory), "worse": make("race-ok", "ok", factory=factory)}
+
+    def candidate(label, which):
+        return make(label, which, factory=factory, client=client)
+
+    candidate("race-bad", "bad").promote(name, floor=0.0, tracking_uri=tracking_uri)  # the old champion both beat
+    racers = {"better": candidate("race-good", "good"), "worse": candidate("race-ok", "ok")}
     ctx = multiprocessing.get_context("spawn")
     barrier, out = ctx.Barrier(2), ctx.Queue()
     delays = {"better": (0.0, 0.5), "worse": (0.3, 3.0)}  # (start after the barrier, alias write)
@@ -380,7 +400,7 @@ def test_two_promotions_racing_from_separate_processes_leave_the_better_champion
     for label, cand in racers.items():
         args = {"home": str(home), "allowed": factory, "name": name, "model_uri": cand.model_uri,
                 "dataset": manifest(), "run_id": cand.mlflow_run_id, "metrics": cand.metrics, "label": label,
-                "start_delay_s": delays[label][0], "set_delay_s": delays[label][1]}
+                "start_delay_s": delays[label][0], "set_delay_s": delays[label][1], "tracking_uri": tracking_uri}
         procs.append(ctx.Process(target=promotion_race.promote, args=(args, barrier, out)))
     for p in procs:
         p.start()
