@@ -474,34 +474,45 @@ def _max_bytes() -> int:
 
 
 def download_source(client: MlflowClient, source: str, dst: str | Path, *, what: str,
-                    subpath: str | None = None) -> Path:
+                    subpath: str | None = None, in_root: bool = True) -> Path:
     """Download an artifact URI (or its `subpath` folder) under `dst`: only inside the registry's
-    artifact root and within `GANGFLOW_MAX_MODEL_BYTES` (default 4 GiB), both checked first."""
+    artifact root (unless not `in_root`: a URI the DAG itself gave) and within
+    `GANGFLOW_MAX_MODEL_BYTES` (default 4 GiB), both checked first."""
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-    check_source(source, what)
+    if in_root:
+        check_source(source, what)
     uri, limit = client_uri(client), _max_bytes()
     with mlflow_errors(uri, f"download {what}"), use_tracking_uri(uri):
         repo = get_artifact_repository(source)
-        total, stack = 0, [subpath or None]
+        total, files, stack = 0, 0, [subpath or None]
         while stack:
             for info in repo.list_artifacts(stack.pop()):
                 if info.is_dir:
                     stack.append(info.path)
                     continue
+                files += 1
                 total += int(info.file_size or 0)
                 if total > limit:
                     raise ModelSourceRefused(f"{what}: more than {limit} bytes at {source} ({MAX_MODEL_BYTES_ENV}="
                                              f"{limit}); nothing was downloaded")
+        if not files:
+            raise ModelNotFound(f"no model at {what} (MLflow at {uri}): no files at {source}"
+                                + (f"/{subpath}" if subpath else ""))
         Path(dst).mkdir(parents=True, exist_ok=True)
         local = Path(repo.download_artifacts(subpath or "", str(dst)))
     return local
 
 
 def resolve_model_source(client: MlflowClient, model_uri: str) -> str:
-    """The artifact URI behind `models:/<model_id>`, `models:/<name>@<alias>` or
-    `models:/<name>/<version>` (any other URI is returned as is)."""
+    """The artifact URI behind `models:/<model_id>`, `models:/<name>@<alias>`,
+    `models:/<name>/<version>` or `runs:/<run>/<path>` (any other URI is returned as is)."""
     uri = str(model_uri)
+    if uri.startswith("runs:/"):
+        from mlflow.store.artifact.runs_artifact_repo import RunsArtifactRepository
+
+        with mlflow_errors(client_uri(client), f"resolve {uri}"), use_tracking_uri(client_uri(client)):
+            return RunsArtifactRepository.get_underlying_uri(uri)
     if not uri.startswith("models:/"):
         return uri
     ref = uri.removeprefix("models:/").strip("/")
@@ -532,7 +543,6 @@ def download_model(client: MlflowClient, model_uri: str, dst: str | Path) -> Pat
     This is how evaluate and promote get a candidate: through MLflow, never from a path on the
     worker that trained it. The files are data: load them with `load_final_model` (allow-listed),
     never by executing anything they contain."""
-    import mlflow
     from mlflow.exceptions import MlflowException
 
     from operators.registry.served_model import MODEL_FINAL_PATH
@@ -543,10 +553,9 @@ def download_model(client: MlflowClient, model_uri: str, dst: str | Path) -> Pat
         if str(model_uri).startswith("models:/"):
             local = download_source(client, resolve_model_source(client, model_uri), dst, what=str(model_uri),
                                     subpath=MODEL_FINAL_PATH)
-        else:
-            with mlflow_errors(uri, f"download {model_uri}"):
-                local = Path(mlflow.artifacts.download_artifacts(artifact_uri=str(model_uri), dst_path=str(dst),
-                                                                 tracking_uri=uri))
+        else:  # `runs:/...` or a URI the DAG gave (not read from the registry): the size limit only
+            local = download_source(client, resolve_model_source(client, model_uri), dst, what=str(model_uri),
+                                    in_root=False)
     except (MlflowException, OSError) as exc:
         if isinstance(exc, MlflowException) and exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND",
                                                                         "INVALID_PARAMETER_VALUE"):
@@ -572,8 +581,8 @@ def download_version(client: MlflowClient, version: ModelVersion, dst: str | Pat
 
         has_final = any(i.is_dir and i.path.rstrip("/").endswith("data")
                         for i in get_artifact_repository(source).list_artifacts())
-    local = download_source(client, source, dst, what=what, subpath=MODEL_FINAL_PATH if has_final else None)
     try:
+        local = download_source(client, source, dst, what=what, subpath=MODEL_FINAL_PATH if has_final else None)
         return _weights_dir(local, f"{what} ({source})")
     except ModelNotFound as exc:
         raise ChampionEvaluationFailed(str(exc)) from None
