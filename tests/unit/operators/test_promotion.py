@@ -240,14 +240,27 @@ def test_candidate_metrics_of_another_test_file_are_recomputed(client, make):
     assert result["candidate_accuracy"] == cand.metrics["accuracy"]
 
 
-def test_promote_registers_the_model_training_logged_and_logs_nothing_again(client, make, caplog):
+def test_promote_registers_the_model_training_logged_and_logs_nothing_again(client, make, caplog, monkeypatch):
     """Issue 21.3: the model goes to MLflow once; promote registers that URI (no re-upload) and
     MLflow's validation of a serving input example is not run (it warned of the allow-list)."""
     import logging
 
-    cand = make("once", "ok")
-    caplog.set_level(logging.WARNING)
-    result = cand.promote("digits-once")
+    mlflow_log = logging.getLogger("mlflow")  # does not propagate to the root logger caplog listens on
+    mlflow_log.addHandler(caplog.handler)
+    try:
+        cand = make("once", "ok")
+        caplog.set_level(logging.WARNING)
+        legacy = make("once-legacy", "ok")
+        # Allowed by the pipeline (allowed_models), not by the worker's environment: MLflow's own
+        # validation load of a serving input (Model.log) was refused and warned about that.
+        monkeypatch.delenv("GANGFLOW_ALLOWED_MODELS")
+        allowed = [f"{__name__}:tiny_mlp"]
+        result = cand.promote("digits-once", allowed_models=allowed)
+        legacy.model_uri = f"runs:/{legacy.mlflow_run_id}/final"
+        client.log_artifacts(legacy.mlflow_run_id, str(legacy.run_dir / "final"), "final")
+        legacy.promote("digits-once-legacy", allowed_models=allowed)
+    finally:
+        mlflow_log.removeHandler(caplog.handler)
     version = client.get_model_version("digits-once", result["model_version"])
     assert version.source == cand.model_uri
     assert [o.model_id for o in client.get_run(cand.mlflow_run_id).outputs.model_outputs] == [cand.model_id]
