@@ -161,7 +161,7 @@ def build_pipeline_dag(p: PipelineConfig):
         gangs = [
             GangTrainingOperator(
                 task_id=f"train_local_{n}", world_size=n, backend="local", pool=settings.TRAINING_POOL, pool_slots=n,
-                dataset=validate.output, overrides=overrides, config_path=p.trainer_config,
+                dataset=validate.output, overrides=overrides, config_path=p.trainer_config, allowed_models=allowed,
             )
             for n in p.local_world_sizes
         ]  # fmt: skip
@@ -171,7 +171,7 @@ def build_pipeline_dag(p: PipelineConfig):
             gangs.append(
                 GangTrainingOperator(
                     task_id=f"train_{backend}", world_size="{{ params.world_size }}", backend=backend,
-                    dataset=validate.output, overrides=overrides, config_path=in_image,
+                    dataset=validate.output, overrides=overrides, config_path=in_image, allowed_models=allowed,
                 )
             )  # fmt: skip
 

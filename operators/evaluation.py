@@ -330,8 +330,8 @@ def flat_metrics(metrics: dict[str, Any], prefix: str = "test_") -> dict[str, fl
 class EvaluateModelOperator(BaseOperator):
     """Evaluate a training run's final weights on the test split and log the result to MLflow.
 
-    Downloads the model from MLflow (`model_uri`, `runs:/<run>/final` as the training task
-    returns it: `model.safetensors` + `model_card.json`; the card's factory must be allow-listed),
+    Downloads the model from MLflow (`model_uri`, `models:/<model_id>` as the training task
+    returns it: only its `model.safetensors` + `model_card.json`; the card's factory must be allow-listed),
     gets the test split of the dataset version the run trained on by content address
     (`fetch_test_split`: md5-checked against the manifest's `test_md5`), evaluates, and, when
     `mlflow_run_id` is set, logs to that run:
@@ -345,7 +345,7 @@ class EvaluateModelOperator(BaseOperator):
     `per_class` {"<k>": {precision, recall, f1, support}}, `confusion_matrix` (list of lists),
     `test_md5`, `dataset_version`, `model_uri` (no worker paths).
 
-    :param model_uri: MLflow URI of the final weights (templated), e.g. `runs:/<id>/final`.
+    :param model_uri: the model the training task logged (templated), `models:/<model_id>`.
     :param dataset: the validate task's manifest (an XComArg or dict; templated): its `version`,
         `test_md5` (and, when this worker has it, `test_path` in the DVC cache).
     :param mlflow_run_id: MLflow run to log into (templated); empty: do not log.

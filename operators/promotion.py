@@ -65,14 +65,14 @@ class PromoteModelOperator(BaseOperator):
 
     Steps (each safe to repeat when Airflow retries the task):
 
-    1. download the candidate from MLflow (`model_uri`, `runs:/<run>/final`) and get the test
+    1. download the candidate's weights and card from MLflow (`model_uri`, `models:/<model_id>`, the
+       model the training task logged: only its `final/`) and get the test
        split of the manifest's dataset version by content address (md5-checked against the
        manifest's `test_md5`);
     2. check that the candidate's input columns (the validated dataset's schema, less the
        label) are the champion's (`SchemaMismatch` otherwise: nothing is registered), then
-       register it as a version of `model_name` (a pyfunc logged from code, no pickle; see
-       `operators.registry.versions.register_version`) with that schema as its signature and a few rows
-       of the test split as its input example: a retry reuses the version already registered
+       register `model_uri` as a version of `model_name` (the signed pyfunc the training task
+       logged; see `operators.registry.versions.register_version`): a retry reuses the version already registered
        from `mlflow_run_id`; the version gets the run's `gangflow.*` lineage tags;
     3. if that version already holds the `champion` alias (a retry after the alias moved),
        report it as promoted without deciding again;
@@ -95,7 +95,7 @@ class PromoteModelOperator(BaseOperator):
     `candidate_score`, `champion_score` (the gated metric; equal to the accuracies by default).
 
     :param model_name: registered model name (templated).
-    :param model_uri: MLflow URI of the candidate's final weights (templated), `runs:/<id>/final`.
+    :param model_uri: the candidate the training task logged (templated), `models:/<model_id>`.
     :param dataset: the validate task's manifest (templated): `version`, `test_md5`, ...
     :param mlflow_run_id: the DAG run's MLflow run (templated); the version links to it.
     :param candidate_metrics: the evaluate task's metrics dict (an XComArg; templated).
@@ -308,10 +308,15 @@ class PromoteModelOperator(BaseOperator):
         if champion is not None and str(champion.run_id) != str(self.mlflow_run_id):  # before registering
             check_schema(schema, model_schema(client, champion), name=name, champion_version=champion.version,
                          dataset_version=manifest.get("version"))
+        # The training task logged the model once (`models:/<model_id>`): that is what is registered.
+        # An older `runs:/<run>/final` is logged here from the files just downloaded.
+        logged = str(self.model_uri).startswith("models:/")
         version = register_version(
-            client, name, run_id=str(self.mlflow_run_id), source_dir_or_artifact_path=final_dir,
-            tags=self.lineage_for(context, candidate_metrics, final_dir, manifest),
-            schema=schema, input_example=self.input_example(test_path, schema),
+            client, name, run_id=str(self.mlflow_run_id),
+            source_dir_or_artifact_path=str(self.model_uri) if logged else final_dir,
+            tags=self.lineage_for(context, candidate_metrics, final_dir, manifest), schema=schema,
+            input_example=None if logged else self.input_example(test_path, schema),
+            allowed_models=self.allowed_models,
         )
         for _ in range(self.max_rounds):
             if champion is not None and str(champion.version) == str(version.version):

@@ -63,15 +63,18 @@ class GangTrainingOperator(BaseOperator):
     :param experiment: MLflow experiment of the training run.
     :param run_dir: where checkpoints and final weights go (default: one folder per DAG run
         under the state dir).
-    :returns: (XCom) `model_uri` (`runs:/<mlflow_run_id>/final`: the final weights are logged
-        there, by this task's relay for a local gang (`operators.hooks.mlflow_relay`: the ranks import no
-        MLflow) or by rank 0 on Kubernetes; evaluate and promote load them from MLflow, never
-        from a worker path),
+    :param allowed_models: `module:function` model factories the pipeline allows (templated): the
+        logged model's signature carries the card's factory when allowed, so it serves standalone.
+    :returns: (XCom) `model_uri` (`models:/<model_id>`: this task logs the run's `final/` once, after
+        the gang, as the MLflow run's LoggedModel: a signed pyfunc with gangflow's installed loader,
+        `operators.registry.versions.log_final_model`; evaluate scores it and promote registers
+        that URI, never a worker path),
         `mlflow_run_id`, `dataset_version`, `world_size`, `backend`, `attempt`,
         `resumed_from_step`, `gang`.
     """
 
-    template_fields = ("world_size", "dataset", "overrides", "backend", "backend_options", "config_path", "run_dir", "experiment")
+    template_fields = ("world_size", "dataset", "overrides", "backend", "backend_options", "config_path", "run_dir",
+                       "experiment", "allowed_models")
     template_fields_renderers = {"overrides": "json", "dataset": "json", "backend_options": "json"}
     ui_color = "#f4a460"
 
@@ -86,9 +89,11 @@ class GangTrainingOperator(BaseOperator):
         config_path: str | None = None,
         experiment: str = "gangflow",
         run_dir: str | None = None,
+        allowed_models: list[str] | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.allowed_models = allowed_models
         self.world_size = world_size
         self.dataset = dataset
         self.overrides = dict(overrides or {})
@@ -199,7 +204,7 @@ class GangTrainingOperator(BaseOperator):
         # An error that retrying cannot heal stops the gang now (SIGTERM: the ranks commit a
         # checkpoint) rather than after a whole try of training that must fail.
         self._relay = TrackingRelay(spec.run_dir, open_run=open_run, log=self.log.info,
-                                    on_fatal=lambda exc: self._backend.kill()).start()
+                                    on_fatal=lambda exc: self._backend.kill(), log_final=self.log_final_model).start()
         self.log.info("gang %s: %d ranks, run dir %s, try %d", spec.name, spec.world_size, spec.run_dir, spec.attempt)
         try:
             result = self._backend.run(spec, self.log.info)
@@ -207,14 +212,37 @@ class GangTrainingOperator(BaseOperator):
             self._relay.stop()
             raise
         run_id = self._relay.finish(succeeded=result.succeeded, final_dir=Path(spec.run_dir) / "final")
-        return self._finish(spec, result, run_id)
+        return self._finish(spec, result, run_id, self._relay.model_uri)
 
     def execute_complete(self, context, event: dict[str, Any], handle: dict[str, Any], spec: dict[str, Any]):
         self._airflow_context = context
         backend = get_backend(self.backend, **self.backend_options)
         return self._finish(GangSpec(**spec), backend.collect(handle, event))
 
-    def _finish(self, spec: GangSpec, result: GangResult, run_id: str | None = None) -> dict[str, Any]:
+    def log_final_model(self, client, run_id: str, final_dir: Path) -> str:
+        """Log `final_dir` as the run's one LoggedModel (signed, installed loader); its model id."""
+        from operators.registry.versions import input_schema, log_final_model
+
+        manifest = json.loads(self.dataset) if isinstance(self.dataset, str) else (self.dataset or {})
+        schema = manifest.get("schema") if isinstance(manifest, Mapping) else None
+        return log_final_model(client, run_id, final_dir, allowed_models=self.allowed_models or None,
+                               schema=input_schema(schema) if isinstance(schema, Mapping) and schema else None)
+
+    def _log_remote_final(self, run_id: str) -> str:
+        """A gang elsewhere (rank 0 put `final/` among the run's artifacts): log it as the run's model."""
+        import tempfile
+
+        from operators.hooks import mlflow as tracking
+        from operators.registry.versions import download_model
+        from trainer.tracking import FINAL_ARTIFACT_PATH
+
+        client = tracking.get_client()
+        with tempfile.TemporaryDirectory(prefix="gangflow-final-") as tmp:
+            final_dir = download_model(client, f"runs:/{run_id}/{FINAL_ARTIFACT_PATH}", tmp)
+            return f"models:/{self.log_final_model(client, run_id, final_dir)}"
+
+    def _finish(self, spec: GangSpec, result: GangResult, run_id: str | None = None,
+                model_uri: str | None = None) -> dict[str, Any]:
         if result.resumed_from_step is not None:
             self.log.info("gangflow: try %d resumed from checkpoint step %d", spec.attempt, result.resumed_from_step)
         elif spec.attempt > 1:
@@ -225,10 +253,8 @@ class GangTrainingOperator(BaseOperator):
         self._tag_reached_step(run_id, _final_steps(spec))
         if not run_id:
             raise UserError(f"gang {spec.name} finished without an MLflow run: its final weights are not in MLflow")
-        from trainer.tracking import FINAL_ARTIFACT_PATH  # where rank 0 or the relay logs final/
-
         return {
-            "model_uri": f"runs:/{run_id}/{FINAL_ARTIFACT_PATH}",
+            "model_uri": model_uri or self._log_remote_final(run_id),
             "mlflow_run_id": run_id,
             "dataset_version": spec.dataset_version,
             "world_size": spec.world_size,

@@ -82,17 +82,77 @@ def build_model(factory: str, kwargs: dict[str, Any], *, allowed_models: Iterabl
     return model
 
 
+#: A safetensors header (JSON) larger than this is refused unread (safetensors' own limit).
+MAX_HEADER_BYTES = 100_000_000
+
+
+def weights_numel(path: str | Path) -> int:
+    """How many values a safetensors file holds, from its header alone (nothing is loaded)."""
+    import struct
+
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) != 8:
+            raise ModelNotAllowed(f"{path}: not a safetensors file (no header)")
+        (size,) = struct.unpack("<Q", head)
+        if size > MAX_HEADER_BYTES:
+            raise ModelNotAllowed(f"{path}: safetensors header of {size} bytes (limit {MAX_HEADER_BYTES})")
+        try:
+            header = json.loads(fh.read(size))
+            total = 0
+            for key, entry in header.items():
+                if key != "__metadata__":
+                    n = 1
+                    for dim in entry["shape"]:
+                        n *= int(dim)
+                    total += n
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ModelNotAllowed(f"{path}: unreadable safetensors header ({exc})") from None
+    return total
+
+
+def check_card_sizes(factory: str, kwargs: dict[str, Any], weights_values: int) -> None:
+    """Refuse card kwargs that size a model beyond what its weights file holds, before building it.
+
+    Each integer (or list length) of the kwargs is at most the number of values in the weights:
+    a width, depth or class count larger than that cannot describe them."""
+    bound = max(weights_values, 1)
+    for key, value in kwargs.items():
+        size = len(value) if isinstance(value, list) else value
+        if isinstance(size, int) and not isinstance(size, bool) and size > bound:
+            raise ModelNotAllowed(
+                f"model card: model.kwargs.{key}={size if not isinstance(value, list) else f'[{size} items]'} "
+                f"is larger than the {weights_values} values its weights hold; nothing was built ({factory})")
+
+
+def _meta_size(func: Callable[..., Any], kwargs: dict[str, Any]) -> int:
+    """Values in the state dict `func(**kwargs)` would have, built on the meta device (no memory)."""
+    with torch.device("meta"):
+        model = func(**kwargs)
+    if not isinstance(model, torch.nn.Module):
+        return -1
+    return sum(t.numel() for t in model.state_dict().values())
+
+
 def load_final_model(final_dir: str | Path, *, allowed_models: Iterable[str] | str | None = None) -> torch.nn.Module:
     """The trained model of a run's `final/` dir, on CPU, in eval mode.
 
     `allowed_models`: `module:function` factories allowed beside the `gangflow.models` entry
     points and `GANGFLOW_ALLOWED_MODELS`; anything else is refused (`ModelNotAllowed`) before
-    any import.
+    any import. The card's sizes are checked against the weights file's header before anything
+    is built (`check_card_sizes`, then a build on the meta device).
     """
     final_dir = Path(final_dir)
     card = read_card(final_dir)
     weights = card_weights_file(card)  # checked before the factory runs
     factory, kwargs = card_model(card)
+    values = weights_numel(final_dir / weights)
+    check_card_sizes(factory, kwargs, values)
+    func, kwargs = factory_for_card({"model": {"factory": factory, "kwargs": kwargs}}, allowed_models)
+    built = _meta_size(func, kwargs)
+    if built > values:
+        raise ModelNotAllowed(f"model card: {factory}(**model.kwargs) would hold {built} values, its weights "
+                              f"{values}; nothing was built")
     model = build_model(factory, kwargs, allowed_models=allowed_models)
     state = safetensors.torch.load_file(str(final_dir / weights))
     model.load_state_dict(state, strict=True)

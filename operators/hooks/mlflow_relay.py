@@ -1,7 +1,7 @@
 """The training task's MLflow relay (`TrackingRelay`): ranks of a local gang never import MLflow.
 
 The task tails `<run_dir>/metrics.jsonl` while the gang trains, logs what it finds to the DAG run's
-MLflow run (`trainer.tracking.mlflow_items`), then logs `final/`. It never hangs or stops the task;
+MLflow run (`trainer.tracking.mlflow_items`), then logs `final/` (as the model `log_final` logs, once). It never hangs or stops the task;
 only a run that cannot be opened or final weights that cannot be logged (`RelayFinalUploadError`) fail it.
 """
 
@@ -39,12 +39,18 @@ class TrackingRelay:
     :param open_run: called once, in the relay's thread: returns (client, run id).
     :param flush_every_s: how often new lines are sent while the gang runs.
     :param log: where the one warning and the final-weights line go (the task log).
+    :param log_final: `(client, run id, final dir) -> model id`: logs `final/` as the run's one MLflow
+        LoggedModel (the training task passes `operators.registry.versions.log_final_model`); without
+        it `final/` is logged as run artifacts under `final`.
     """
 
     def __init__(self, run_dir: str | Path, *, open_run: OpenRun, flush_every_s: float = 2.0,
                  log: Callable[[str], None] = print, join_timeout_s: float = 120.0,
-                 on_fatal: Callable[[BaseException], None] | None = None, max_backoff_s: float = 30.0):
+                 on_fatal: Callable[[BaseException], None] | None = None, max_backoff_s: float = 30.0,
+                 log_final: Callable[[Any, str, Path], str] | None = None):
         self.path = Path(run_dir) / METRICS
+        self.log_final = log_final
+        self.model_uri: str | None = None  # where finish() logged the final weights
         self.open_run = open_run
         self.flush_every_s = flush_every_s
         self.join_timeout_s = join_timeout_s
@@ -153,8 +159,8 @@ class TrackingRelay:
         return not self._thread.is_alive()
 
     def finish(self, *, succeeded: bool, final_dir: str | Path | None = None) -> str | None:
-        """After the gang: flush what metrics.jsonl has; when it `succeeded`, log `final_dir` as
-        artifacts under `final`. Returns the run id (None when the run never opened and the gang
+        """After the gang: flush what metrics.jsonl has; when it `succeeded`, log `final_dir` (with
+        `log_final`, else as artifacts under `final`; the URI in `model_uri`). Returns the run id (None when the run never opened and the gang
         failed: the gang's own failure is what the task reports)."""
         started = time.monotonic()
         if not self.stop(self.join_timeout_s):
@@ -185,9 +191,15 @@ class TrackingRelay:
             try:
                 if not any(Path(final_dir).glob("*")):
                     raise FileNotFoundError(f"{final_dir} is missing or empty")
-                self.client.log_artifacts(self.run_id, str(final_dir), artifact_path=FINAL_ARTIFACT_PATH)
+                if self.log_final is not None:
+                    self.model_uri = f"models:/{self.log_final(self.client, self.run_id, Path(final_dir))}"
+                else:
+                    self.client.log_artifacts(self.run_id, str(final_dir), artifact_path=FINAL_ARTIFACT_PATH)
+                    self.model_uri = f"runs:/{self.run_id}/{FINAL_ARTIFACT_PATH}"
+            except UserError:
+                raise  # the model itself is wrong (a file missing): retrying cannot help
             except Exception as exc:  # noqa: BLE001 - reported with what failed
                 raise RelayFinalUploadError(f"logging the final weights ({final_dir}) to MLflow run {self.run_id} at "
                                             f"{redact_url(client_uri(self.client))} failed ({type(exc).__name__}: {exc})") from exc
-            self.log(f"gangflow: final weights logged to MLflow as runs:/{self.run_id}/{FINAL_ARTIFACT_PATH}")
+            self.log(f"gangflow: final weights logged to MLflow as {self.model_uri}")
         return self.run_id

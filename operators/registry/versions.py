@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -104,9 +106,14 @@ def input_schema(dataset_schema: Mapping[str, str], label: str | None = None) ->
 
 
 def _colspec_type(dtype: str) -> str:
+    """The MLflow column type of a dataset dtype: the data's own width (float32 is `float`)."""
     dtype = dtype.lower()
+    if dtype in ("float", "float32", "float16", "halffloat", "half"):
+        return "float"
     if dtype.startswith(("float", "double")):
-        return "double"  # float32 inputs are accepted (widened); MLflow refuses narrowing
+        return "double"
+    if dtype in ("int8", "int16", "int32", "uint8", "uint16", "int"):
+        return "integer"
     if dtype.startswith(("int", "uint")):
         return "long"
     if dtype.startswith("bool"):
@@ -114,11 +121,33 @@ def _colspec_type(dtype: str) -> str:
     return "string"
 
 
-def _pyfunc_signature(schema: Mapping[str, str]):
+def _pyfunc_signature(schema: Mapping[str, str], outputs: Sequence[tuple[str, str]] | None = None):
+    """Inputs: the dataset's feature columns and types; outputs: what `GangflowModel.predict` returns."""
     from mlflow.models.signature import ModelSignature
     from mlflow.types.schema import ColSpec, Schema
 
-    return ModelSignature(inputs=Schema([ColSpec(_colspec_type(t), c) for c, t in schema.items()]))
+    out = Schema([ColSpec(t, c) for c, t in outputs]) if outputs else None
+    return ModelSignature(inputs=Schema([ColSpec(_colspec_type(t), c) for c, t in schema.items()]), outputs=out)
+
+
+def _output_columns(staged: Path, task: str, n_features: int, allowed: str | None) -> list[tuple[str, str]]:
+    """`prediction` (and `prob_<k>` for a classifier, k from one forward pass of the model, built
+    only when its factory is allowed); just `prediction` when the model cannot be built here."""
+    if task == "regression":
+        return [("prediction", "double")]
+    try:
+        import torch
+
+        from operators.registry.served_model import load_final_model
+
+        with torch.no_grad():
+            classes = int(load_final_model(staged, allowed_models=[allowed] if allowed else None)(
+                torch.zeros(1, n_features)).shape[-1])
+    except Exception as exc:  # noqa: BLE001 - the signature then names the prediction only
+        log.warning("the model's outputs could not be described (%s: %s): the signature names `prediction` only",
+                    type(exc).__name__, exc)
+        return [("prediction", "long")]
+    return [("prediction", "long")] + [(f"prob_{k}", "double") for k in range(classes)]
 
 
 def model_schema(client: MlflowClient, version: ModelVersion) -> dict[str, str] | None:
@@ -175,7 +204,7 @@ def _pip_requirements() -> list[str]:
     from importlib.metadata import PackageNotFoundError, version
 
     reqs = []
-    for dist in ("torch", "safetensors", "numpy", "pandas", "mlflow"):
+    for dist in ("gangflow", "torch", "safetensors", "numpy", "pandas", "mlflow"):  # gangflow: the loader
         try:
             reqs.append(f"{dist}=={version(dist).split('+')[0]}")  # 2.13.0+cpu -> 2.13.0
         except PackageNotFoundError:
@@ -220,87 +249,94 @@ def user_code_location(factory: str) -> Path | None:
     return location
 
 
-def _bundled_code(staging: Path, factory: str | None = None) -> list[str]:
-    """The sources bundled with every model (MLflow `code_paths`, put first on `sys.path` when
-    the model loads): the `trainer` package (its guarded loader, `trainer.export` and
-    `trainer.allowlist`, is how the pyfunc rebuilds the module, and the built-in model code
-    travels with the weights it was trained with), and the package of a user model `factory`
-    (`mypkg.models:tiny_cnn` bundles `mypkg/`), so the model loads where neither is installed."""
-    # Imported first, so that MLflow's validation load (which puts the bundled copy on sys.path)
-    # finds the installed package in sys.modules instead of importing a temporary copy.
-    import trainer.export  # noqa: F401
-
-    paths = []
-    src = Path(sys.modules["trainer"].__file__).resolve().parent
-    _copy_sources(src, staging / "trainer")
-    paths.append(str(staging / "trainer"))
+def _bundled_code(staging: Path, factory: str | None) -> list[str]:
+    """The package of a user model `factory` that is not installed (`mypkg.models:tiny_cnn`
+    bundles `mypkg/`), as MLflow `code_paths`: signed with the rest, so it loads where the package
+    is not importable. gangflow's own code (the loader, `trainer`) is never bundled: it is installed."""
     user = user_code_location(factory) if factory else None
-    if user is not None:
-        _copy_sources(user, staging / user.name)
-        paths.append(str(staging / user.name))
-        log.info("bundling the model factory's code %s with the model (MLflow code_paths)", user)
-    return paths
+    if user is None:
+        return []
+    _copy_sources(user, staging / user.name)
+    log.info("bundling the model factory's code %s with the model (MLflow code_paths)", user)
+    return [str(staging / user.name)]
 
 
-def log_pyfunc_model(
+def _allowed_spec(factory: str | None, allowed_models: Sequence[str] | str | None) -> str | None:
+    """The `module:function` the card's factory stands for when the platform allows it, else None."""
+    from trainer.allowlist import ModelNotAllowed, allowed_factories
+
+    if not factory:
+        return None
+    try:
+        return allowed_factories(allowed_models).get(factory)
+    except ModelNotAllowed:
+        return None
+
+
+def log_final_model(
     client: MlflowClient,
     run_id: str,
     final_dir: str | Path,
     *,
     name: str = LOGGED_MODEL_NAME,
-    tags: Mapping[str, str] | None = None,
     schema: Mapping[str, str] | None = None,
     input_example: Any = None,
+    allowed_models: Sequence[str] | str | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> str:
-    """Log `final_dir` (model.safetensors + model_card.json) as an MLflow pyfunc *from code*
-    (operators/registry/served_model.py, no pickle), linked to run `run_id`; returns the model id
-    (register `models:/<model_id>`). The `trainer` package is bundled (`code/trainer/`): the
-    pyfunc loads through its allow-listed loader, also where gangflow is not installed.
+    """Log a run's `final/` (model.safetensors + model_card.json) ONCE as an MLflow LoggedModel of
+    run `run_id` and return its id (`models:/<model_id>`, what promote registers).
 
-    `schema` ({column: dtype}, from the validated dataset) is the signature and the pyfunc's
-    input columns (its `model_config`); `input_example` a few rows of the test split. Without
-    them: the digits columns `pixel_00..63` and a row of zeros (callers before pipelines)."""
-    import mlflow
-    import pandas as pd
-    from mlflow.models import Model
+    The model is a pyfunc whose MLmodel names the installed loader (`loader_module:
+    operators.registry.served_model`; no loader code or `trainer` copy among its artifacts), signed
+    by the platform (`operators.registry.signing`): the signature covers every file and the card's
+    factory when `allowed_models` (or the entry points) allow it, so the version serves where no
+    allow-list is set, and nothing else can grant itself that trust. `schema` ({column: dtype}, the
+    validated dataset's) is the signature's inputs; the outputs are the predict frame's columns."""
+    import mlflow.pyfunc
+    from mlflow.entities import LoggedModelOutput
 
     from operators.registry import served_model
+    from operators.registry.signing import sign_model_dir
 
     final_dir = Path(final_dir)
     uri = client_uri(client)
     with mlflow_errors(uri, f"log the model of run {run_id}"), tempfile.TemporaryDirectory() as tmp:
-        staged = Path(tmp) / "final"  # only the files the model needs, whatever else final/ holds
+        staged = Path(tmp) / served_model.FINAL_DIR  # only the files the model needs, whatever else final/ holds
         staged.mkdir()
         for fname in (served_model.WEIGHTS_FILE, served_model.CARD_FILE):
-            if not (final_dir / fname).is_file():
-                raise UserError(f"cannot register {final_dir}: {fname} is missing")
-            shutil.copy2(final_dir / fname, staged / fname)
-        experiment_id = client.get_run(run_id).info.experiment_id
-        logged = client.create_logged_model(
-            experiment_id, name=name, source_run_id=run_id,
-            tags={str(k): str(v) for k, v in (tags or {}).items()}, model_type="gangflow-safetensors",
-        )
+            source = final_dir / fname
+            if not source.is_file() or source.is_symlink():
+                raise UserError(f"cannot log {final_dir}: {fname} is missing (or a link)")
+            shutil.copy2(source, staged / fname)
         if schema is None:
             schema = {c: "float32" for c in served_model.FEATURE_COLUMNS}
-        example = input_example
-        if example is None:
-            example = pd.DataFrame([[0.0] * len(schema)], columns=list(schema))
+        factory = served_model.card_factory(staged)
+        allowed = _allowed_spec(factory, allowed_models)
         task = served_model.card_task(staged)
-        with use_tracking_uri(uri):
-            Model.log(
-                artifact_path=None,
-                name=name,
-                flavor=mlflow.pyfunc,
-                run_id=run_id,
-                model_id=logged.model_id,
-                python_model=str(Path(served_model.__file__).resolve()),
-                artifacts={"final": str(staged)},
-                signature=_pyfunc_signature(schema),
-                input_example=example,
+        model_dir = Path(tmp) / "model"
+        with warnings.catch_warnings():
+            # Advice to add an input example: the training task has no test rows (promote may add none either)
+            warnings.filterwarnings("ignore", message=".*input example was not provided.*")
+            mlflow.pyfunc.save_model(
+            str(model_dir),
+                loader_module=served_model.LOADER_MODULE,
+                data_path=str(staged),
+                code_paths=_bundled_code(Path(tmp) / "code", factory) or None,
+                signature=_pyfunc_signature(schema, _output_columns(staged, task, len(schema), allowed)),
+                input_example=input_example,
                 model_config={"features": list(schema), "task": task},
                 pip_requirements=_pip_requirements(),
-                code_paths=_bundled_code(Path(tmp) / "code", served_model.card_factory(staged)),
             )
+        sign_model_dir(model_dir, factory=allowed)
+        experiment_id = client.get_run(run_id).info.experiment_id
+        logged = client.create_logged_model(
+            experiment_id, name=name, source_run_id=run_id, model_type="gangflow-safetensors",
+            tags={TAG_MLFLOW_RUN_ID: run_id, **{str(k): str(v) for k, v in (tags or {}).items()}},
+        )
+        client.log_model_artifacts(logged.model_id, str(model_dir))
+        client.finalize_logged_model(logged.model_id, "READY")
+        client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
     return logged.model_id
 
 
@@ -313,21 +349,23 @@ def register_version(
     tags: Mapping[str, Any] | None = None,
     schema: Mapping[str, str] | None = None,
     input_example: Any = None,
+    allowed_models: Sequence[str] | str | None = None,
 ) -> ModelVersion:
     """Register the model of MLflow run `run_id` as a new version of `name`, IDEMPOTENTLY.
 
     If a version of `name` from the same run exists (a retried task), it is returned and nothing
     is logged or registered again. Otherwise:
 
-    * a local directory (a run's `final/` dir) is logged as a pyfunc LoggedModel from code
-      (`log_pyfunc_model`) and registered as `models:/<model_id>`;
+    * `models:/<model_id>` (what the training task logged, `log_final_model`) is registered as is;
+    * a local directory (a run's `final/` dir) is logged first (`log_final_model`, with
+      `allowed_models`, `schema`, `input_example`);
     * anything else is taken as an artifact URI (`runs:/<id>/model`, `models:/<model_id>`,
       `file://...`, `s3://...`) and registered as is.
 
     The version gets every `gangflow.*` lineage tag of the run (gang, job UID, image digest,
     dataset version: whatever the training task and backend recorded), then `tags` (lineage,
     winning over the run's), plus `gangflow.mlflow_run_id` and, with `schema` (the model's
-    input columns, see `log_pyfunc_model`), `gangflow.input_schema`.
+    input columns, see `log_final_model`), `gangflow.input_schema`.
     """
     tags = {**run_lineage(client, run_id), **{str(k): str(v) for k, v in (tags or {}).items()}}
     tags.setdefault(TAG_MLFLOW_RUN_ID, run_id)
@@ -342,8 +380,8 @@ def register_version(
     source = str(source_dir_or_artifact_path)
     model_id = None
     if "://" not in source and Path(source).is_dir():
-        model_id = log_pyfunc_model(client, run_id, source, tags={TAG_MLFLOW_RUN_ID: run_id}, schema=schema,
-                                    input_example=input_example)
+        model_id = log_final_model(client, run_id, source, schema=schema, input_example=input_example,
+                                   allowed_models=allowed_models)
         source = f"models:/{model_id}"
     elif source.startswith("models:/m-"):
         model_id = source.removeprefix("models:/")
@@ -382,6 +420,114 @@ def holds_champion(client: MlflowClient, version: ModelVersion) -> bool:
     return champion is not None and str(champion.version) == str(version.version)
 
 
+class ModelSourceRefused(UserError):
+    """A model's artifacts lie outside the registry's artifact root, or exceed the size limit:
+    refused before anything is downloaded."""
+
+
+ARTIFACT_ROOTS_ENV = "GANGFLOW_ARTIFACT_ROOTS"  # extra roots, comma-separated URIs (e.g. s3://bucket/mlflow)
+MAX_MODEL_BYTES_ENV = "GANGFLOW_MAX_MODEL_BYTES"
+MAX_MODEL_BYTES = 4 << 30
+
+
+def artifact_roots() -> list[str]:
+    """Where the registry's artifacts may live: the state dir's `mlartifacts/` (the embedded
+    store), an MLflow server's own proxied store (`mlflow-artifacts:`), and `GANGFLOW_ARTIFACT_ROOTS`."""
+    from operators.config import settings
+
+    extra = [r.strip().rstrip("/") for r in os.environ.get(ARTIFACT_ROOTS_ENV, "").split(",") if r.strip()]
+    return [settings.artifact_root().resolve().as_uri(), "mlflow-artifacts:", *extra]
+
+
+def check_source(source: str, what: str) -> None:
+    """Refuse (ModelSourceRefused) an artifact URI outside `artifact_roots()`, before any download."""
+    from urllib.parse import unquote, urlparse
+
+    source = str(source)
+    parsed = urlparse(source)
+    if ".." in unquote(parsed.path).split("/"):
+        raise ModelSourceRefused(f"{what}: source {source!r} has a '..' segment; nothing was downloaded")
+    if parsed.scheme in ("", "file"):
+        path = Path(unquote(parsed.path)).resolve()
+        inside = any(path.is_relative_to(Path(unquote(urlparse(root).path)))
+                     for root in artifact_roots() if root.startswith("file:"))
+    else:
+        inside = any(source == root or source.startswith(root if root.endswith(":") else root + "/")
+                     for root in artifact_roots() if not root.startswith("file:"))
+    if not inside:
+        raise ModelSourceRefused(
+            f"{what}: source {source!r} is outside the registry's artifact root ({', '.join(artifact_roots())}; "
+            f"more with {ARTIFACT_ROOTS_ENV}); nothing was downloaded")
+
+
+def _max_bytes() -> int:
+    raw = os.environ.get(MAX_MODEL_BYTES_ENV)
+    if not raw:
+        return MAX_MODEL_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise UserError(f"{MAX_MODEL_BYTES_ENV}={raw!r}: must be a number of bytes") from None
+    if value <= 0:
+        raise UserError(f"{MAX_MODEL_BYTES_ENV}={raw!r}: must be a number of bytes > 0")
+    return value
+
+
+def download_source(client: MlflowClient, source: str, dst: str | Path, *, what: str,
+                    subpath: str | None = None, in_root: bool = True) -> Path:
+    """Download an artifact URI (or its `subpath` folder) under `dst`: only inside the registry's
+    artifact root (unless not `in_root`: a URI the DAG itself gave) and within
+    `GANGFLOW_MAX_MODEL_BYTES` (default 4 GiB), both checked first."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    if in_root:
+        check_source(source, what)
+    uri, limit = client_uri(client), _max_bytes()
+    with mlflow_errors(uri, f"download {what}"), use_tracking_uri(uri):
+        repo = get_artifact_repository(source)
+        total, files, stack = 0, 0, [subpath or None]
+        while stack:
+            for info in repo.list_artifacts(stack.pop()):
+                if info.is_dir:
+                    stack.append(info.path)
+                    continue
+                files += 1
+                total += int(info.file_size or 0)
+                if total > limit:
+                    raise ModelSourceRefused(f"{what}: more than {limit} bytes at {source} ({MAX_MODEL_BYTES_ENV}="
+                                             f"{limit}); nothing was downloaded")
+        if not files:
+            raise ModelNotFound(f"no model at {what} (MLflow at {uri}): no files at {source}"
+                                + (f"/{subpath}" if subpath else ""))
+        Path(dst).mkdir(parents=True, exist_ok=True)
+        local = Path(repo.download_artifacts(subpath or "", str(dst)))
+    return local
+
+
+def resolve_model_source(client: MlflowClient, model_uri: str) -> str:
+    """The artifact URI behind `models:/<model_id>`, `models:/<name>@<alias>`,
+    `models:/<name>/<version>` or `runs:/<run>/<path>` (any other URI is returned as is)."""
+    uri = str(model_uri)
+    if uri.startswith("runs:/"):
+        from mlflow.store.artifact.runs_artifact_repo import RunsArtifactRepository
+
+        with mlflow_errors(client_uri(client), f"resolve {uri}"), use_tracking_uri(client_uri(client)):
+            return RunsArtifactRepository.get_underlying_uri(uri)
+    if not uri.startswith("models:/"):
+        return uri
+    ref = uri.removeprefix("models:/").strip("/")
+    with mlflow_errors(client_uri(client), f"resolve {uri}"):
+        if ref.startswith("m-") and "/" not in ref and "@" not in ref:
+            return client.get_logged_model(ref).artifact_location
+        if "@" in ref:
+            name, _, alias = ref.partition("@")
+            version = client.get_model_version_by_alias(name, alias)
+        else:
+            name, _, number = ref.rpartition("/")
+            version = client.get_model_version(name, number)
+        return client.get_model_version_download_uri(version.name, str(version.version))
+
+
 def _weights_dir(local: Path, what: str) -> Path:
     hits = sorted(local.rglob("model.safetensors"), key=lambda p: len(p.parts))
     if not hits:
@@ -390,43 +536,54 @@ def _weights_dir(local: Path, what: str) -> Path:
 
 
 def download_model(client: MlflowClient, model_uri: str, dst: str | Path) -> Path:
-    """Download a model's artifacts (`runs:/<run>/final`, what the training task returns, or any
-    MLflow artifact URI) under `dst`; return the folder holding `model.safetensors`.
+    """Download the weights and card of a model (`models:/<model_id>`, what the training task
+    returns; `runs:/<run>/final` of older runs; any MLflow artifact URI) under `dst`; return the
+    folder holding `model.safetensors`. Of a logged model only `final/` is downloaded.
 
     This is how evaluate and promote get a candidate: through MLflow, never from a path on the
     worker that trained it. The files are data: load them with `load_final_model` (allow-listed),
     never by executing anything they contain."""
-    import mlflow
     from mlflow.exceptions import MlflowException
+
+    from operators.registry.served_model import MODEL_FINAL_PATH
 
     uri = client_uri(client)
     Path(dst).mkdir(parents=True, exist_ok=True)
-    with mlflow_errors(uri, f"download {model_uri}"):
-        try:
-            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=str(model_uri), dst_path=str(dst),
-                                                             tracking_uri=uri))
-        except (MlflowException, OSError) as exc:
-            if isinstance(exc, MlflowException) and exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND",
-                                                                            "INVALID_PARAMETER_VALUE"):
-                raise
-            if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
-                raise
-            raise ModelNotFound(f"no model at {model_uri} (MLflow at {uri}): {exc}") from exc
+    try:
+        if str(model_uri).startswith("models:/"):
+            local = download_source(client, resolve_model_source(client, model_uri), dst, what=str(model_uri),
+                                    subpath=MODEL_FINAL_PATH)
+        else:  # `runs:/...` or a URI the DAG gave (not read from the registry): the size limit only
+            local = download_source(client, resolve_model_source(client, model_uri), dst, what=str(model_uri),
+                                    in_root=False)
+    except (MlflowException, OSError) as exc:
+        if isinstance(exc, MlflowException) and exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND",
+                                                                        "INVALID_PARAMETER_VALUE"):
+            raise
+        if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
+            raise
+        raise ModelNotFound(f"no model at {model_uri} (MLflow at {uri}): {exc}") from exc
     return _weights_dir(local, str(model_uri))
 
 
 def download_version(client: MlflowClient, version: ModelVersion, dst: str | Path) -> Path:
-    """Download a version's artifacts under `dst` and return the folder holding
-    `model.safetensors` (the pyfunc's `artifacts/final/`, or the root of a plain folder)."""
-    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+    """Download a version's weights and card under `dst` (the logged model's `final/`, or the root
+    of a plain folder) and return the folder holding `model.safetensors`. Its source must lie in the
+    registry's artifact root and within the size limit (`download_source`)."""
+    from operators.registry.served_model import MODEL_FINAL_PATH
 
-    uri = client_uri(client)
-    Path(dst).mkdir(parents=True, exist_ok=True)
-    with mlflow_errors(uri, f"download {version.name} v{version.version}"):
+    what = f"{version.name} v{version.version}"
+    with mlflow_errors(client_uri(client), f"find the artifacts of {what}"):
         source = client.get_model_version_download_uri(version.name, str(version.version))
-        local = Path(get_artifact_repository(source).download_artifacts("", str(dst)))
+    check_source(source, what)
+    with mlflow_errors(client_uri(client), f"list {what}"), use_tracking_uri(client_uri(client)):
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        has_final = any(i.is_dir and i.path.rstrip("/").endswith("data")
+                        for i in get_artifact_repository(source).list_artifacts())
     try:
-        return _weights_dir(local, f"{version.name} v{version.version} ({source})")
+        local = download_source(client, source, dst, what=what, subpath=MODEL_FINAL_PATH if has_final else None)
+        return _weights_dir(local, f"{what} ({source})")
     except ModelNotFound as exc:
         raise ChampionEvaluationFailed(str(exc)) from None
 
@@ -497,20 +654,28 @@ def _sqlite_file(tracking_uri: str) -> Path | None:
     return Path(path) if path and path != ":memory:" else None
 
 
+#: The registered model whose existence is the champion lock of `<name>` on an MLflow server.
+LOCK_MODEL_SUFFIX = ".gangflow-champion-lock"
+TAG_LOCK_EXPIRES = "gangflow.lock_expires_at"
+#: A lock held this long is taken as left by a dead holder (the move itself takes a few requests).
+LOCK_LEASE_S = 300.0
+
+
 @contextlib.contextmanager
-def champion_lock(client: MlflowClient, name: str) -> Iterator[str | None]:
+def champion_lock(client: MlflowClient, name: str, *, wait_s: float = 600.0) -> Iterator[str | None]:
     """Hold the champion lock of registered model `name` for a compare-and-set.
 
     On a SQLite store (the embedded default) this is an exclusive `flock` on a file beside the
-    database: every process that can write that database shares its filesystem, the kernel
-    releases the lock when a holder dies (no stale lease to expire), and MLflow offers no
-    conditional alias update to build on. On an MLflow server there is no lock to take (a tag
-    used as a lease is itself a read-then-write, so it would not exclude anything): yields None,
-    and the compare-and-set rests on re-reading the alias right before the move.
+    database: every process that can write that database shares its filesystem and the kernel
+    releases the lock when a holder dies. On an MLflow server it is the registered model
+    `<name>.gangflow-champion-lock`: creating it is atomic on the server (its name is unique in the
+    backend store, so of two creators exactly one succeeds), deleting it releases; a lock older
+    than `LOCK_LEASE_S` is taken as left by a dead holder and removed.
     """
     db = _sqlite_file(client_uri(client))
     if db is None:
-        yield None
+        with _server_lock(client, name, wait_s=wait_s) as lock:
+            yield lock
         return
     import fcntl
     import hashlib
@@ -522,6 +687,68 @@ def champion_lock(client: MlflowClient, name: str) -> Iterator[str | None]:
             yield str(lock)
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _already_exists(exc: Exception) -> bool:
+    return getattr(exc, "error_code", None) in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS")
+
+
+def _missing(exc: Exception) -> bool:
+    return getattr(exc, "error_code", None) in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND")
+
+
+@contextlib.contextmanager
+def _server_lock(client: MlflowClient, name: str, *, wait_s: float) -> Iterator[str]:
+    import random
+    import time
+
+    from mlflow.exceptions import MlflowException
+
+    lock = f"{name}{LOCK_MODEL_SUFFIX}"
+    uri = client_uri(client)
+    deadline = time.monotonic() + wait_s
+    with mlflow_errors(uri, f"take the champion lock of {name!r}"):
+        while True:
+            try:
+                client.create_registered_model(
+                    lock, tags={TAG_LOCK_EXPIRES: f"{time.time() + LOCK_LEASE_S:.3f}"},
+                    description=f"gangflow: held while a promotion moves the champion alias of {name}; removed after")
+                break
+            except MlflowException as exc:
+                if not _already_exists(exc):
+                    raise
+            try:
+                held = client.get_registered_model(lock)
+                expires = float((held.tags or {}).get(TAG_LOCK_EXPIRES) or 0)
+            except MlflowException as exc:
+                if _missing(exc):
+                    continue  # released meanwhile
+                raise
+            except ValueError:
+                expires = 0.0
+            if expires < time.time():
+                log.warning("the champion lock %s expired (a holder died?): removing it", lock)
+                _release(client, lock)
+                continue
+            if time.monotonic() > deadline:
+                raise ChampionChanged(f"the champion lock {lock} stayed held for {wait_s:.0f}s (other promotions of "
+                                      f"{name}); nothing was moved by this try, the retry decides again")
+            time.sleep(0.1 + random.random() * 0.2)
+    try:
+        yield lock
+    finally:
+        with mlflow_errors(uri, f"release the champion lock of {name!r}"):
+            _release(client, lock)
+
+
+def _release(client: MlflowClient, lock: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.delete_registered_model(lock)
+    except MlflowException as exc:
+        if not _missing(exc):
+            raise
 
 
 def _champion_state(version: ModelVersion | None, metric: str) -> tuple[str, str] | None:
@@ -537,8 +764,8 @@ def move_champion(
     """Compare-and-set the `champion` alias: point it at `version` only if it still names
     `expected` (None: no champion) with the score recorded when the decision was made.
 
-    Under `champion_lock`, the alias is re-read just before the move. Returns (moved, the
-    champion found): when it changed, nothing moves and the caller decides again against the
+    Under `champion_lock`, the alias is re-read just before the move and once after it. Returns
+    (moved, the champion found): when it changed, nothing moves and the caller decides again against the
     champion found (so a slower, worse candidate never overwrites a better champion).
     """
     with champion_lock(client, version.name):
@@ -546,6 +773,11 @@ def move_champion(
         if _champion_state(current, metric) != _champion_state(expected, metric):
             return False, current
         promote(client, version)
+        after = current_champion(client, version.name)  # the check after the write
+        if after is None or str(after.version) != str(version.version):
+            log.warning("the %s alias of %s was moved to %s by a writer outside the lock right after this move",
+                        CHAMPION_ALIAS, version.name, f"v{after.version}" if after is not None else "nothing")
+            return False, after
         return True, current
 
 

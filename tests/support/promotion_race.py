@@ -16,7 +16,7 @@ from types import SimpleNamespace
 def promote(args: dict, barrier, out) -> None:
     os.environ["GANGFLOW_HOME"] = args["home"]
     os.environ["GANGFLOW_ALLOWED_MODELS"] = args["allowed"]
-    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)  # the store: the state dir's SQLite, or args["tracking_uri"]
     from operators import promotion
     from operators.registry import versions as registry
 
@@ -42,6 +42,7 @@ def promote(args: dict, barrier, out) -> None:
     op = promotion.PromoteModelOperator(
         task_id="promote", model_name=args["name"], model_uri=args["model_uri"], dataset=args["dataset"],
         mlflow_run_id=args["run_id"], candidate_metrics=args["metrics"], floor=0.5,
+        tracking_uri=args.get("tracking_uri"),
     )
     ti = SimpleNamespace(dag_id="gangflow_train", run_id=args["label"], try_number=1)
     try:

@@ -20,7 +20,7 @@ from operators.config import embedded
 embedded.apply()
 client = mlflow.MlflowClient()
 v = client.get_model_version(sys.argv[1], sys.argv[2])
-path = mlflow.artifacts.download_artifacts(f"runs:/{v.run_id}/final/model_card.json")
+path = mlflow.artifacts.download_artifacts(f"{client.get_model_version_download_uri(v.name, v.version)}/data/final/model_card.json")
 print(json.dumps(json.load(open(path))["metrics"]))
 """
 

@@ -81,8 +81,8 @@ def manifest(test_split: Path = TEST_SPLIT) -> dict:
 
 
 class Candidate:
-    """A training run as the DAG leaves it: final/ logged to its MLflow run (`runs:/<id>/final`,
-    as the trainer's rank 0 does), and the evaluate task's metrics."""
+    """A training run as the DAG leaves it: final/ logged as its MLflow run's model
+    (`models:/<model_id>`, as the training task does), and the evaluate task's metrics."""
 
     def __init__(self, client, tmp: Path, label: str, state_dict: dict, *, factory: str | None = None):
         self.dag_run_id = f"manual__{label}"
@@ -90,8 +90,10 @@ class Candidate:
         write_final_dir(self.run_dir, state_dict, factory)
         exp = tracking.ensure_experiment(client, "gangflow")
         self.mlflow_run_id = tracking.ensure_run(client, exp, dag_id="gangflow_train", dag_run_id=self.dag_run_id)
-        client.log_artifacts(self.mlflow_run_id, str(self.run_dir / "final"), "final")
-        self.model_uri = f"runs:/{self.mlflow_run_id}/final"
+        # What the training task does after the gang: final/ logged once, as the run's LoggedModel.
+        self.model_id = registry.log_final_model(client, self.mlflow_run_id, self.run_dir / "final",
+                                                 allowed_models=[factory or f"{__name__}:tiny_mlp"])
+        self.model_uri = f"models:/{self.model_id}"
         loadable = factory is None or factory.startswith("model_cards:")
         self.metrics = evaluation.evaluate_final_dir(self.run_dir / "final", TEST_SPLIT) if loadable else None
 
@@ -113,7 +115,7 @@ class Candidate:
 
 @pytest.fixture
 def make(client, weights, tmp_path):
-    def _make(label: str, which: str, **kwargs) -> Candidate:
+    def _make(label: str, which: str, client=client, **kwargs) -> Candidate:
         return Candidate(client, tmp_path, label, weights[which], **kwargs)
 
     return _make
@@ -238,6 +240,42 @@ def test_candidate_metrics_of_another_test_file_are_recomputed(client, make):
     assert result["candidate_accuracy"] == cand.metrics["accuracy"]
 
 
+def test_promote_registers_the_model_training_logged_and_logs_nothing_again(client, make, caplog, monkeypatch):
+    """Issue 21.3: the model goes to MLflow once; promote registers that URI (no re-upload) and
+    MLflow's validation of a serving input example is not run (it warned of the allow-list)."""
+    import logging
+
+    mlflow_log = logging.getLogger("mlflow")  # does not propagate to the root logger caplog listens on
+    mlflow_log.addHandler(caplog.handler)
+    try:
+        cand = make("once", "ok")
+        caplog.set_level(logging.WARNING)
+        legacy = make("once-legacy", "ok")
+        # Allowed by the pipeline (allowed_models), not by the worker's environment: MLflow's own
+        # validation load of a serving input (Model.log) was refused and warned about that.
+        monkeypatch.delenv("GANGFLOW_ALLOWED_MODELS")
+        allowed = [f"{__name__}:tiny_mlp"]
+        result = cand.promote("digits-once", allowed_models=allowed)
+        legacy.model_uri = f"runs:/{legacy.mlflow_run_id}/final"
+        client.log_artifacts(legacy.mlflow_run_id, str(legacy.run_dir / "final"), "final")
+        legacy.promote("digits-once-legacy", allowed_models=allowed)
+    finally:
+        mlflow_log.removeHandler(caplog.handler)
+    version = client.get_model_version("digits-once", result["model_version"])
+    assert version.source == cand.model_uri
+    assert [o.model_id for o in client.get_run(cand.mlflow_run_id).outputs.model_outputs] == [cand.model_id]
+    assert "Failed to validate serving input example" not in caplog.text
+
+
+def test_a_run_from_before_the_logged_model_still_promotes(client, make):
+    """A DAG run in flight at the upgrade returned `runs:/<id>/final`: promote logs it itself."""
+    cand = make("legacy", "ok")
+    cand.model_uri = f"runs:/{cand.mlflow_run_id}/final"
+    client.log_artifacts(cand.mlflow_run_id, str(cand.run_dir / "final"), "final")
+    result = cand.promote("digits-legacy")
+    assert result["promoted"] and client.get_model_version("digits-legacy", "1").source.startswith("models:/m-")
+
+
 def test_bad_gate_values(make):
     with pytest.raises(ValueError, match=r"floor=1.5: must be a number in \[0, 1\]"):
         PromoteModelOperator(task_id="p", model_name="m", model_uri="runs:/x/final", dataset={}, mlflow_run_id="x",
@@ -339,15 +377,35 @@ def test_two_promotions_racing_from_separate_processes_leave_the_better_champion
     """12.4: the champion alias moves by compare-and-set. Two promote tasks in two processes on
     the real SQLite store both decide against the same old champion; the worse one's alias
     write comes last. The better model must end as champion, and the loser says why."""
+    _race(client, make, home, monkeypatch, "digits-race")
+
+
+def test_two_promotions_racing_through_an_mlflow_server_leave_the_better_champion(make, home, monkeypatch,
+                                                                                    tmp_path):
+    """Issue 28.6: the same race through `mlflow server` on 127.0.0.1 (no flock reaches it): the
+    champion lock is a registered model whose creation the server makes atomic."""
+    from operators.cli.drill.servers import MlflowServer
+
+    server = MlflowServer(tmp_path / "mlflow-server").start()
+    try:
+        _race(tracking.get_client(server.url), make, home, monkeypatch, "digits-server-race", tracking_uri=server.url)
+    finally:
+        server.stop()
+
+
+def _race(client, make, home, monkeypatch, name, tracking_uri=None):
     import multiprocessing
 
     import promotion_race
 
-    name = "digits-race"
     factory = "model_cards:tiny_mlp"  # the same module, importable by name in a fresh process
     monkeypatch.setenv("GANGFLOW_ALLOWED_MODELS", factory)
-    make("race-bad", "bad", factory=factory).promote(name, floor=0.0)  # the old champion both racers beat
-    racers = {"better": make("race-good", "good", factory=factory), "worse": make("race-ok", "ok", factory=factory)}
+
+    def candidate(label, which):
+        return make(label, which, factory=factory, client=client)
+
+    candidate("race-bad", "bad").promote(name, floor=0.0, tracking_uri=tracking_uri)  # the old champion both beat
+    racers = {"better": candidate("race-good", "good"), "worse": candidate("race-ok", "ok")}
     ctx = multiprocessing.get_context("spawn")
     barrier, out = ctx.Barrier(2), ctx.Queue()
     delays = {"better": (0.0, 0.5), "worse": (0.3, 3.0)}  # (start after the barrier, alias write)
@@ -355,7 +413,7 @@ def test_two_promotions_racing_from_separate_processes_leave_the_better_champion
     for label, cand in racers.items():
         args = {"home": str(home), "allowed": factory, "name": name, "model_uri": cand.model_uri,
                 "dataset": manifest(), "run_id": cand.mlflow_run_id, "metrics": cand.metrics, "label": label,
-                "start_delay_s": delays[label][0], "set_delay_s": delays[label][1]}
+                "start_delay_s": delays[label][0], "set_delay_s": delays[label][1], "tracking_uri": tracking_uri}
         procs.append(ctx.Process(target=promotion_race.promote, args=(args, barrier, out)))
     for p in procs:
         p.start()

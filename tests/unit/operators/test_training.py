@@ -67,8 +67,10 @@ def test_another_remote_for_the_local_backend(worker_manifest, tmp_path):
 
 def test_result_names_the_model_by_mlflow_uri_not_by_worker_path(worker_manifest):
     op, spec = _spec(worker_manifest)
-    result = op._finish(spec, GangResult(succeeded=True, exit_code=0, resumed_from_step=30))
-    assert result["model_uri"] == "runs:/0123456789abcdef/final"
+    # The model the task logged after the gang (the relay's `log_final`): its MLflow URI.
+    result = op._finish(spec, GangResult(succeeded=True, exit_code=0, resumed_from_step=30), None,
+                        "models:/m-0123456789abcdef")
+    assert result["model_uri"] == "models:/m-0123456789abcdef"
     assert result["mlflow_run_id"] == "0123456789abcdef" and result["dataset_version"] == VERSION
     assert result["resumed_from_step"] == 30 and result["gang"] == spec.name and result["world_size"] == 2
     assert not {"run_dir", "final_dir"} & set(result)

@@ -87,9 +87,13 @@ def test_task_relays_a_real_gang_and_ranks_import_no_mlflow(client, home, tmp_pa
 
     monkeypatch.delenv("GANGFLOW_FAULT")
     result = op.execute(context(2))
-    assert result["mlflow_run_id"] == run_id and result["model_uri"] == f"runs:/{run_id}/final"
+    model_id = result["model_uri"].removeprefix("models:/")
+    assert result["mlflow_run_id"] == run_id and result["model_uri"].startswith("models:/m-")
     assert result["resumed_from_step"] == 40
-    assert {f.path for f in client.list_artifacts(run_id, "final")} >= {"final/model.safetensors", "final/model_card.json"}
+    # final/ logged once, as the run's LoggedModel (issue 21.3), not as run artifacts
+    assert {f.path for f in client.list_logged_model_artifacts(model_id, "data/final")} >= {
+        "data/final/model.safetensors", "data/final/model_card.json"}
+    assert [o.model_id for o in client.get_run(run_id).outputs.model_outputs] == [model_id]
     for rank in (0, 1):
         assert json.loads((probe / f"rank{rank}.json").read_text())["heavy"] == [], f"rank {rank} imported heavy modules"
     run = client.get_run(run_id)

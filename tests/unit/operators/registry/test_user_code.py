@@ -43,7 +43,8 @@ LOAD = textwrap.dedent('''
     import importlib.util, io, json, sys
     import mlflow, pandas as pd
     assert importlib.util.find_spec("mypkg") is None, "mypkg must not be importable here"
-    model = mlflow.pyfunc.load_model(sys.argv[1])
+    from operators.registry.served_model import load_model
+    model = load_model(sys.argv[1])
     rows = pd.read_json(io.StringIO(sys.argv[2]), orient="split")
     out = model.predict(rows)
     try:
@@ -90,7 +91,9 @@ def test_user_code_travels_with_the_model_and_loads_outside_the_repo(home, clien
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONPATH", "MLFLOW", "GANGFLOW"))}
-    env |= {"MLFLOW_TRACKING_URI": tracking.client_uri(client), "GANGFLOW_ALLOWED_MODELS": "mypkg.models:tiny"}
+    # gangflow installed (its root on the path) and its state dir (the key); no allow-list (issue 23.5)
+    env |= {"MLFLOW_TRACKING_URI": tracking.client_uri(client), "GANGFLOW_HOME": str(home),
+            "PYTHONPATH": str(Path(__file__).resolve().parents[4])}
     done = subprocess.run([sys.executable, "-c", LOAD, f"models:/byom/{version.version}", ROWS.to_json(orient="split")],
                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]

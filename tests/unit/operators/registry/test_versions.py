@@ -76,7 +76,9 @@ def test_register_version_is_idempotent_per_run(client, new_run, final_dir):
     assert str(other.version) == "2"
 
 
-def test_registered_model_is_a_pyfunc_from_code_without_pickle(client, new_run, final_dir, tmp_path, monkeypatch):
+def test_registered_model_is_signed_data_with_the_installed_loader(client, new_run, final_dir, tmp_path, monkeypatch):
+    """Issue 28.1: no loader code among the version's artifacts (no models-from-code file, no copy of
+    `trainer`): the MLmodel names gangflow's installed loader and a signature covers every file."""
     import mlflow
 
     run_id = new_run()
@@ -87,11 +89,11 @@ def test_registered_model_is_a_pyfunc_from_code_without_pickle(client, new_run, 
         artifact_uri=client.get_model_version_download_uri("digits-load", str(version.version)),
         dst_path=str(tmp_path / "dl"), tracking_uri=tracking.client_uri(client)))
     files = {p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()}
-    assert {"MLmodel", "served_model.py", "artifacts/final/model.safetensors",
-            "artifacts/final/model_card.json"} <= files
+    assert {"MLmodel", "data/final/model.safetensors", "data/final/model_card.json", "gangflow_signature.json"} <= files
     assert not [f for f in files if f.endswith((".pkl", ".pickle", ".pt", ".pth", ".bin"))], files
+    assert not [f for f in files if f.startswith("code/trainer") or f.endswith("served_model.py")], files
     flavor = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["python_function"]
-    assert flavor["loader_module"] == "mlflow.pyfunc.loaders.code_model"  # models-from-code
+    assert flavor["loader_module"] == "operators.registry.served_model"  # installed, not from the artifacts
     assert "python_model" not in flavor  # the cloudpickled-PythonModel key
 
     # Loadable by alias, like a consumer would.
@@ -171,10 +173,8 @@ def test_the_trainers_own_final_dir_registers_and_loads(client, new_run, tmp_pat
     got = registry.download_version(client, v, tmp_path / "dl")
     assert evaluation.evaluate_final_dir(got, TEST_SPLIT)["accuracy"] == \
         evaluation.evaluate_final_dir(final, TEST_SPLIT)["accuracy"]
-    # The trainer's model code travels with the model (loadable without gangflow installed).
-    root = got.parents[1]  # <model>/artifacts/final -> <model>
-    assert (root / "code" / "trainer" / "models.py").read_text() == Path(models.__file__).read_text()
-    assert not list(root.rglob("__pycache__"))
+    # Only data was downloaded: the weights and the card (gangflow's code is installed, never bundled).
+    assert sorted(p.name for p in got.iterdir()) == ["model.safetensors", "model_card.json"]
 
 
 def test_the_served_pyfunc_refuses_a_card_off_the_allow_list(client, new_run, final_dir, monkeypatch):
@@ -182,10 +182,14 @@ def test_the_served_pyfunc_refuses_a_card_off_the_allow_list(client, new_run, fi
     allow-list: a card naming a factory the serving deployment does not allow is refused."""
     import mlflow
 
+    # Logged where the factory was not allowed: the signature carries no factory, so the serving
+    # deployment's own allow-list decides (issue 23.5: an allowed one is signed and needs nothing).
+    monkeypatch.delenv("GANGFLOW_ALLOWED_MODELS")
     v = registry.register_version(client, "digits-serve-guard", run_id=new_run(), source_dir_or_artifact_path=final_dir)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking.client_uri(client))
     monkeypatch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", None)
     uri = f"models:/digits-serve-guard/{v.version}"
+    monkeypatch.setenv("GANGFLOW_ALLOWED_MODELS", "model_cards:tiny_mlp")
     assert len(mlflow.pyfunc.load_model(uri).predict(pd.read_parquet(TEST_SPLIT).head(3))) == 3
     monkeypatch.delenv("GANGFLOW_ALLOWED_MODELS")  # this deployment allows only the built-ins
     with pytest.raises(Exception, match=r"model\.factory='model_cards:tiny_mlp' is not an allowed model architecture"):
