@@ -385,3 +385,35 @@ def test_the_ledger_of_the_old_format_is_still_read(tmp_path, monkeypatch):
     path.write_text(json.dumps({"1": "unknown"}))
     decision = POLICY.evaluate(UnknownFailure(classify({"exit_code": 1})), try_number=2, max_tries=5, context=_context(2))
     assert decision.action is RetryAction.FAIL and "treated as user" in decision.reason
+
+
+# -- an import error of user or configuration code -------------------------------------------------
+
+
+def _import_error_from(module: str) -> ImportError:
+    try:
+        __import__(module)
+    except ImportError as exc:
+        return exc
+    raise AssertionError(f"{module} imported")
+
+
+@pytest.mark.parametrize("exc", [
+    _import_error_from("mypkg.slurmm"),  # a typo in a pipeline file's class path (ModuleNotFoundError)
+    ImportError("cannot import name 'SlurmBackend' from 'mypkg.slurm'"),
+])  # fmt: skip
+def test_an_import_error_fails_at_once_as_user_not_by_airflows_default_retries(exc):
+    kind, why = judge_exception(exc)
+    assert kind == "user" and type(exc).__name__ in why
+    decision = decide(exc)
+    assert decision.action is RetryAction.FAIL and "user failure" in decision.reason
+
+
+def test_an_import_error_raised_while_handling_a_transient_one_is_still_user():
+    try:
+        try:
+            raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+        except ConnectionResetError:
+            __import__("mypkg.nowhere")
+    except ImportError as exc:
+        assert judge_exception(exc)[0] == "user"
