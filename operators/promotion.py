@@ -152,6 +152,7 @@ class PromoteModelOperator(BaseOperator):
         data_factory: str | None = None,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("multiple_outputs", True)  # `promote.output["model_version"]` in a DAG of one's own
         super().__init__(**kwargs)
         self.data_factory = data_factory
         if metric:

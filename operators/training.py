@@ -86,6 +86,7 @@ class GangTrainingOperator(BaseOperator):
         run_dir: str | None = None,
         **kwargs,
     ):
+        kwargs.setdefault("multiple_outputs", True)  # `train.output["model_uri"]` in a DAG of one's own
         super().__init__(**kwargs)
         self.world_size = world_size
         self.dataset = dataset

@@ -172,6 +172,7 @@ class DatasetValidationOperator(BaseOperator):
         dvc_out: str | None = None,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("multiple_outputs", True)  # `validate.output["version"]` in a DAG of one's own
         super().__init__(**kwargs)
         self.dataset_version = dataset_version
         self.project_root = project_root

@@ -130,11 +130,11 @@ def test_package_roots_resolve_relative_to_the_project_and_must_exist(tmp_path):
 
 
 def test_a_user_package_outside_the_project_is_found_through_package_roots(tmp_path):
-    root = user_package(tmp_path / "outside")
-    change = {"backends": {"slurm": "usrpkg.backend:SlurmBackend"}}
+    root = user_package(tmp_path / "outside", "outsidepkg")  # a name no other test imported in this process
+    change = {"backends": {"slurm": "outsidepkg.backend:SlurmBackend"}}
     assert "no module" in refused(DIGITS | change)
     config = parse_pipeline(DIGITS | change | {"package_roots": [str(root)]}, source="x.yaml")
-    assert config.backends["slurm"] == "usrpkg.backend:SlurmBackend"
+    assert config.backends["slurm"] == "outsidepkg.backend:SlurmBackend"
 
 
 # -- item 4: operator classes by configuration -----------------------------------------------------
@@ -150,7 +150,7 @@ def _dagbag(tmp_path: Path, pipelines: Path, code: str) -> dict:
     prelude = (
         "import json, logging\n"
         "from airflow.dag_processing.dagbag import DagBag\n"
-        f"bag = DagBag(dag_folder={str(PROJECT_ROOT / 'dags')!r}, include_examples=False)\n"
+        f"bag = DagBag(dag_folder={str(PROJECT_ROOT / 'dags')!r})\n"
     )
     done = subprocess.run([sys.executable, "-c", prelude + code], cwd=PROJECT_ROOT, capture_output=True, text=True,
                           timeout=180, env=pipeline_env(tmp_path / "home", GANGFLOW_PIPELINES=str(pipelines)))  # fmt: skip
@@ -178,7 +178,7 @@ def test_the_pipeline_file_names_each_stages_operator_class_and_keeps_the_factor
         "  'validate': type(dag.get_task('validate_dataset')).__name__,\n"
         "  'params': sorted(dag.params.keys()), 'retry': type(dag.get_task('promote').retry_policy).__name__,\n"
         "  'tasks': sorted(t.task_id for t in dag.tasks), 'schedule': type(dag.timetable).__name__,\n"
-        "  'metric': dag.get_task('promote').metric}))"
+        "  'metric': dag.get_task('promote').metric_name}))"
     ))  # fmt: skip
     assert shape["errors"] == {}
     assert (shape["promote"], shape["evaluate"], shape["validate"]) == ("PromoteOnF1", "EvaluateWithBrier", "DatasetValidationOperator")
