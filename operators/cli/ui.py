@@ -19,12 +19,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-import psutil
-
 from operators.config import embedded
 
 from operators.config import settings
-from operators.utils.processes import stop_group
+from operators.utils.processes import stop_tree
 
 # Components `wait_healthy` waits for (the triggerer is not needed to run train_pipeline).
 REQUIRED_COMPONENTS = ("metadatabase", "scheduler", "dag_processor")
@@ -133,18 +131,7 @@ def start(
 def stop(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
     """Stop standalone and everything it started: its process group, and descendants that left
     the group (e.g. a training task's torchrun runs in a session of its own)."""
-    try:
-        descendants = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        descendants = []
-    stop_group(proc, timeout_s)
-    alive = [p for p in descendants if p.is_running()]
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=10)
+    stop_tree(proc, timeout_s)
 
 
 def _raise_keyboard_interrupt(signum, frame):
