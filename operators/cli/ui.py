@@ -70,6 +70,15 @@ def _log_server_port(default: int, taken: set[int]) -> int:
     return port
 
 
+def python_path(existing: str = "") -> str:
+    """PYTHONPATH for Airflow's processes: every readable pipeline's package_roots, the project
+    root, then `existing`."""
+    from operators.config.pipelines import pipeline_files
+
+    roots = [root for config in pipeline_files().configs.values() for root in config.package_roots]
+    return os.pathsep.join(dict.fromkeys([*roots, str(settings.PROJECT_ROOT), *filter(None, existing.split(os.pathsep))]))
+
+
 def health(url: str) -> dict:
     """The api-server's `/api/v2/monitor/health` answer ({component: {"status": ...}})."""
     with urllib.request.urlopen(f"{url}/api/v2/monitor/health", timeout=5) as resp:
@@ -114,6 +123,9 @@ def start(
         trigger_log_server_port=_log_server_port(embedded.TRIGGER_LOG_SERVER_PORT, taken),
     )
     env = {**os.environ, **environ}
+    # Every component (api-server, dag-processor, scheduler, triggerer, the task workers and the
+    # ranks they start) imports the user's packages: the pipelines' package_roots and the project.
+    env["PYTHONPATH"] = python_path(env.get("PYTHONPATH", ""))
     # standalone starts its components through `airflow` on PATH: this venv's first.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     out = open(log_path, "ab") if log_path else None

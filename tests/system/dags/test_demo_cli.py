@@ -33,10 +33,13 @@ def _wait_for(log: Path, pattern: str, proc, timeout: float) -> str:
 
 
 def _torchruns_of(home: Path) -> list[psutil.Process]:
+    """The gang's launcher and ranks on state dir `home` (`python -m trainer.launch`, or `torchrun ... -m trainer`)."""
     found = []
     for p in psutil.process_iter(["cmdline", "environ"]):
         try:
-            if "torch.distributed.run" in " ".join(p.info["cmdline"] or []) and (p.info["environ"] or {}).get("GANGFLOW_HOME") == str(home):
+            words = p.info["cmdline"] or []
+            gang = "trainer.launch" in words or "torch.distributed.run" in words or any(w.endswith("/torchrun") for w in words)
+            if gang and (p.info["environ"] or {}).get("GANGFLOW_HOME") == str(home):
                 found.append(p)
         except (psutil.Error, TypeError):
             continue
@@ -56,6 +59,16 @@ def _stopped(proc, log: Path, home: Path, within: float) -> dict:
     return summary
 
 
+def _end(proc) -> None:
+    """A test that failed early still ends its run: the demo's own SIGTERM handling ends its gang."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except Exception:  # noqa: BLE001 - last resort
+            proc.kill()
+
+
 def test_sigterm_while_a_task_waits_for_its_retry_stops_the_demo(pipeline_home, tmp_path):
     log = tmp_path / "run.log"
     # An infra failure retried after 120 s: the run sits waiting for the retry when SIGTERM comes.
@@ -65,8 +78,7 @@ def test_sigterm_while_a_task_waits_for_its_retry_stops_the_demo(pipeline_home, 
         proc.send_signal(signal.SIGTERM)
         _stopped(proc, log, pipeline_home, within=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        _end(proc)
 
 
 def test_sigint_while_the_gang_trains_ends_the_gang(pipeline_home, tmp_path):
@@ -78,8 +90,7 @@ def test_sigint_while_the_gang_trains_ends_the_gang(pipeline_home, tmp_path):
         proc.send_signal(signal.SIGINT)
         _stopped(proc, log, pipeline_home, within=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        _end(proc)
 
 
 def test_the_demo_tells_what_happened_and_a_failed_validation_names_the_version(pipeline_home, tmp_path):
