@@ -21,8 +21,6 @@ def test_record_failure_round_trips_through_read_failure(monkeypatch, tmp_path):
 
 # -- the DAG run's MLflow run ends (issue 23, item 6) ----------------------------------------------
 
-from mlflow_store import client, home  # noqa: E402,F401 - fixtures
-
 
 def _dag_run(client, dag_run_id: str) -> str:
     from operators.hooks import mlflow as tracking
