@@ -13,9 +13,10 @@ from doc_commands import blocks
 from pipeline_runs import PROJECT_ROOT, pipeline_env
 
 RUN = """
-import json, sys
+import json, os, sys
 from operators.config import embedded
 embedded.apply()
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = sys.argv[1]  # a DAG of one's own, in a DAGs folder of one's own
 from airflow.dag_processing.dagbag import DagBag
 from airflow.models.xcom import XComModel
 from airflow.utils.session import create_session
