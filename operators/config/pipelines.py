@@ -394,15 +394,20 @@ class PipelineFiles:
     broken: dict[str, BrokenPipeline]
 
 
-@functools.cache
 def pipeline_files(folder: str | None = None) -> PipelineFiles:
-    """Every pipeline file (`*.yaml`) in `folder` (default `pipelines_dir()`), sorted; a file that
-    fails to parse is set aside with its error, so one bad file never hides the others.
+    """Every pipeline file (`*.yaml`) in `folder` (default `pipelines_dir()`, as GANGFLOW_PIPELINES
+    says now), sorted; a file that fails to parse is set aside with its error, so one bad file
+    never hides the others.
 
     Two pipelines may not share a DAG id, a dataset output or an Asset: the later file is broken,
     its error naming both files.
     """
-    root = Path(folder) if folder else pipelines_dir()
+    return _pipeline_files(str(Path(folder) if folder else pipelines_dir()))
+
+
+@functools.cache
+def _pipeline_files(folder: str) -> PipelineFiles:
+    root = Path(folder)
     found: dict[str, PipelineConfig] = {}
     broken: dict[str, BrokenPipeline] = {}
     for path in sorted(root.glob("*.yaml")):

@@ -7,6 +7,8 @@ does not."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -14,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import AirflowUI, quote, wait_for
-from pipeline_runs import FAST, PROJECT_ROOT, pipeline_env, setup_state
+from airflow_ui import AirflowUI, quote, wait_for
+from pipeline_runs import FAST, PROJECT_ROOT, pipeline_env
 
 NAME = "outside"
 DAG_ID = f"train_{NAME}"
@@ -64,15 +66,14 @@ def test_an_asset_triggered_run_of_a_user_package_pipeline_is_promoted_under_sta
     home, log = tmp_path / "state", tmp_path / "airflow.log"
     env = pipeline_env(home, GANGFLOW_PIPELINES=str(pipelines), GANGFLOW_RETRY_BASE_DELAY="1")
     env.pop("PYTHONPATH", None)  # only package_roots may put the user's package on a path
-    setup_state_env = dict(os.environ)
-    try:
-        os.environ.clear()
-        os.environ.update(env)
-        setup_state(home)
+    subprocess.run([sys.executable, "-m", "operators.cli.setup", "--pipeline", NAME], cwd=PROJECT_ROOT, env=env,
+                   check=True, timeout=600)  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:  # the environment `make ui` would see, nothing from the outer shell
+        for key in [k for k in os.environ if k.startswith(("AIRFLOW", "MLFLOW", "GANGFLOW")) or k == "PYTHONPATH"]:
+            mp.delenv(key)
+        for key, value in env.items():
+            mp.setenv(key, value)
         proc, url = ui.start(ui.free_port(), log)
-    finally:
-        os.environ.clear()
-        os.environ.update(setup_state_env)
     try:
         ui.wait_healthy(url, proc, timeout_s=180)
         with pytest.MonkeyPatch.context() as mp:
