@@ -34,8 +34,8 @@ def user_project(base: Path) -> Path:
         from trainer.models import mlp
 
 
-        def small_mlp(**kwargs):
-            return mlp(**kwargs)
+        def small_mlp(hidden: int = 128, num_classes: int = 10, input_dim: int = 64):
+            return mlp(hidden=hidden, num_classes=num_classes, input_dim=input_dim)
     '''))
     trainer = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
     trainer.pop("prepare", None)
