@@ -13,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -57,6 +58,13 @@ def user_project(base: Path) -> Path:
     return pipelines
 
 
+def _connections(p):
+    try:
+        return p.net_connections(kind="inet")
+    except psutil.Error:
+        return []
+
+
 @pytest.mark.slow
 def test_an_asset_triggered_run_of_a_user_package_pipeline_is_promoted_under_standalone(tmp_path):
     from operators.cli import ui
@@ -83,6 +91,10 @@ def test_an_asset_triggered_run_of_a_user_package_pipeline_is_promoted_under_sta
         wait_for(f"DAG {DAG_ID} parsed", lambda: airflow.api("GET", f"dags/{DAG_ID}")[0] == 200, 120, 2)
         errors = airflow.get("importErrors")
         assert errors["total_entries"] == 0, errors
+        # Every server `make ui` starts listens on 127.0.0.1 (the log servers would take [::]).
+        listening = {(c.laddr.ip, c.laddr.port) for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+                     for c in _connections(p) if c.status == psutil.CONN_LISTEN}  # fmt: skip
+        assert listening and all(ip in ("127.0.0.1", "::1") for ip, _ in listening), listening
         (asset,) = [a for a in airflow.get("assets?name_pattern=gangflow-dataset-outside")["assets"]]
         version = airflow.get(f"dags/{DAG_ID}/details")["params"]["dataset_version"]["value"]
         status, event = airflow.api("POST", "assets/events", {"asset_id": asset["id"], "extra": {"version": version}})
