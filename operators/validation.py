@@ -221,6 +221,11 @@ class DatasetValidationOperator(BaseOperator):
     # -- the task --------------------------------------------------------------------------
 
     def execute(self, context: Any) -> dict[str, Any]:
+        return self.validate_version(run_name=_run_name(context))
+
+    def validate_version(self, *, run_name: str) -> dict[str, Any]:
+        """The steps above on `dataset_version`; the manifest. Outside Airflow too
+        (`python -m operators.cli.dataset validate`)."""
         version = dataset.normalize_version(self.dataset_version, self.root, out=self.dvc_out)
         self.log.info("Validating dataset %s version %s (asked for %r)", self.dvc_out, version, self.dataset_version)
         resolved = self.verify(self.resolve(version))
@@ -229,7 +234,7 @@ class DatasetValidationOperator(BaseOperator):
             version, ", ".join(f"{n}={m}" for n, m in sorted(resolved.md5s.items())), resolved.uri,
         )
         frames = self.load(resolved)
-        report = self.validate(frames, version=version, run_name=_run_name(context))
+        report = self.validate(frames, version=version, run_name=run_name)
         if report.success:
             self.log.info("%s", report.describe(version, dataset=self.dvc_out))
         else:

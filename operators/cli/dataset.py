@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from operators.config.pipelines import DEFAULT_PIPELINE, PipelineConfigError, pipeline
@@ -34,11 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineConfigError as exc:
         parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    out = os.fdopen(os.dup(1), "w")  # the result; every log line (Airflow's logging writes to fd 1) goes to stderr
+    os.dup2(2, 1)
     try:
         if args.command == "publish":
             from operators.hooks import dvc
 
-            print(dvc.publish(stage=config.dataset_stage, out=config.dataset_out))
+            print(dvc.publish(stage=config.dataset_stage, out=config.dataset_out), file=out, flush=True)
             return 0
         from operators.config.pipelines import add_package_roots
         from operators.validation import DatasetValidationOperator
@@ -46,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         add_package_roots(config.package_roots)  # the suite may live in the user's package
         task = DatasetValidationOperator(task_id="validate_dataset", dataset_version=args.version, suite=config.suite,
                                          dvc_out=config.dataset_out)  # fmt: skip
-        print(json.dumps(task.execute(context={"run_id": "cli"}), indent=2, default=str))
+        print(json.dumps(task.validate_version(run_name="cli"), indent=2, default=str), file=out, flush=True)
         return 0
     except GangflowError as exc:
         print(f"gangflow: {type(exc).__name__}: {exc}", file=sys.stderr)
