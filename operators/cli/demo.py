@@ -147,7 +147,9 @@ def account(summary: dict) -> list[str]:
         lines.append("not trained" + (f": admission refused the gang: {why}" if failed_at == 1 else ""))
     metric = summary.get("metric") or {}
     if failed_at > STAGES.index("evaluate"):
-        lines.append(f"evaluated: {metric.get('name')} {metric.get('value')} ({metric.get('direction')} is better)")
+        value = metric.get("value")
+        shown = f"{value:.4f}" if isinstance(value, float) else value
+        lines.append(f"evaluated: {metric.get('name')} {shown} ({metric.get('direction')} is better)")
     elif failed_at == STAGES.index("evaluate"):
         lines.append(f"evaluated: no: {why}")
     if summary.get("promoted"):
