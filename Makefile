@@ -27,8 +27,10 @@ data: install
 	$(BIN)/dvc repro
 
 # Runs one pipeline's DAG once on the embedded defaults (PIPELINE=digits|diabetes|<yours>, a file
-# under pipelines/); the last line is a JSON summary.
-demo: setup
+# under pipelines/): an account of the run, then a JSON summary as the last line. Its setup
+# publishes (dvc repro + push) that pipeline's dataset only.
+demo: install
+	$(BIN)/python -m operators.cli.setup --pipeline $(PIPELINE)
 	$(BIN)/python -m operators.cli.demo --pipeline $(PIPELINE)
 
 # One pipeline's DAG (PIPELINE=, as demo) with backend=kubernetes, the rendered pods run as local

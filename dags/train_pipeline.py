@@ -16,8 +16,8 @@ from operators.callbacks import record_failure
 from operators.config import settings
 from operators.evaluation import EvaluateModelOperator
 from operators.config.pipelines import (
-    DEFAULT_PIPELINE, NOT_NAN, PipelineConfig, check_params, dataset_version_of_run, load_pipelines,
-    pipeline_tag,
+    DEFAULT_PIPELINE, NOT_NAN, BrokenPipeline, PipelineConfig, PipelineConfigError, add_package_roots, check_params,
+    dataset_version_of_run, pipeline_files, pipeline_tag,
 )  # fmt: skip
 from operators.promotion import PromoteModelOperator
 from operators.retry import ClassifiedRetryPolicy
@@ -98,8 +98,60 @@ def build_params(p: PipelineConfig) -> dict[str, Param]:
     }  # fmt: skip
 
 
+#: Each stage's gangflow operator: a class the pipeline file names (`operators:`) must subclass it.
+STAGE_OPERATORS = {
+    "validate": DatasetValidationOperator, "train": GangTrainingOperator, "evaluate": EvaluateModelOperator,
+    "promote": PromoteModelOperator,
+}  # fmt: skip
+
+
+def operator_classes(p: PipelineConfig) -> dict[str, type]:
+    """The operator class of each stage: gangflow's, or the subclass the pipeline file names."""
+    import importlib
+
+    classes = dict(STAGE_OPERATORS)
+    for stage, path in p.operators.items():
+        where = f"{p.source}: operators.{stage}={path!r}"
+        module, _, name = path.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except ImportError as exc:
+            raise PipelineConfigError(f"{where}: cannot import {module}: {type(exc).__name__}: {exc}") from None
+        except AttributeError:
+            raise PipelineConfigError(f"{where}: module {module} has no attribute {name}") from None
+        base = STAGE_OPERATORS[stage]
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise PipelineConfigError(f"{where}: must be a subclass of {base.__module__}.{base.__name__}")
+        classes[stage] = cls
+    evaluate = classes["evaluate"]
+    if p.metric.name not in evaluate.declared_metrics(p.task):
+        raise PipelineConfigError(
+            f"{p.source}: metric.name={p.metric.name!r}: {evaluate.__name__} reports "
+            f"{', '.join(evaluate.declared_metrics(p.task))} for a {p.task} model (its extra_metrics add to the task's)")
+    return classes
+
+
+def build_error_dag(bad: BrokenPipeline):
+    """A DAG standing for a pipeline file that could not be read: its doc and its one task say
+    why (file and field); every other pipeline's DAGs load as usual."""
+    message = str(bad.error)
+
+    @dag(dag_id=bad.dag_id, schedule=None, catchup=False, tags=["gangflow", "gangflow:pipeline-error", pipeline_tag(bad.name)],
+         doc_md=f"### Pipeline file {bad.source} could not be read\n\n```\n{message}\n```\n\nFix the file; "
+                "the DAG factory reads it again at the next parse.")  # fmt: skip
+    def pipeline_error():
+        @task(task_id="pipeline_file_error", retries=0)
+        def pipeline_file_error():
+            raise PipelineConfigError(message)
+
+        pipeline_file_error()
+
+    return pipeline_error()
+
+
 def build_pipeline_dag(p: PipelineConfig):
     """The training DAG of one pipeline."""
+    classes = operator_classes(p)
     for name, path in p.backends.items():  # selectable by name; imported only when a gang runs
         register_backend(name, path)
     asset = Asset(p.dataset_asset, uri=p.dataset_asset_uri)
@@ -136,7 +188,7 @@ def build_pipeline_dag(p: PipelineConfig):
     )
     def pipeline_dag():
         # An Asset-triggered run trains the version its event carries, any other run its Param.
-        validate = DatasetValidationOperator(
+        validate = classes["validate"](
             task_id="validate_dataset",
             dataset_version="{{ dataset_version_of_run(params, dag_run, %r) }}" % p.dataset_asset,
             suite=p.suite,
@@ -159,7 +211,7 @@ def build_pipeline_dag(p: PipelineConfig):
             "checkpoint.every_steps": "{{ params.checkpoint_every_steps }}",
         }
         gangs = [
-            GangTrainingOperator(
+            classes["train"](
                 task_id=f"train_local_{n}", world_size=n, backend="local", pool=settings.TRAINING_POOL, pool_slots=n,
                 dataset=validate.output, overrides=overrides, config_path=p.trainer_config, allowed_models=allowed,
             )
@@ -169,7 +221,7 @@ def build_pipeline_dag(p: PipelineConfig):
         in_image = p.trainer_config_in_project or p.trainer_config
         for backend in p.backend_names[1:]:  # every non-local backend: one task, sized by the Param
             gangs.append(
-                GangTrainingOperator(
+                classes["train"](
                     task_id=f"train_{backend}", world_size="{{ params.world_size }}", backend=backend,
                     dataset=validate.output, overrides=overrides, config_path=in_image, allowed_models=allowed,
                 )
@@ -183,7 +235,7 @@ def build_pipeline_dag(p: PipelineConfig):
 
         training = training_result()
         # The weights travel through MLflow (`model_uri`), the test split by content address.
-        evaluate = EvaluateModelOperator(
+        evaluate = classes["evaluate"](
             task_id="evaluate",
             model_uri=training["model_uri"],
             dataset=validate.output,
@@ -191,7 +243,7 @@ def build_pipeline_dag(p: PipelineConfig):
             allowed_models=allowed,
             data_factory=p.data_factory,
         )
-        promote = PromoteModelOperator(
+        promote = classes["promote"](
             task_id="promote",
             model_name=p.model_name,
             model_uri=training["model_uri"],
@@ -215,9 +267,19 @@ def build_pipeline_dag(p: PipelineConfig):
     return pipeline_dag(), params, schemas
 
 
-PIPELINES = load_pipelines()
+FILES = pipeline_files()
+PIPELINES = FILES.configs
+for _config in PIPELINES.values():  # the user's packages import in this process (tasks included)
+    add_package_roots(_config.package_roots)
+for _bad in FILES.broken.values():
+    globals()[_bad.dag_id] = build_error_dag(_bad)
 for _config in PIPELINES.values():
-    _dag, _params, _schemas = build_pipeline_dag(_config)
+    try:
+        _dag, _params, _schemas = build_pipeline_dag(_config)
+    except PipelineConfigError as _exc:  # e.g. an operator class that is not the stage's: this pipeline only
+        _bad = BrokenPipeline(_config.name, _config.source, _config.dag_id, _exc)
+        globals()[_bad.dag_id] = build_error_dag(_bad)
+        continue
     globals()[_config.dag_id] = _dag
     if _config.name == DEFAULT_PIPELINE:  # the digits DAG's form, as tests and tools import it
         PARAMS, SCHEMAS = _params, _schemas

@@ -375,6 +375,15 @@ class EvaluateModelOperator(BaseOperator):
     template_fields_renderers = {"dataset": "json"}
     ui_color = "#e8f4ea"
     metric_prefix: ClassVar[str] = "test_"
+    #: Metrics a subclass's `metrics` adds to the task's own: a pipeline file may gate on them.
+    extra_metrics: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def declared_metrics(cls, task: str) -> tuple[str, ...]:
+        """The scalar metrics this operator reports for a `task` model, sorted."""
+        from trainer.metrics import EVALUATED_METRICS
+
+        return tuple(sorted({*EVALUATED_METRICS.get(task, ()), *cls.extra_metrics}))
 
     def __init__(
         self,
@@ -388,6 +397,7 @@ class EvaluateModelOperator(BaseOperator):
         data_factory: str | None = None,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("multiple_outputs", True)  # each metric is also an XCom of its own key
         super().__init__(**kwargs)
         self.data_factory = data_factory
         self.model_uri = model_uri

@@ -152,6 +152,7 @@ class PromoteModelOperator(BaseOperator):
         data_factory: str | None = None,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("multiple_outputs", True)  # `promote.output["model_version"]` in a DAG of one's own
         super().__init__(**kwargs)
         self.data_factory = data_factory
         if metric:
@@ -296,7 +297,11 @@ class PromoteModelOperator(BaseOperator):
         with tempfile.TemporaryDirectory(prefix="gangflow-promote-") as tmp:
             final_dir = download_model(client, str(self.model_uri), Path(tmp) / "candidate")
             test_path = fetch_test_split(manifest, Path(tmp) / "data")
-            return self._promote(context, client, gate, final_dir, test_path, manifest)
+            result = self._promote(context, client, gate, final_dir, test_path, manifest)
+        from operators.hooks.mlflow import end_run
+
+        end_run(client, str(self.mlflow_run_id), succeeded=True)  # the DAG run's last step: its MLflow run ends
+        return result
 
     def _promote(self, context: Context, client: MlflowClient, gate: PromotionGate, final_dir: Path,
                  test_path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:

@@ -130,6 +130,8 @@ def judge_exception(exception: BaseException) -> tuple[str | None, str]:
         if kind not in ("infra", "user", "unknown"):
             kind = "infra" if exception.retryable else "user"
         return kind, f"{type(exception).__name__}: {exception}"
+    if isinstance(exception, ImportError):  # user or configuration code that does not import: no retry fixes it
+        return "user", f"{type(exception).__name__}: {_short(exception)}"
     from trainer.failure_catalogue import transient_exception  # not at DAG parse time
 
     why = transient_exception(exception)

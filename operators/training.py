@@ -92,6 +92,7 @@ class GangTrainingOperator(BaseOperator):
         allowed_models: list[str] | None = None,
         **kwargs,
     ):
+        kwargs.setdefault("multiple_outputs", True)  # `train.output["model_uri"]` in a DAG of one's own
         super().__init__(**kwargs)
         self.allowed_models = allowed_models
         self.world_size = world_size

@@ -172,6 +172,7 @@ class DatasetValidationOperator(BaseOperator):
         dvc_out: str | None = None,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("multiple_outputs", True)  # `validate.output["version"]` in a DAG of one's own
         super().__init__(**kwargs)
         self.dataset_version = dataset_version
         self.project_root = project_root
@@ -220,6 +221,11 @@ class DatasetValidationOperator(BaseOperator):
     # -- the task --------------------------------------------------------------------------
 
     def execute(self, context: Any) -> dict[str, Any]:
+        return self.validate_version(run_name=_run_name(context))
+
+    def validate_version(self, *, run_name: str) -> dict[str, Any]:
+        """The steps above on `dataset_version`; the manifest. Outside Airflow too
+        (`python -m operators.cli.dataset validate`)."""
         version = dataset.normalize_version(self.dataset_version, self.root, out=self.dvc_out)
         self.log.info("Validating dataset %s version %s (asked for %r)", self.dvc_out, version, self.dataset_version)
         resolved = self.verify(self.resolve(version))
@@ -228,7 +234,7 @@ class DatasetValidationOperator(BaseOperator):
             version, ", ".join(f"{n}={m}" for n, m in sorted(resolved.md5s.items())), resolved.uri,
         )
         frames = self.load(resolved)
-        report = self.validate(frames, version=version, run_name=_run_name(context))
+        report = self.validate(frames, version=version, run_name=run_name)
         if report.success:
             self.log.info("%s", report.describe(version, dataset=self.dvc_out))
         else:

@@ -15,6 +15,9 @@ import numpy as np
 TASKS = ("classification", "regression")
 #: The metric each task is gated on unless a pipeline says otherwise, and which way is better.
 DEFAULT_METRIC = {"classification": ("accuracy", "higher"), "regression": ("rmse", "lower")}
+#: The scalar metrics the pipeline's evaluate task reports per task (operators/evaluation.py):
+#: a pipeline may gate on these (or on what its evaluate class adds, `extra_metrics`).
+EVALUATED_METRICS = {"classification": ("accuracy", "macro_f1"), "regression": ("mae", "r2", "rmse")}
 
 
 def check_task(task: str) -> str:

@@ -35,5 +35,8 @@ def get_backend(name: str, **options) -> GangBackend:
     if name not in _BACKENDS:
         raise ValueError(f"backend={name!r}: accepted values are {', '.join(available_backends())}")
     module_name, _, class_name = _BACKENDS[name].partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
+    cls = getattr(importlib.import_module(module_name), class_name, None)
+    if cls is None:  # as `from module import Class` says it: an ImportError, a user failure (operators/retry.py)
+        raise ImportError(f"backend {name!r}: cannot import name {class_name!r} from {module_name!r} ({_BACKENDS[name]})",
+                          name=module_name)
     return cls(**options)

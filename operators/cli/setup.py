@@ -1,12 +1,14 @@
 """`make setup`: prepare the state dir for the embedded defaults (idempotent).
 
 Creates the state dir, migrates Airflow's SQLite DB, creates the `gangflow_training` pool sized
-to this machine, builds and publishes every pipeline's pinned dataset version (pipelines/*.yaml)
-to the local DVC remote, and creates the MLflow experiment. Run again at any time; it changes only what is missing.
+to this machine, builds and publishes every pipeline's pinned dataset version (pipelines/*.yaml;
+`--pipeline NAME`: that pipeline's only, as `make demo PIPELINE=NAME` does) to the local DVC
+remote, and creates the MLflow experiment. Run again at any time; it changes only what is missing.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -22,7 +24,18 @@ def airflow(*args: str, env: dict[str, str]) -> None:
     subprocess.run([sys.executable, "-m", "airflow", *args], env=env, check=True, stdout=subprocess.DEVNULL)
 
 
-def main() -> int:
+def selected_pipelines(name: str | None) -> list:
+    """The pipeline called `name`, or every readable pipeline when None (a broken file is left out:
+    its DAG reports it)."""
+    from operators.config.pipelines import pipeline, pipeline_files
+
+    return [pipeline(name)] if name else list(pipeline_files().configs.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pipeline", help="publish this pipeline's dataset only (default: every pipeline's)")
+    args = parser.parse_args(argv)
     started = time.monotonic()
     embedded.apply()  # into os.environ: the airflow subprocesses and dataset/tracking below read it
     env = dict(os.environ)
@@ -35,11 +48,13 @@ def main() -> int:
     from operators.hooks import dvc as dataset
 
     from operators.hooks import mlflow as tracking
-    from operators.config.pipelines import load_pipelines
+    from operators.config.pipelines import PipelineConfigError
 
-    version = ", ".join(
-        f"{p.name} {dataset.publish(stage=p.dataset_stage, out=p.dataset_out)}" for p in load_pipelines().values()
-    )
+    try:
+        chosen = selected_pipelines(args.pipeline)
+    except PipelineConfigError as exc:
+        parser.error(str(exc))
+    version = ", ".join(f"{p.name} {dataset.publish(stage=p.dataset_stage, out=p.dataset_out)}" for p in chosen)
     tracking.ensure_experiment(tracking.get_client(), "gangflow")
     print(
         f"gangflow setup: state {settings.state_dir()}, pool {settings.TRAINING_POOL}={slots} slots, "

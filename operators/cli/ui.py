@@ -1,6 +1,8 @@
 """`make ui`: Airflow on this machine (api-server, scheduler, dag-processor, triggerer) with
 gangflow's DAGs, pool and MLflow settings ready, so you can trigger `train_pipeline` from the
-UI's form. Stops with Ctrl-C (or SIGTERM/SIGHUP), taking every Airflow process with it.
+UI's form. Every process has the pipelines' package_roots on its PYTHONPATH; only the api-server
+listens (127.0.0.1 unless --host says otherwise). Stops with Ctrl-C (or SIGTERM/SIGHUP), taking
+every Airflow process with it.
 
     python -m operators.cli.ui [--port 8080] [--host 127.0.0.1]     (or GANGFLOW_UI_PORT=8081 make ui)
 """
@@ -19,12 +21,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-import psutil
-
 from operators.config import embedded
 
 from operators.config import settings
-from operators.utils.processes import stop_group
+from operators.utils.processes import stop_tree
 
 # Components `wait_healthy` waits for (the triggerer is not needed to run train_pipeline).
 REQUIRED_COMPONENTS = ("metadatabase", "scheduler", "dag_processor")
@@ -72,6 +72,48 @@ def _log_server_port(default: int, taken: set[int]) -> int:
     return port
 
 
+#: The `airflow` standalone starts its components with (it runs `airflow <component>` from PATH).
+_SHIM = '''#!{python}
+"""gangflow's `airflow` for `make ui` (operators/cli/ui.py wrote it): Airflow's own CLI, with the
+scheduler's and the triggerer's log servers off. Airflow binds them to every interface
+([::]:8793/8794, no setting names the host); on one machine the api-server reads the task logs
+from their files."""
+import os
+import sys
+
+args = sys.argv[1:]
+if args[:1] in (["scheduler"], ["triggerer"]) and "--skip-serve-logs" not in args:
+    args.append("--skip-serve-logs")
+if os.environ.get("GANGFLOW_AIRFLOW_SHIM_DRY_RUN"):
+    print(" ".join(["airflow", *args]))
+    sys.exit(0)
+sys.argv = ["airflow", *args]
+from airflow.__main__ import main
+
+sys.exit(main())
+'''
+
+
+def airflow_shim(folder: Path) -> Path:
+    """Write the `airflow` standalone runs its components with into `folder`; returns its path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shim = folder / "airflow"
+    tmp = folder / ".airflow.tmp"
+    tmp.write_text(_SHIM.format(python=sys.executable))
+    tmp.chmod(0o755)
+    tmp.replace(shim)
+    return shim
+
+
+def python_path(existing: str = "") -> str:
+    """PYTHONPATH for Airflow's processes: every readable pipeline's package_roots, the project
+    root, then `existing`."""
+    from operators.config.pipelines import pipeline_files
+
+    roots = [root for config in pipeline_files().configs.values() for root in config.package_roots]
+    return os.pathsep.join(dict.fromkeys([*roots, str(settings.PROJECT_ROOT), *filter(None, existing.split(os.pathsep))]))
+
+
 def health(url: str) -> dict:
     """The api-server's `/api/v2/monitor/health` answer ({component: {"status": ...}})."""
     with urllib.request.urlopen(f"{url}/api/v2/monitor/health", timeout=5) as resp:
@@ -116,8 +158,13 @@ def start(
         trigger_log_server_port=_log_server_port(embedded.TRIGGER_LOG_SERVER_PORT, taken),
     )
     env = {**os.environ, **environ}
-    # standalone starts its components through `airflow` on PATH: this venv's first.
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    # Every component (api-server, dag-processor, scheduler, triggerer, the task workers and the
+    # ranks they start) imports the user's packages: the pipelines' package_roots and the project.
+    env["PYTHONPATH"] = python_path(env.get("PYTHONPATH", ""))
+    # standalone starts its components through `airflow` on PATH: gangflow's shim (log servers
+    # off, so every server binds 127.0.0.1), then this venv's.
+    shim = airflow_shim(settings.state_dir() / "bin")
+    env["PATH"] = os.pathsep.join([str(shim.parent), str(Path(sys.executable).parent), env.get("PATH", "")])
     out = open(log_path, "ab") if log_path else None
     try:
         proc = subprocess.Popen(
@@ -133,18 +180,7 @@ def start(
 def stop(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
     """Stop standalone and everything it started: its process group, and descendants that left
     the group (e.g. a training task's torchrun runs in a session of its own)."""
-    try:
-        descendants = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        descendants = []
-    stop_group(proc, timeout_s)
-    alive = [p for p in descendants if p.is_running()]
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=10)
+    stop_tree(proc, timeout_s)
 
 
 def _raise_keyboard_interrupt(signum, frame):

@@ -8,18 +8,21 @@ naming the file, the key and what is accepted. Cheap: no heavy imports.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from operators.config import settings
 from operators.exceptions import InvalidParams, UserError
 from trainer.config import FACTORY_RE
-from operators.registry.gate import Metric, check_direction
+from trainer.metrics import EVALUATED_METRICS
+from operators.registry.gate import Metric, PromotionGate, check_direction
 
 if TYPE_CHECKING:
     from trainer.config import Config as TrainerConfig
@@ -82,6 +85,11 @@ class PipelineConfig:
     checkpoint_every_steps: int
     # pinned in dvc.lock ("" when there is no dvc.lock yet: the form then asks for a version)
     dataset_version: str
+    # folders the user's packages import from (absolute), put on sys.path / PYTHONPATH wherever
+    # gangflow runs code: the DAG files, the tasks, `make demo`, `make ui`'s processes, the ranks
+    package_roots: tuple[str, ...] = ()
+    # stage (validate | train | evaluate | promote) -> 'module:Class', a subclass of the stage's operator
+    operators: dict[str, str] = field(default_factory=dict)
 
     @property
     def dataset_asset_uri(self) -> str:
@@ -105,11 +113,13 @@ PipelineDefaults = PipelineConfig
 _KEYS = {
     "name", "dag_id", "publish_dag_id", "description", "schedule", "dataset", "trainer_config", "metric",
     "gate", "model_name", "backends", "default_backend", "world_size", "local_world_sizes", "retries",
-    "retry_base_delay_seconds", "allowed_models",
+    "retry_base_delay_seconds", "allowed_models", "package_roots", "operators",
 }  # fmt: skip
 _DATASET_KEYS = {"stage", "out", "asset", "suite"}
 _METRIC_KEYS = {"name", "direction", "minimum", "maximum"}
-_GATE_KEYS = {"floor", "min_improvement"}
+_GATE_KEYS = {"threshold", "floor", "min_improvement"}  # floor: the threshold's name before it was direction-neutral
+#: The stages whose operator class a pipeline file may name (`operators:`).
+STAGES = ("validate", "train", "evaluate", "promote")
 
 
 def pipelines_dir() -> Path:
@@ -175,11 +185,90 @@ def _string(where: str, value: Any, pattern: re.Pattern | None = None, accepted:
     return value
 
 
+def _package_roots(source: str, roots: Any) -> tuple[str, ...]:
+    if not isinstance(roots, list):
+        raise PipelineConfigError(f"{source}: package_roots={roots!r}: must be a list of folders "
+                                  "(relative to the project root, or absolute)")
+    resolved = []
+    for i, root in enumerate(roots):
+        _string(f"{source}: package_roots[{i}]", root)
+        path = Path(root) if Path(root).is_absolute() else settings.PROJECT_ROOT / root
+        if not path.is_dir():
+            raise PipelineConfigError(f"{source}: package_roots[{i}]={root!r}: no such folder ({path})")
+        resolved.append(str(path.resolve()))
+    return tuple(resolved)
+
+
+def add_package_roots(roots: Iterable[str]) -> None:
+    """Put `roots` first on this process's sys.path (once each): the user's packages import."""
+    for root in reversed(list(roots)):
+        if root not in sys.path:
+            sys.path.insert(0, root)
+
+
+def module_missing(path: str, roots: Sequence[str] = ()) -> str | None:
+    """Why the module of `module:attr` cannot be found, or None when it can. Finds it without
+    running it (`importlib.util.find_spec`; its parent packages are imported, as for any import):
+    the attribute is checked when the task imports it."""
+    module = path.partition(":")[0]
+    # The project root is always searched: the tasks run from it (make demo, make ui add it).
+    added = [root for root in (*roots, str(settings.PROJECT_ROOT)) if root not in sys.path]
+    sys.path[:0] = added
+    try:
+        found = importlib.util.find_spec(module)
+    except Exception as exc:  # noqa: BLE001 - a parent package is missing or fails to import
+        found, why = None, f" ({type(exc).__name__}: {exc})"
+    else:
+        why = ""
+    finally:
+        for root in added:
+            sys.path.remove(root)
+    if found is not None:
+        return None
+    where = f"package_roots {', '.join(roots)}" if roots else "no package_roots"
+    return f"no module {module!r}{why}: is its package installed, or its folder in package_roots? ({where})"
+
+
+def _class_path(where: str, value: Any, roots: Sequence[str], accepted: str = "'module:Class'") -> str:
+    path = _string(where, value, FACTORY_RE, accepted)
+    if why := module_missing(path, roots):
+        raise PipelineConfigError(f"{where}={path!r}: {why}")
+    return path
+
+
+def _gate(source: str, gate: Mapping[str, Any], metric: Metric) -> tuple[float, float]:
+    """(threshold, min_improvement), checked against the metric's range in the file's own terms."""
+    if "threshold" in gate and "floor" in gate:
+        raise PipelineConfigError(f"{source}: give either gate.threshold or gate.floor (its older name), not both")
+    key = "floor" if "floor" in gate else "threshold"
+    if key in gate:
+        threshold = float(_number(f"{source}: gate.{key}", gate[key]))
+    elif metric.higher_is_better:
+        threshold = metric.minimum if metric.minimum is not None else 0.0
+    elif metric.maximum is not None:
+        threshold = metric.maximum
+    else:  # a default ceiling of 0 would refuse every candidate
+        raise PipelineConfigError(
+            f"{source}: gate.threshold is required for metric {metric.name} (lower is better) without metric.maximum: "
+            f"it is the ceiling a candidate's {metric.name} must not exceed")
+    min_improvement = float(_number(f"{source}: gate.min_improvement", gate.get("min_improvement", 0.0)))
+    try:  # the gate's own checks, reported under the file's keys
+        PromotionGate(floor=threshold, min_improvement=min_improvement, metric=metric.name,
+                      direction=metric.direction, bounds=(metric.minimum, metric.maximum))
+    except ValueError as exc:
+        text = str(exc)
+        text = f"gate.{key}{text[len('floor'):]}" if text.startswith("floor=") else f"gate.{text}"
+        raise PipelineConfigError(f"{source}: {text} (the range of metric {metric.name}: metric.minimum, "
+                                  f"metric.maximum; {metric.direction} is better)") from None
+    return threshold, min_improvement
+
+
 def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = None) -> PipelineConfig:
     """A `PipelineConfig` from one pipeline file's mapping; raises PipelineConfigError naming the key."""
     if not isinstance(raw, Mapping):
         raise PipelineConfigError(f"{source}: must be a mapping of keys (see docs/extending.md)")
     _check_keys(source, raw, _KEYS)
+    roots = _package_roots(source, raw.get("package_roots") or [])
     pname = _string(f"{source}: name", raw.get("name", name), _NAME_RE,
                     "lower-case letters, digits and '_', starting with a letter (at most 40)")
     if name is not None and pname != name:
@@ -214,15 +303,32 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         _string(f"{source}: backends key", bname, re.compile(r"^[a-z][a-z0-9_]*$"), "a lower-case name")
         if bname in BUILTIN_BACKENDS:
             raise PipelineConfigError(f"{source}: backends.{bname}: {bname!r} is built in; choose another name")
-        _string(f"{source}: backends.{bname}", path, FACTORY_RE, "'module:Class'")
+        _class_path(f"{source}: backends.{bname}", path, roots)
     allowed = raw.get("allowed_models") or []
     if not isinstance(allowed, list):
         raise PipelineConfigError(f"{source}: allowed_models must be a list of 'module:function'")
     for i, spec in enumerate(allowed):
-        _string(f"{source}: allowed_models[{i}]", spec, FACTORY_RE, "'module:function'")
+        _class_path(f"{source}: allowed_models[{i}]", spec, roots, "'module:function'")
+    operators = raw.get("operators") or {}
+    if not isinstance(operators, Mapping):
+        raise PipelineConfigError(f"{source}: operators must map a stage ({', '.join(STAGES)}) to 'module:Class'")
+    for stage, path in operators.items():
+        if stage not in STAGES:
+            raise PipelineConfigError(f"{source}: operators.{stage}: unknown stage; accepted stages are {', '.join(STAGES)}")
+        _class_path(f"{source}: operators.{stage}", path, roots)
+    suite = _class_path(f"{source}: dataset.suite", dataset["suite"], roots, "'module:function'")
     trainer_config = settings.trainer_config_path(raw.get("trainer_config"))
     trainer = _trainer_config(trainer_config, source)
+    for key, factory in (("model.factory", trainer.model.factory), ("data.factory", trainer.data.factory)):
+        if why := module_missing(factory, roots):
+            raise PipelineConfigError(f"{trainer_config} (trainer_config of {source}): {key}={factory!r}: {why}")
     task = trainer.train.task  # one place: the trainer's config (and so the model card)
+    evaluated = EVALUATED_METRICS.get(task, ())
+    if "evaluate" not in operators and metric.name not in evaluated:  # an evaluate class: checked when the DAG is built
+        raise PipelineConfigError(
+            f"{source}: metric.name={metric.name!r}: the evaluation of a {task} model (train.task in {trainer_config}) "
+            f"reports {', '.join(evaluated)}; gate on one of them, or name an evaluate class that adds it (operators.evaluate)")
+    threshold, min_improvement = _gate(source, gate, metric)
     schedule = os.environ.get("GANGFLOW_SCHEDULE", raw.get("schedule"))
     sizes = raw.get("local_world_sizes", [1, 2, 4, 8])
     if not isinstance(sizes, list) or not sizes:
@@ -240,13 +346,13 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         dataset_out=_string(f"{source}: dataset.out", dataset["out"], re.compile(r"^[A-Za-z0-9_./-]+$"),
                             "a relative path, e.g. data/<name>"),
         dataset_asset=_string(f"{source}: dataset.asset", dataset.get("asset", f"gangflow-dataset-{pname}")),
-        suite=_string(f"{source}: dataset.suite", dataset["suite"], FACTORY_RE, "'module:function'"),
+        suite=suite,
         trainer_config=str(trainer_config),
         task=task,
         data_factory=trainer.data.factory,
         metric=metric,
-        promotion_floor=float(_number(f"{source}: gate.floor", gate.get("floor", 0.0))),
-        min_improvement=float(_number(f"{source}: gate.min_improvement", gate.get("min_improvement", 0.0))),
+        promotion_floor=threshold,
+        min_improvement=min_improvement,
         model_name=_string(f"{source}: model_name", raw.get("model_name", f"gangflow-{pname}")),
         backends=dict(backends),
         default_backend=default_backend,
@@ -261,6 +367,8 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         batch_size=trainer.train.batch_size,
         checkpoint_every_steps=trainer.checkpoint.every_steps,
         dataset_version=_pinned_version(dataset["out"]),
+        package_roots=roots,
+        operators=dict(operators),
     )
     if default_backend not in config.backend_names:
         raise PipelineConfigError(f"{source}: default_backend={default_backend!r}: accepted values are "
@@ -268,37 +376,97 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
     return config
 
 
+@dataclass(frozen=True)
+class BrokenPipeline:
+    """A pipeline file that could not be read: its error, and the DAG id that reports it."""
+
+    name: str  # the file's stem
+    source: str
+    dag_id: str
+    error: PipelineConfigError
+
+
+@dataclass(frozen=True)
+class PipelineFiles:
+    """Every pipeline file of a folder: the good ones by name, the broken ones by file stem."""
+
+    configs: dict[str, PipelineConfig]
+    broken: dict[str, BrokenPipeline]
+
+
+def pipeline_files(folder: str | None = None) -> PipelineFiles:
+    """Every pipeline file (`*.yaml`) in `folder` (default `pipelines_dir()`, as GANGFLOW_PIPELINES
+    says now), sorted; a file that fails to parse is set aside with its error, so one bad file
+    never hides the others.
+
+    Two pipelines may not share a DAG id, a dataset output or an Asset: the later file is broken,
+    its error naming both files.
+    """
+    return _pipeline_files(str(Path(folder) if folder else pipelines_dir()))
+
+
+@functools.cache
+def _pipeline_files(folder: str) -> PipelineFiles:
+    root = Path(folder)
+    found: dict[str, PipelineConfig] = {}
+    broken: dict[str, BrokenPipeline] = {}
+    for path in sorted(root.glob("*.yaml")):
+        raw: Any = None
+        try:
+            try:
+                raw = _load_yaml(path)
+            except Exception as exc:  # noqa: BLE001 - a YAML syntax error names the file
+                raise PipelineConfigError(f"{path}: not valid YAML ({exc})") from None
+            config = parse_pipeline(raw, source=str(path), name=path.stem)
+            for other in found.values():
+                for attr in ("dag_id", "publish_dag_id", "dataset_out", "dataset_asset", "model_name"):
+                    if getattr(other, attr) == getattr(config, attr):
+                        raise PipelineConfigError(f"{path} and {other.source} share {attr}={getattr(config, attr)!r}")
+        except Exception as exc:  # noqa: BLE001 - isolate the file, whatever broke in it
+            error = exc if isinstance(exc, PipelineConfigError) else PipelineConfigError(f"{path}: {type(exc).__name__}: {exc}")
+            broken[path.stem] = BrokenPipeline(path.stem, str(path), _broken_dag_id(raw, path.stem), error)
+            continue
+        found[config.name] = config
+    taken = {dag_id for c in found.values() for dag_id in (c.dag_id, c.publish_dag_id)}
+    for stem, bad in list(broken.items()):  # a broken file's DAG never replaces a good one's
+        if bad.dag_id in taken:
+            broken[stem] = BrokenPipeline(bad.name, bad.source, f"pipeline_error_{_safe_id(stem)}", bad.error)
+        taken.add(broken[stem].dag_id)
+    return PipelineFiles(found, broken)
+
+
+def _safe_id(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:190] or "_"
+
+
+def _broken_dag_id(raw: Any, stem: str) -> str:
+    """The training DAG id the file meant to have when it says one, else `train_<stem>`."""
+    dag_id = raw.get("dag_id") if isinstance(raw, Mapping) else None
+    return dag_id if isinstance(dag_id, str) and _ID_RE.match(dag_id) else f"train_{_safe_id(stem)}"
+
+
 @functools.cache
 def load_pipelines(folder: str | None = None) -> dict[str, PipelineConfig]:
-    """Every pipeline file (`*.yaml`) in `folder` (default `pipelines_dir()`), by name, sorted.
-
-    Two pipelines may not share a DAG id, a dataset output or an Asset: each raises
-    PipelineConfigError naming both files.
-    """
-    root = Path(folder) if folder else pipelines_dir()
-    found: dict[str, PipelineConfig] = {}
-    for path in sorted(root.glob("*.yaml")):
-        try:
-            raw = _load_yaml(path)
-        except Exception as exc:  # noqa: BLE001 - a YAML syntax error names the file
-            raise PipelineConfigError(f"{path}: not valid YAML ({exc})") from None
-        config = parse_pipeline(raw, source=str(path), name=path.stem)
-        for other in found.values():
-            for attr in ("dag_id", "publish_dag_id", "dataset_out", "dataset_asset", "model_name"):
-                if getattr(other, attr) == getattr(config, attr):
-                    raise PipelineConfigError(f"{path} and {other.source} share {attr}={getattr(config, attr)!r}")
-        found[config.name] = config
-    return found
+    """Every pipeline of `folder` (default `pipelines_dir()`), by name; raises the first broken
+    file's PipelineConfigError (a tool that needs every pipeline). The DAG files use
+    `pipeline_files`, which sets a broken file aside."""
+    files = pipeline_files(folder)
+    for bad in files.broken.values():
+        raise bad.error
+    return files.configs
 
 
 def pipeline(name: str = DEFAULT_PIPELINE) -> PipelineConfig:
-    """The pipeline called `name`; PipelineConfigError lists the known ones otherwise."""
-    pipelines = load_pipelines()
-    if name not in pipelines:
+    """The pipeline called `name` (its file's error when that file is broken); PipelineConfigError
+    lists the known ones otherwise."""
+    files = pipeline_files()
+    if name in files.broken:
+        raise files.broken[name].error
+    if name not in files.configs:
         raise PipelineConfigError(
-            f"pipeline={name!r}: no {pipelines_dir() / (name + '.yaml')}; known pipelines: {', '.join(pipelines) or 'none'}"
+            f"pipeline={name!r}: no {pipelines_dir() / (name + '.yaml')}; known pipelines: {', '.join(files.configs) or 'none'}"
         )
-    return pipelines[name]
+    return files.configs[name]
 
 
 PIPELINE_TAG_PREFIX = "pipeline:"

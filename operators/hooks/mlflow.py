@@ -174,6 +174,12 @@ def ensure_run(
     return run.info.run_id
 
 
+def end_run(client: MlflowClient, run_id: str, *, succeeded: bool) -> None:
+    """End the DAG run's MLflow run: FINISHED (promote ran) or FAILED (a task failed for good)."""
+    with mlflow_errors(client_uri(client), f"end run {run_id}"):
+        client.set_terminated(run_id, "FINISHED" if succeeded else "FAILED")
+
+
 def _literal(value: str) -> str:
     """A string literal for MLflow's search filter (single-quoted unless the value has one)."""
     value = str(value)

@@ -42,3 +42,22 @@ def stop_group_nowait(proc: subprocess.Popen, grace: float) -> threading.Timer:
     timer.daemon = True
     timer.start()
     return timer
+
+
+def stop_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """`stop_group`, then SIGKILL every descendant that left the group (a gang's torchrun runs in a
+    session of its own): what `make ui` and `make demo` do when stopped."""
+    import psutil  # not needed by stop_group's callers
+
+    try:
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    stop_group(proc, grace)
+    alive = [p for p in descendants if p.is_running()]
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=10)

@@ -77,12 +77,18 @@ def test_a_new_pipeline_file_is_a_new_dag_with_its_own_backend_and_gate(tmp_path
     """Adding a pipeline needs no edit to dags/, operators/ or trainer/: a file is enough."""
     for name in ("digits.yaml",):
         shutil.copy(PROJECT_ROOT / "pipelines" / name, tmp_path / name)
+    # The backend's package lives outside the project (its module is found when the file is read).
+    (tmp_path / "pkgs" / "mypkg").mkdir(parents=True)
+    (tmp_path / "pkgs" / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "pkgs" / "mypkg" / "slurm.py").write_text("class SlurmBackend:\n    pass\n")
     third = {
         "name": "third", "description": "a third one",
         "dataset": {"stage": "prepare", "out": "data/third", "suite": "data.expectations:digits_suite"},
+        # mae: a regression metric, so a regression trainer config (a classifier's evaluation reports no mae)
+        "trainer_config": "pipelines/trainer/diabetes.yaml",
         "metric": {"name": "mae", "direction": "lower", "minimum": 0},
         "gate": {"floor": 50.0, "min_improvement": 0.5}, "schedule": "none",
-        "backends": {"slurm": "mypkg.slurm:SlurmBackend"},
+        "backends": {"slurm": "mypkg.slurm:SlurmBackend"}, "package_roots": [str(tmp_path / "pkgs")],
     }  # fmt: skip
     (tmp_path / "third.yaml").write_text(yaml.safe_dump(third))
     code = (
@@ -103,7 +109,7 @@ def test_a_new_pipeline_file_is_a_new_dag_with_its_own_backend_and_gate(tmp_path
     assert done.returncode == 0, done.stderr[-4000:]
     shape = json.loads(done.stdout.strip().splitlines()[-1])
     assert shape["dags"] == ["publish_dataset", "publish_third", "train_pipeline", "train_third"]
-    assert shape["task"] == "classification"  # from the trainer config it names (params.yaml)
+    assert shape["task"] == "regression"  # from the trainer config it names
     assert "train_slurm" in shape["tasks"] and "train_kubernetes" in shape["tasks"]
     assert shape["params"]["backend"]["enum"] == ["local", "kubernetes", "slurm"]
     assert shape["params"]["promotion_floor"]["minimum"] == 0 and "maximum" not in shape["params"]["promotion_floor"]

@@ -401,3 +401,35 @@ def test_an_ambiguous_crash_is_retried_once_and_fails_when_it_recurs(tmp_path, m
     clear = classify({"exit_code": 137, "termination_reason": "OOMKilled"})
     decision = POLICY.evaluate(UserFailure(clear), try_number=1, max_tries=5, context=_context(1, task_id="other"))
     assert decision.action is RetryAction.FAIL and decision.reason.startswith("gangflow: user failure, not retrying")
+
+
+# -- an import error of user or configuration code -------------------------------------------------
+
+
+def _import_error_from(module: str) -> ImportError:
+    try:
+        __import__(module)
+    except ImportError as exc:
+        return exc
+    raise AssertionError(f"{module} imported")
+
+
+@pytest.mark.parametrize("exc", [
+    _import_error_from("mypkg.slurmm"),  # a typo in a pipeline file's class path (ModuleNotFoundError)
+    ImportError("cannot import name 'SlurmBackend' from 'mypkg.slurm'"),
+])  # fmt: skip
+def test_an_import_error_fails_at_once_as_user_not_by_airflows_default_retries(exc):
+    kind, why = judge_exception(exc)
+    assert kind == "user" and type(exc).__name__ in why
+    decision = decide(exc)
+    assert decision.action is RetryAction.FAIL and "user failure" in decision.reason
+
+
+def test_an_import_error_raised_while_handling_a_transient_one_is_still_user():
+    try:
+        try:
+            raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+        except ConnectionResetError:
+            __import__("mypkg.nowhere")
+    except ImportError as exc:
+        assert judge_exception(exc)[0] == "user"

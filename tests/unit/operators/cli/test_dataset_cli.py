@@ -1,0 +1,53 @@
+"""`python -m operators.cli.dataset publish|validate --pipeline NAME` and `make demo PIPELINE=x`
+publishing only x's dataset (issue 23, item 6)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pipeline_runs import PROJECT_ROOT, pipeline_env
+
+
+def test_make_demo_publishes_only_its_pipelines_dataset():
+    """`make demo PIPELINE=x` reproduces x's DVC stage only (make setup publishes every pipeline)."""
+    done = subprocess.run(["make", "-n", "demo", "PIPELINE=diabetes"], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)
+    assert "operators.cli.setup --pipeline diabetes" in done.stdout, done.stdout
+    done = subprocess.run(["make", "-n", "setup"], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)
+    assert "operators.cli.setup" in done.stdout and "--pipeline" not in done.stdout
+
+
+def test_setup_selects_the_named_pipeline_or_refuses_an_unknown_one():
+    from operators.cli.setup import selected_pipelines
+    from operators.config.pipelines import PipelineConfigError
+
+    assert [p.name for p in selected_pipelines("diabetes")] == ["diabetes"]
+    assert [p.name for p in selected_pipelines(None)] == ["diabetes", "digits"]
+    with pytest.raises(PipelineConfigError, match="known pipelines: diabetes, digits"):
+        selected_pipelines("cancer")
+
+
+def test_the_dataset_cli_names_the_pipeline_and_refuses_an_unknown_one(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "operators.cli.dataset", "validate", "--pipeline", "cancer"], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, env=pipeline_env(tmp_path / "home"), timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "pipeline='cancer'" in done.stderr and "known pipelines" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "operators.cli.dataset", "--help"], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert "publish" in done.stdout and "validate" in done.stdout
+
+
+@pytest.mark.slow
+def test_validate_runs_the_pipelines_suite_on_the_pinned_version(tmp_path):
+    """Not only the hashes (`resolve`): the Great Expectations suite, with its Data Docs."""
+    env = pipeline_env(tmp_path / "home")
+    published = subprocess.run([sys.executable, "-m", "operators.cli.dataset", "publish", "--pipeline", "diabetes"],
+                               cwd=PROJECT_ROOT, capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert published.returncode == 0, published.stderr[-3000:]
+    version = published.stdout.strip().splitlines()[-1]
+    done = subprocess.run([sys.executable, "-m", "operators.cli.dataset", "validate", "--pipeline", "diabetes"],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = json.loads(done.stdout)
+    assert manifest["version"] == version and manifest["data_docs"] and manifest["rows"]["train"] > 0
