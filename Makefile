@@ -68,4 +68,4 @@ constraints:
 	mv constraints.txt.new constraints.txt
 
 clean:
-	rm -rf .gangflow data/digits data/diabetes data/synthetic
+	rm -rf .gangflow data/digits data/diabetes data/corpus data/synthetic
