@@ -162,8 +162,8 @@ def _read_verified(folder: Storage, name: str, entry: dict[str, Any]) -> bytes:
     return data
 
 
-def _manifest(folder: Storage) -> dict[str, Any]:
-    """The parsed manifest; CorruptCheckpoint unless it is well-formed and lists every file."""
+def _manifest(folder: Storage, required: tuple[str, ...] = REQUIRED) -> dict[str, Any]:
+    """The parsed manifest; CorruptCheckpoint unless it is well-formed and lists every `required` file."""
     try:
         manifest = json.loads(folder.read_bytes(MANIFEST))
     except FileNotFoundError:
@@ -173,7 +173,7 @@ def _manifest(folder: Storage) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
         raise CorruptCheckpoint(f"{MANIFEST} is not a {FORMAT} manifest")
     files = manifest["files"]
-    missing = [name for name in REQUIRED if name not in files]
+    missing = [name for name in required if name not in files]
     if missing:
         raise CorruptCheckpoint(f"{MANIFEST} does not list {', '.join(missing)}")
     for name, entry in files.items():
@@ -193,6 +193,9 @@ class Snapshot:
     optimizer: dict[str, torch.Tensor]
     state: dict[str, Any]  # state.json
     blocked_s: float = 0.0  # loop time spent taking the snapshot (reported, not written)
+    # The files to commit, already encoded (trainer.runtime's checkpoints: state.json, state.pt,
+    # folder.tar); None: model/optimizer/state as `encode` writes them.
+    files: dict[str, bytes] | None = None
 
 
 @dataclass
@@ -206,6 +209,8 @@ class Loaded:
 
 def encode(snap: Snapshot) -> dict[str, list[bytes | memoryview]]:
     """A checkpoint's files as buffers to write in order (headers and JSON; the tensors' own memory)."""
+    if snap.files is not None:
+        return {name: [data] for name, data in snap.files.items()}
     return {
         "model.safetensors": safetensors_parts(snap.model),
         "optimizer.safetensors": safetensors_parts(snap.optimizer),
@@ -227,8 +232,10 @@ class Checkpointer:
         log: Callable[[str], None] = print,
         on_commit: Callable[[dict[str, Any]], None] | None = None,
         at_save: Callable[[int], None] | None = None,
+        required: tuple[str, ...] = REQUIRED,
     ) -> None:
         self.store = Storage(root)
+        self.required = required  # the files a checkpoint's manifest must list (trainer.runtime's differ)
         self.root = self.store.local_path() if self.store.local else self.store.url
         self.cfg = cfg
         self.rank = rank
@@ -379,10 +386,10 @@ class Checkpointer:
         return sorted(found, key=lambda item: item[0], reverse=True)
 
     @staticmethod
-    def verify(path: Path | str | Storage) -> dict[str, Any]:
+    def verify(path: Path | str | Storage, required: tuple[str, ...] = REQUIRED) -> dict[str, Any]:
         """The manifest of a committed checkpoint, after checking every file; CorruptCheckpoint if not."""
         folder = Storage(path)
-        manifest = _manifest(folder)
+        manifest = _manifest(folder, required)
         for name, entry in manifest["files"].items():
             _read_verified(folder, name, entry)
         return manifest
@@ -393,7 +400,7 @@ class Checkpointer:
         chosen = None
         for step, path in self.committed():
             try:
-                self.verify(path)
+                self.verify(path, self.required)
             except CorruptCheckpoint as exc:
                 corrupt.append((step, path, str(exc)))
                 continue
@@ -426,3 +433,12 @@ class Checkpointer:
             raise CorruptCheckpoint(f"state.json is malformed ({type(exc).__name__}: {exc})") from None
         self.last_step = step
         return Loaded(step=step, path=path or self._location(f"step-{step}"), model=model, optimizer=optimizer, state=state)
+
+    def read_files(self, step: int) -> dict[str, bytes]:
+        """Every file of checkpoint `step`, each verified against the manifest (trainer.runtime's
+        checkpoints); CorruptCheckpoint if one does not verify."""
+        folder = self.store.child(f"step-{step}")
+        files = _manifest(folder, self.required)["files"]
+        data = {name: _read_verified(folder, name, entry) for name, entry in files.items()}
+        self.last_step = step
+        return data
