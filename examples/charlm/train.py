@@ -114,14 +114,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         output_dir=gangflow_hf.scratch_dir(run), max_steps=args.max_steps, per_device_train_batch_size=args.batch_size,
         learning_rate=args.lr, lr_scheduler_type="linear", warmup_steps=10, weight_decay=0.0, seed=args.seed,
         save_strategy="steps", save_steps=args.save_steps, logging_steps=20, report_to=[], disable_tqdm=True,
-        use_cpu=True, ddp_backend="gloo", dataloader_num_workers=0,
+        use_cpu=True, ddp_backend="gloo", ddp_find_unused_parameters=False, dataloader_num_workers=0,
     )  # fmt: skip
     trainer = Trainer(model=model, args=training_args, train_dataset=Blocks(blocks(tokenizer, texts, args.block)),
                       processing_class=tokenizer, data_collator=default_data_collator)  # full blocks: no padding
-    gangflow_hf.train(trainer, run)
+    gangflow_hf.train(trainer, run, checkpoint=resume)
     if run.rank == 0:
         final = Path(training_args.output_dir) / "final"
         trainer.save_model(str(final))  # the weights (safetensors), config.json and the tokenizer
+        (final / "training_args.bin").unlink(missing_ok=True)  # a pickle: nothing a loader should open
         (final / "charlm.json").write_text(json.dumps({"block": args.block}))
         run.log_model(final)
     return 0

@@ -52,7 +52,7 @@ def _run_key(run: Any) -> str:
     # from rank 0 and an RNG file from every rank into the same checkpoint-N).
     import hashlib
 
-    return hashlib.sha256(str(getattr(run, "run_dir", "run")).encode()).hexdigest()[:16]
+    return hashlib.sha256(run.run_dir.url.encode()).hexdigest()[:16]
 
 
 def resume_checkpoint(run: Any) -> str | None:
@@ -72,10 +72,12 @@ class GangflowCallback(TrainerCallback):
 
     def __init__(self, run: Any) -> None:
         self.run = run
+        self._preempted = False
 
     def on_step_end(self, args, state, control, **kwargs):
         self.run.step_done(state.global_step)
-        if self.run.should_stop:  # SIGTERM: save now (committed in on_save), then stop
+        if self.run.should_stop:  # SIGTERM (any rank): save now (committed in on_save), then exit 75
+            self._preempted = True
             control.should_save = True
             control.should_training_stop = True
         return control
@@ -88,6 +90,8 @@ class GangflowCallback(TrainerCallback):
         _barrier()
         if state.is_world_process_zero:  # committed: the scratch copy is not needed any more
             shutil.rmtree(folder, ignore_errors=True)
+        if self._preempted:
+            self.run.exit_preempted()  # every rank: exit 75, the retry resumes from this checkpoint
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -101,8 +105,12 @@ class GangflowCallback(TrainerCallback):
         return control
 
 
-def train(trainer: Any, run: Any, **train_kwargs: Any) -> Any:
-    """`trainer.train()` with gangflow's callback, resumed from the last committed checkpoint if any."""
+_LOAD = object()
+
+
+def train(trainer: Any, run: Any, *, checkpoint: str | None | object = _LOAD, **train_kwargs: Any) -> Any:
+    """`trainer.train()` with gangflow's callback, resumed from the last committed checkpoint if any
+    (`checkpoint`: the folder `resume_checkpoint(run)` returned, when the caller needed it first)."""
     from transformers.trainer_callback import PrinterCallback
     from transformers.utils import logging as hf_logging
 
@@ -111,9 +119,11 @@ def train(trainer: Any, run: Any, **train_kwargs: Any) -> Any:
     trainer.remove_callback(PrinterCallback)  # `report` prints the progress lines (rank 0)
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar per save in the task log
     if "resume_from_checkpoint" in train_kwargs:
-        raise TypeError("train(): gangflow chooses resume_from_checkpoint (its last committed checkpoint)")
+        raise TypeError("train(): gangflow chooses resume_from_checkpoint (its last committed checkpoint; "
+                        "pass checkpoint=resume_checkpoint(run) if the code needs it before training)")
     # A killed attempt can leave a half-written checkpoint-N in the scratch folder: start it empty.
     if run.local_rank == 0:
         shutil.rmtree(trainer.args.output_dir, ignore_errors=True)
     _barrier()
-    return trainer.train(resume_from_checkpoint=resume_checkpoint(run), **train_kwargs)
+    resume = resume_checkpoint(run) if checkpoint is _LOAD else checkpoint
+    return trainer.train(resume_from_checkpoint=resume, **train_kwargs)

@@ -14,7 +14,7 @@ scratch folder at the end of every `every_n_epochs`-th training epoch and commit
 through `run.save_checkpoint(step, folder=...)` (contract 2); `ckpt_path(run)` is the newest
 committed one's `lightning.ckpt`, for `Trainer.fit(ckpt_path=...)`. Epoch ends are where
 Lightning resumes exactly (a mid-epoch checkpoint restarts its epoch's data); a SIGTERM still saves
-at once, mid-epoch, before the rank stops. `GangflowLogger` sends what `self.log` logs to
+at once, mid-epoch, then `run.exit_preempted()`. `GangflowLogger` sends what `self.log` logs to
 `run.report`.
 """
 
@@ -59,12 +59,12 @@ class GangflowCheckpoint(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.run.step_done(trainer.global_step)
-        if self.run.should_stop and not trainer.should_stop:  # SIGTERM: a final checkpoint, then stop
+        if self.run.should_stop:  # SIGTERM (any rank): a final checkpoint, then exit 75 (the retry resumes)
             self.save(trainer)
-            trainer.should_stop = True
+            self.run.exit_preempted()
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        if (trainer.current_epoch + 1) % self.every_n_epochs == 0 and not trainer.should_stop:
+        if (trainer.current_epoch + 1) % self.every_n_epochs == 0:
             self.save(trainer)
 
     def save(self, trainer) -> None:
@@ -104,4 +104,6 @@ class GangflowLogger(Logger):
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         values = {name: float(value) for name, value in metrics.items() if name != "epoch"}
         if values:
-            self.run.report(int(step or 0), **values)
+            # Lightning counts from 0 before the optimizer step; gangflow counts completed steps
+            # (what GangflowCheckpoint last gave step_done, so metrics and checkpoints agree).
+            self.run.report(self.run.step or int(step or 0) + 1, **values)
