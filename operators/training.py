@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from airflow.sdk import BaseOperator
 
 from operators.config import settings
 from operators.backends import GangResult, GangSpec, get_backend
+from operators.backends.base import user_code_args
 from operators.exceptions import GangCapacityError, GangFailure, InfraFailure, UnknownFailure, UserError, UserFailure
 
 _FAILURES: dict[str, type[GangFailure]] = {"infra": InfraFailure, "user": UserFailure, "unknown": UnknownFailure}
@@ -61,6 +62,12 @@ class GangTrainingOperator(BaseOperator):
     :param experiment: MLflow experiment of the training run.
     :param run_dir: where checkpoints and final weights go (default: one folder per DAG run
         under the state dir).
+    :param entrypoint: training code of one's own instead of gangflow's loop: `module:function`,
+        called in every rank with `entrypoint_kwargs` (docs/extending.md, "Bring your own training script").
+    :param command: or a command run under torchrun: `[python, -m, module, ARGS...]` or
+        `[python, script.py, ARGS...]` (a script inside the project).
+    :param package_roots: folders of the project put first on the ranks' PYTHONPATH (the pods':
+        below the image's /app).
     :returns: (XCom) `model_uri` (`runs:/<mlflow_run_id>/final`: the final weights are logged
         there, by this task's relay for a local gang (`operators.hooks.mlflow_relay`: the ranks import no
         MLflow) or by rank 0 on Kubernetes; evaluate and promote load them from MLflow, never
@@ -84,9 +91,17 @@ class GangTrainingOperator(BaseOperator):
         config_path: str | None = None,
         experiment: str = "gangflow",
         run_dir: str | None = None,
+        entrypoint: str | None = None,
+        entrypoint_kwargs: Mapping[str, Any] | None = None,
+        command: Sequence[str] | None = None,
+        package_roots: Sequence[str] = (),
         **kwargs,
     ):
         super().__init__(**kwargs)
+        # Checked here, when the DAG file is parsed: a bad value never reaches a gang.
+        self.user_code = user_code_args(entrypoint=entrypoint, kwargs=entrypoint_kwargs, command=command,
+                                        project_root=settings.PROJECT_ROOT)
+        self.package_roots = tuple(package_roots)
         self.world_size = world_size
         self.dataset = dataset
         self.overrides = dict(overrides or {})
@@ -124,6 +139,8 @@ class GangTrainingOperator(BaseOperator):
             env=env,
             attempt=ti.try_number,
             dataset_version=version,
+            user_code=self.user_code,
+            package_roots=self.package_roots,
         )
 
     def mlflow_run(self, context) -> str | None:
@@ -251,7 +268,8 @@ def _spec_to_dict(spec: GangSpec) -> dict[str, Any]:
     return {
         "name": spec.name, "run_dir": spec.run_dir, "world_size": spec.world_size, "config_path": spec.config_path,
         "overrides": list(spec.overrides), "env": dict(spec.env), "attempt": spec.attempt,
-        "dataset_version": spec.dataset_version,
+        "dataset_version": spec.dataset_version, "user_code": list(spec.user_code),
+        "package_roots": list(spec.package_roots),
     }  # fmt: skip
 
 

@@ -18,7 +18,8 @@ final model, preemption and fault drills, for a loop gangflow did not write.
 
 What the launcher passes (environment; `python -m trainer.user` sets it from the same options as
 `python -m trainer`): GANGFLOW_RUN_DIR, GANGFLOW_DATA_REMOTE, GANGFLOW_DATA_VERSION,
-GANGFLOW_KEEP_LAST, GANGFLOW_GRACE_PERIOD_S, GANGFLOW_PROGRESS_EVERY_S, GANGFLOW_CODE, and torchrun's
+GANGFLOW_KEEP_LAST, GANGFLOW_GRACE_PERIOD_S, GANGFLOW_PROGRESS_EVERY_S, GANGFLOW_CODE, GANGFLOW_PARAMS
+(`run.params`: the run's `train.*` and `checkpoint.*` values, e.g. the trigger form's), and torchrun's
 RANK/WORLD_SIZE/LOCAL_RANK. Importing this module imports neither Airflow nor MLflow. Checkpoints
 follow contract 2 and faults contract 3 (docs/contracts.md); docs/extending.md, "Bring your own
 training script", is the user's page.
@@ -63,6 +64,7 @@ ENV_KEEP_LAST = "GANGFLOW_KEEP_LAST"
 ENV_GRACE = "GANGFLOW_GRACE_PERIOD_S"
 ENV_PROGRESS = "GANGFLOW_PROGRESS_EVERY_S"
 ENV_CODE = "GANGFLOW_CODE"  # what the launcher runs (entry point or command): part of a checkpoint's identity
+ENV_PARAMS = "GANGFLOW_PARAMS"  # JSON {"train.max_steps": ..., ...}: the run's parameters (the trigger form's values)
 DEFAULT_RUN_DIR = "runs/byo"
 
 STATE_JSON = "state.json"
@@ -73,7 +75,7 @@ CHECKPOINT_KIND = "gangflow-runtime/1"
 REQUIRED = (STATE_JSON,)
 CARD = "model_card.json"
 CARD_FORMAT = "gangflow-model-card/1"
-MODEL_FOLDER = "model"
+WEIGHTS = "model.safetensors"
 
 
 class ResumeMismatch(ConfigError):
@@ -143,6 +145,10 @@ class Run:
         self.data_version = os.environ.get(ENV_DATA_VERSION, "")
         self.code = os.environ.get(ENV_CODE, " ".join(sys.argv))
         self.config = dict(config or {})
+        try:
+            self.params: dict[str, Any] = json.loads(os.environ.get(ENV_PARAMS) or "{}")
+        except ValueError:
+            raise ConfigError(f"environment {ENV_PARAMS} is not a JSON object") from None
         keep_last = _env_number(ENV_KEEP_LAST, 2, int, 1)
         if process_group:
             self.dist = setup(launch, device)
@@ -150,7 +156,12 @@ class Run:
             self.dist = Dist(launch.rank, launch.world_size, launch.local_rank, launch.launcher,
                              pick_device(device, launch.local_rank))
         self.device = self.dist.device
+        # What a checkpoint must share with the run resuming it: the code, the data, the training
+        # parameters the launcher passed (as the trainer's TRAIN_IDENTITY) and the code's own config.
+        from trainer.loop import TRAIN_IDENTITY
+
         self.identity = {"code": self.code, "data.version": self.data_version,
+                         **{f"train.{k}": self.params[f"train.{k}"] for k in TRAIN_IDENTITY if f"train.{k}" in self.params},
                          **{f"config.{k}": v for k, v in sorted(self.config.items())}}
         self.faults = FaultInjector(fault, self.run_dir, self.rank, self.world_size)
         self.tracker = Tracker(self.run_dir, enabled=self.is_main, params={"code": self.code, "config": self.config},
@@ -160,7 +171,8 @@ class Run:
                                         at_save=self.faults.save_hook, required=REQUIRED)
         self.checkpoints.start_writer()
         self.progress = Progress(self.tracker, log=self.log, every_s=_env_number(ENV_PROGRESS, 10.0, float, 0.0),
-                                 total=total_steps, global_batch=None, start_step=0, committed_step=None)
+                                 total=total_steps or self.params.get("train.max_steps"), global_batch=None,
+                                 start_step=0, committed_step=None)
         self.resumed_from: int | None = None
         self.step = 0
         self._stop = StopAgreement(self.dist, lambda: self.preemption.requested)
@@ -331,44 +343,66 @@ class Run:
 
     # --- the final model -----------------------------------------------------------------------
 
-    def log_model(self, folder: str | os.PathLike, flavour: str | None = None, *, metrics: Mapping[str, float] | None = None) -> str | None:
-        """Publish `folder` (the trained model, as the user's code writes it) as the run's
-        `final/model/` with a model card (flavour, code, data version, metrics), from rank 0.
-        The training task logs `final/` to the DAG run's MLflow run (`runs:/<id>/final`), as it
-        does the trainer's; returns that URI when this rank logs it itself (MLFLOW_RUN_ID set)."""
+    def log_model(self, folder: str | os.PathLike, flavour: str | None = None, *, factory: str | None = None,
+                  kwargs: Mapping[str, Any] | None = None, task: str = "classification",
+                  metrics: Mapping[str, float] | None = None) -> str | None:
+        """Publish `folder` (the trained model, as the code writes it) as the run's `final/`, with a
+        model card (flavour, code, data version, metrics), from rank 0. The training task logs
+        `final/` to the DAG run's MLflow run (`runs:/<id>/final`), as it does the trainer's.
+
+        With `factory` (`module:function`, allow-listed by the pipeline's `allowed_models`) and a
+        `model.safetensors` in `folder`, the card says how to rebuild the module (`factory(**kwargs)`
+        + the weights): gangflow's guarded loader, evaluation and the registered pyfunc load it
+        without unpickling anything. Returns the MLflow URI when this rank logs it itself
+        (MLFLOW_RUN_ID set), else None."""
         self.faults.stop_clock()
         if not self.is_main:
             return None
         source = Path(folder)
         if not source.is_dir():
             raise CheckpointError(f"log_model({str(folder)!r}): not a folder")
-        card = {"format": CARD_FORMAT, "kind": "folder", "folder": MODEL_FOLDER, "flavour": flavour, "code": self.code,
-                "config": self.config, "data": {"version": self.data_version or None, "remote": self.data_remote or None},
-                "metrics": dict(metrics or {}), "world_size": self.world_size, "steps": self.step,
-                "resumed_from_step": self.resumed_from, "torch_version": torch.__version__,
-                "python_version": sys.version.split()[0], "created": time.time()}
+        if (source / CARD).exists():
+            raise CheckpointError(f"log_model({str(folder)!r}): {CARD} is gangflow's model card; name your file otherwise")
+        if task not in ("classification", "regression"):
+            raise ValueError(f"log_model: task={task!r}: accepted values are classification, regression")
+        card: dict[str, Any] = {
+            "format": CARD_FORMAT, "kind": "folder", "flavour": flavour, "code": self.code,
+            "config": {"train": {"task": task}, "user": self.config},
+            "data": {"version": self.data_version or None, "remote": self.data_remote or None},
+            "metrics": {k: float(v) for k, v in (metrics or {}).items()}, "world_size": self.world_size,
+            "steps": self.step, "resumed_from_step": self.resumed_from, "torch_version": torch.__version__,
+            "python_version": sys.version.split()[0], "created": time.time()}
+        if factory is not None:
+            weights = source / WEIGHTS
+            if not weights.is_file():
+                raise CheckpointError(f"log_model(factory={factory!r}): {folder}/{WEIGHTS} is missing (the module's "
+                                      "state_dict, safetensors.torch.save_file)")
+            from trainer.checkpoint import file_entry
+
+            card["model"] = {"factory": factory, "kwargs": dict(kwargs or {})}
+            card["weights"] = {"file": WEIGHTS, **file_entry(weights.read_bytes())}
         staging = Path(tempfile.mkdtemp(prefix="gangflow-final-"))
         try:
-            _untar(_tar_folder(source), staging / MODEL_FOLDER)  # regular files only, links refused
-            (staging / CARD).write_text(json.dumps(card, indent=2) + "\n")
+            _untar(_tar_folder(source), staging / FINAL_ARTIFACT_PATH)  # regular files only, links refused
+            staged = staging / FINAL_ARTIFACT_PATH
+            (staged / CARD).write_text(json.dumps(card, indent=2) + "\n")
             if self.run_dir.local:
                 final = self.run_dir.local_path(FINAL_ARTIFACT_PATH)
                 tmp = final.with_name(f".final-tmp-{os.getpid()}")
                 shutil.rmtree(tmp, ignore_errors=True)
-                shutil.copytree(staging, tmp)
+                staged.rename(tmp) if staged.stat().st_dev == final.parent.stat().st_dev else shutil.copytree(staged, tmp)
                 publish_folder(tmp, final, aside=".final-old")
                 logged_from = final
             else:
                 self.run_dir.remove(FINAL_ARTIFACT_PATH, CARD)
-                self.run_dir.put_dir(staging, FINAL_ARTIFACT_PATH, last=CARD)  # the card marks a complete final/
-                logged_from = staging
+                self.run_dir.put_dir(staged, FINAL_ARTIFACT_PATH, last=CARD)  # the card marks a complete final/
+                logged_from = staged
             self.model_uri = self.tracker.log_final(logged_from)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        self.tracker.event("final", self.step, mlflow_prefix="", **{k: float(v) for k, v in (metrics or {}).items()},
-                           world_size=self.world_size)
+        self.tracker.event("final", self.step, mlflow_prefix="", **card["metrics"], world_size=self.world_size)
         self.log(f"gangflow: done: {self.step} steps on {self.world_size} rank(s); final model at "
-                 f"{self.run_dir.uri(FINAL_ARTIFACT_PATH)}/{MODEL_FOLDER}")
+                 f"{self.run_dir.uri(FINAL_ARTIFACT_PATH)}")
         return self.model_uri
 
     # --- the end ------------------------------------------------------------------------------

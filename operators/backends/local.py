@@ -107,7 +107,7 @@ class LocalBackend(GangBackend):
             "--max-restarts", "0",
             "--tee", "3", "--log-dir", str(log_dir),
             *self.extra_torchrun_args,
-            "-m", "trainer", *spec.trainer_args(), *self._data_args(spec),
+            "-m", spec.entry_module, *spec.trainer_args(), *self._data_args(spec), *spec.user_code,
         ]  # fmt: skip
 
     def _data_args(self, spec: GangSpec) -> list[str]:
@@ -130,6 +130,10 @@ class LocalBackend(GangBackend):
         log_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **spec.env}
         env["PYTHONUNBUFFERED"] = "1"
+        if spec.package_roots:  # the pipeline's package_roots, before anything the worker had
+            project = Path(os.environ.get("GANGFLOW_PROJECT") or settings.PROJECT_ROOT)
+            roots = [str((project / root).resolve()) for root in spec.package_roots]
+            env["PYTHONPATH"] = os.pathsep.join([*roots, *filter(None, [env.get("PYTHONPATH")])])
         if self.relay_tracking:  # the task relays; a worker's own MLflow settings must not reach rank 0
             for key in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID"):
                 env.pop(key, None)

@@ -76,6 +76,17 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
     return summary
 
 
+def use_package_roots(roots) -> None:
+    """The pipeline's `package_roots` on this process's path (its evaluate and promote tasks import
+    the user's code here) and first on PYTHONPATH (what the tasks start)."""
+    folders = [str((settings.PROJECT_ROOT / root).resolve()) for root in roots]
+    for folder in reversed(folders):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    if folders:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*folders, *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pipeline", default="digits", help="the pipeline to run: a file pipelines/<name>.yaml (default digits)")
@@ -93,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineConfigError as exc:
         parser.error(str(exc))
     os.environ.setdefault("GANGFLOW_ALLOW_FAULTS", "1")  # a drill: GANGFLOW_FAULT is honoured here (docs/trainer.md)
+    use_package_roots(config.package_roots)
     from airflow.sdk.exceptions import ParamValidationError
 
     try:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from operators.backends.base import ENTRYPOINT_RE as _ENTRYPOINT_RE
+from operators.backends.base import user_code_args
 from operators.config import settings
 from operators.exceptions import InvalidParams, UserError
 from trainer.config import FACTORY_RE
@@ -38,7 +40,7 @@ BUILTIN_BACKENDS = ("local", "kubernetes")
 # range and `not` refuses it (+-inf are refused by each number Param's own bounds).
 NOT_NAN = {"not": {"description": "NaN (not a number)", "minimum": 1, "maximum": 0}}
 
-_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
 _ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 
 
@@ -82,6 +84,18 @@ class PipelineConfig:
     checkpoint_every_steps: int
     # pinned in dvc.lock ("" when there is no dvc.lock yet: the form then asks for a version)
     dataset_version: str
+    # Training code of one's own (`training:`): `python -m trainer.user`'s target; () = gangflow's loop
+    training_code: tuple[str, ...] = ()
+    package_roots: tuple[str, ...] = ()  # folders of the project put on the path of the ranks and the demo
+    evaluation_entrypoint: str | None = None  # `module:function(model_dir, test_path) -> metrics`
+    training: Mapping[str, Any] | None = None  # the `training:` section as written
+
+    def training_kwargs(self) -> dict[str, Any]:
+        """GangTrainingOperator's arguments for the pipeline's own training code ({} for gangflow's loop)."""
+        if not self.training:
+            return {}
+        return {"entrypoint": self.training.get("entrypoint"), "entrypoint_kwargs": self.training.get("kwargs"),
+                "command": self.training.get("command"), "package_roots": self.package_roots}
 
     @property
     def dataset_asset_uri(self) -> str:
@@ -105,8 +119,11 @@ PipelineDefaults = PipelineConfig
 _KEYS = {
     "name", "dag_id", "publish_dag_id", "description", "schedule", "dataset", "trainer_config", "metric",
     "gate", "model_name", "backends", "default_backend", "world_size", "local_world_sizes", "retries",
-    "retry_base_delay_seconds", "allowed_models",
+    "retry_base_delay_seconds", "allowed_models", "training", "evaluation", "package_roots",
 }  # fmt: skip
+_TRAINING_KEYS = {"entrypoint", "kwargs", "command"}
+_EVALUATION_KEYS = {"entrypoint"}
+
 _DATASET_KEYS = {"stage", "out", "asset", "suite"}
 _METRIC_KEYS = {"name", "direction", "minimum", "maximum"}
 _GATE_KEYS = {"floor", "min_improvement"}
@@ -175,13 +192,56 @@ def _string(where: str, value: Any, pattern: re.Pattern | None = None, accepted:
     return value
 
 
+def _relative_path(where: str, value: Any) -> str:
+    text = _string(where, value, accepted="a path relative to the project")
+    if text.startswith("/") or ".." in text.split("/"):
+        raise PipelineConfigError(f"{where}={value!r}: must be a path relative to the project, without '..'")
+    return text.rstrip("/")
+
+
+def _package_roots(source: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise PipelineConfigError(f"{source}: package_roots={value!r}: must be a list of folders relative to the project")
+    roots = tuple(_relative_path(f"{source}: package_roots[{i}]", item) for i, item in enumerate(value))
+    for i, root in enumerate(roots):
+        if not (settings.PROJECT_ROOT / root).is_dir():
+            raise PipelineConfigError(f"{source}: package_roots[{i}]={root!r}: no such folder in {settings.PROJECT_ROOT}")
+    return roots
+
+
+def _training_code(source: str, training: Any) -> tuple[str, ...]:
+    """`python -m trainer.user`'s target for the `training:` section (() when there is none)."""
+    if training is None:
+        return ()
+    if not isinstance(training, Mapping):
+        raise PipelineConfigError(f"{source}: training must be a mapping with keys {', '.join(sorted(_TRAINING_KEYS))}")
+    _check_keys(f"{source}: training", training, _TRAINING_KEYS)
+    try:
+        return user_code_args(entrypoint=training.get("entrypoint"), kwargs=training.get("kwargs"),
+                              command=training.get("command"), project_root=settings.PROJECT_ROOT, prefix="training.")
+    except ValueError as exc:
+        raise PipelineConfigError(f"{source}: {exc}") from None
+
+
+def _evaluation_entrypoint(source: str, evaluation: Any) -> str | None:
+    if evaluation is None:
+        return None
+    if not isinstance(evaluation, Mapping):
+        raise PipelineConfigError(f"{source}: evaluation must be a mapping with keys {', '.join(sorted(_EVALUATION_KEYS))}")
+    _check_keys(f"{source}: evaluation", evaluation, _EVALUATION_KEYS)
+    if "entrypoint" not in evaluation:
+        return None
+    return _string(f"{source}: evaluation.entrypoint", evaluation["entrypoint"], _ENTRYPOINT_RE,
+                   "module:function, e.g. mypkg.evaluate:score (called with the model folder and the test split)")
+
+
 def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = None) -> PipelineConfig:
     """A `PipelineConfig` from one pipeline file's mapping; raises PipelineConfigError naming the key."""
     if not isinstance(raw, Mapping):
         raise PipelineConfigError(f"{source}: must be a mapping of keys (see docs/extending.md)")
     _check_keys(source, raw, _KEYS)
     pname = _string(f"{source}: name", raw.get("name", name), _NAME_RE,
-                    "lower-case letters, digits and '_', starting with a letter (at most 40)")
+                    "lower-case letters, digits, '_' and '-', starting with a letter (at most 40)")
     if name is not None and pname != name:
         raise PipelineConfigError(f"{source}: name={pname!r} differs from the file name {name!r}.yaml")
     dataset = raw.get("dataset") or {}
@@ -261,11 +321,18 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         batch_size=trainer.train.batch_size,
         checkpoint_every_steps=trainer.checkpoint.every_steps,
         dataset_version=_pinned_version(dataset["out"]),
+        training_code=_training_code(source, raw.get("training")),
+        training=dict(raw["training"]) if raw.get("training") else None,
+        package_roots=_package_roots(source, raw.get("package_roots", [])),
+        evaluation_entrypoint=_evaluation_entrypoint(source, raw.get("evaluation")),
     )
     if default_backend not in config.backend_names:
         raise PipelineConfigError(f"{source}: default_backend={default_backend!r}: accepted values are "
                                   f"{', '.join(config.backend_names)}")
     return config
+
+
+_DATASET_ATTRS = ("dataset_stage", "dataset_out", "dataset_asset", "suite")
 
 
 @functools.cache
@@ -284,9 +351,16 @@ def load_pipelines(folder: str | None = None) -> dict[str, PipelineConfig]:
             raise PipelineConfigError(f"{path}: not valid YAML ({exc})") from None
         config = parse_pipeline(raw, source=str(path), name=path.stem)
         for other in found.values():
+            # Two pipelines may train on one dataset when they declare it identically (stage, out,
+            # asset, suite): a new version then triggers both.
+            same_dataset = all(getattr(other, a) == getattr(config, a) for a in _DATASET_ATTRS)
             for attr in ("dag_id", "publish_dag_id", "dataset_out", "dataset_asset", "model_name"):
+                if attr in ("dataset_out", "dataset_asset") and same_dataset:
+                    continue
                 if getattr(other, attr) == getattr(config, attr):
-                    raise PipelineConfigError(f"{path} and {other.source} share {attr}={getattr(config, attr)!r}")
+                    hint = (f" (a shared dataset must be declared identically: {', '.join(_DATASET_ATTRS)})"
+                            if attr in ("dataset_out", "dataset_asset") else "")
+                    raise PipelineConfigError(f"{path} and {other.source} share {attr}={getattr(config, attr)!r}{hint}")
         found[config.name] = config
     return found
 

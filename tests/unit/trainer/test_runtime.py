@@ -220,9 +220,29 @@ def test_log_model_publishes_the_folder_with_a_card(env, tmp_path):
     run.step_done(3)
     assert run.log_model(model_dir, flavour="pytorch", metrics={"accuracy": 0.9}) is None  # no MLFLOW_RUN_ID: the task logs it
     final = tmp_path / "run" / "final"
-    assert (final / "model" / "weights.pt").read_bytes() == b"w" * 10
+    assert (final / "weights.pt").read_bytes() == b"w" * 10
     card = json.loads((final / runtime.CARD).read_text())
     assert card["kind"] == "folder" and card["flavour"] == "pytorch" and card["steps"] == 3 and card["metrics"] == {"accuracy": 0.9}
+    assert "model" not in card  # no factory: evaluation needs the pipeline's evaluation.entrypoint
+
+
+def test_log_model_with_a_factory_loads_through_the_guarded_loader(env, tmp_path):
+    import safetensors.torch
+
+    from trainer.export import load_final_model
+
+    model = torch.nn.Linear(4, 3)
+    export = tmp_path / "export"
+    export.mkdir()
+    safetensors.torch.save_file(model.state_dict(), export / "model.safetensors")
+    run = env()
+    with pytest.raises(CheckpointError, match="model.safetensors is missing"):
+        run.log_model(tmp_path, factory="torch.nn:Linear")
+    run.log_model(export, factory="tests_linear:build", kwargs={"n": 4})
+    card = json.loads((tmp_path / "run" / "final" / runtime.CARD).read_text())
+    assert card["model"] == {"factory": "tests_linear:build", "kwargs": {"n": 4}} and card["weights"]["file"] == "model.safetensors"
+    with pytest.raises(Exception, match="not an allowed model architecture"):
+        load_final_model(tmp_path / "run" / "final")  # refused before any import unless allow-listed
 
 
 def test_dataset_fetches_the_pinned_version_verified(env, tmp_path, monkeypatch, make_remote):
