@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def score(model_folder: str | os.PathLike, test_path: str | os.PathLike) -> dict[str, float]:
-    """{"perplexity", "loss" (mean token cross-entropy, nats), "tokens"} over the test files."""
+    """{"perplexity", "loss" (mean token cross-entropy, nats), "num_examples" (tokens predicted)} over the test files."""
     import pandas as pd
     import torch
     from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
@@ -35,4 +35,4 @@ def score(model_folder: str | os.PathLike, test_path: str | os.PathLike) -> dict
                                                      reduction="sum")
             total, count = total + float(loss), count + batch[:, 1:].numel()
     mean = total / count
-    return {"perplexity": math.exp(mean), "loss": mean, "tokens": float(count)}
+    return {"perplexity": math.exp(mean), "loss": mean, "num_examples": count}  # examples: predicted tokens

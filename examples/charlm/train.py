@@ -3,15 +3,14 @@
 GPT-2's architecture at toy size (2 layers, width 64), initialised from a config (nothing is
 downloaded), on the `charlm` corpus (standard-library source files, DVC-versioned: data/corpus),
 with a byte-level BPE tokenizer trained on the corpus' train split. Run in every rank of the gang
-(`training.entrypoint: charlm.train:main`); alone: `torchrun --nproc-per-node 2 -m charlm.train`
-with examples/ on PYTHONPATH and the runtime's environment set.
+(`training.entrypoint: charlm.train:main` in pipelines/charlm.yaml).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
+from types import SimpleNamespace
 from pathlib import Path
 
 from trainer.integrations import huggingface as gangflow_hf  # first: the ranks run offline
@@ -20,20 +19,6 @@ import torch  # noqa: E402
 
 #: Token id 0 ends every file (and pads nothing: the blocks are full).
 END_OF_TEXT = "<|endoftext|>"
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="charlm.train", description=__doc__)
-    parser.add_argument("--max-steps", type=int, default=240)
-    parser.add_argument("--batch-size", type=int, default=8, help="sequences per rank and step")
-    parser.add_argument("--block", type=int, default=128, help="tokens per sequence")
-    parser.add_argument("--vocab", type=int, default=512, help="BPE vocabulary size")
-    parser.add_argument("--width", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--save-steps", type=int, default=40)
-    parser.add_argument("--seed", type=int, default=20261203)
-    return parser.parse_args(argv)
 
 
 def train_tokenizer(texts: Sequence[str], vocab: int):
@@ -96,35 +81,42 @@ def build_model(tokenizer, args: argparse.Namespace):
     return GPT2LMHeadModel(config)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(*, vocab: int = 512, width: int = 64, layers: int = 2, block: int = 128, warmup_steps: int = 10) -> int:
+    """One rank's training. The model's shape comes from `training.kwargs`; the run's
+    `train.max_steps`, `train.batch_size` (global: split over the ranks), `train.lr`, `train.seed`
+    and `checkpoint.every_steps` from `run.params` (the trigger form can change them)."""
     import pandas as pd
     from transformers import Trainer, TrainingArguments, default_data_collator, set_seed
 
     from trainer import runtime
 
-    args = parse_args(argv)
-    run = runtime.init()
-    data = run.dataset()
-    texts = list(pd.read_parquet(data / "train.parquet")["text"])
+    run = runtime.init(config={"vocab": vocab, "width": width, "layers": layers, "block": block})
+    params = run.params
+    max_steps, batch = int(params.get("train.max_steps", 240)), int(params.get("train.batch_size", 16))
+    lr, seed = float(params.get("train.lr", 3e-3)), int(params.get("train.seed", 20261203))
+    if batch % run.world_size:
+        raise ValueError(f"train.batch_size={batch} is not a multiple of the world size {run.world_size}")
+    texts = list(pd.read_parquet(run.dataset() / "train.parquet")["text"])
     resume = gangflow_hf.resume_checkpoint(run)
-    tokenizer = shared_tokenizer(run, texts, args.vocab, resume)
-    set_seed(args.seed)
-    model = build_model(tokenizer, args)
+    tokenizer = shared_tokenizer(run, texts, vocab, resume)
+    set_seed(seed)
+    model = build_model(tokenizer, SimpleNamespace(block=block, width=width, layers=layers))
     training_args = TrainingArguments(
-        output_dir=gangflow_hf.scratch_dir(run), max_steps=args.max_steps, per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr, lr_scheduler_type="linear", warmup_steps=10, weight_decay=0.0, seed=args.seed,
-        save_strategy="steps", save_steps=args.save_steps, logging_steps=20, report_to=[], disable_tqdm=True,
-        use_cpu=True, ddp_backend="gloo", ddp_find_unused_parameters=False, dataloader_num_workers=0,
+        output_dir=gangflow_hf.scratch_dir(run), max_steps=max_steps, per_device_train_batch_size=batch // run.world_size,
+        learning_rate=lr, lr_scheduler_type="linear", warmup_steps=warmup_steps, weight_decay=0.0, seed=seed,
+        save_strategy="steps", save_steps=int(params.get("checkpoint.every_steps", 40)), logging_steps=20,
+        report_to=[], disable_tqdm=True, use_cpu=True, ddp_backend="gloo", ddp_find_unused_parameters=False,
+        dataloader_num_workers=0,
     )  # fmt: skip
-    trainer = Trainer(model=model, args=training_args, train_dataset=Blocks(blocks(tokenizer, texts, args.block)),
+    trainer = Trainer(model=model, args=training_args, train_dataset=Blocks(blocks(tokenizer, texts, block)),
                       processing_class=tokenizer, data_collator=default_data_collator)  # full blocks: no padding
-    gangflow_hf.train(trainer, run, checkpoint=resume)
+    result = gangflow_hf.train(trainer, run, checkpoint=resume)
     if run.rank == 0:
         final = Path(training_args.output_dir) / "final"
         trainer.save_model(str(final))  # the weights (safetensors), config.json and the tokenizer
         (final / "training_args.bin").unlink(missing_ok=True)  # a pickle: nothing a loader should open
-        (final / "charlm.json").write_text(json.dumps({"block": args.block}))
-        run.log_model(final)
+        (final / "charlm.json").write_text(json.dumps({"block": block}))
+        run.log_model(final, flavour="transformers", metrics={"train_loss": float(result.training_loss)})
     return 0
 
 

@@ -1,13 +1,13 @@
 """A LightningModule trained by Lightning's Trainer (DDP under torchrun, gloo on CPU) on gangflow's
 runtime API: scikit-learn's digits as 8x8 images, a small CNN, promoted on macro-F1.
 
-Run in every rank of the gang (`training.entrypoint: digits_lightning.train:main`).
+Run in every rank of the gang (`training.command: [python, -m, digits_lightning.train]` in
+pipelines/digits-lightning.yaml).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from collections.abc import Sequence
@@ -16,37 +16,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-FEATURES = [f"pixel_{i:02d}" for i in range(64)]
-LABEL = "label"
-PIXEL_MAX = 16.0  # ink counts 0..16 per pixel
-
+from digits_lightning.model import build, images
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="digits_lightning.train", description=__doc__)
-    parser.add_argument("--epochs", type=int, default=24)
-    parser.add_argument("--batch-size", type=int, default=16, help="images per rank and step")
+    parser = argparse.ArgumentParser(prog="digits_lightning.train", description="The model's shape and the checkpoint cadence.")
     parser.add_argument("--channels", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--seed", type=int, default=20261203)
+    parser.add_argument("--every-n-epochs", type=int, default=1, help="commit a checkpoint every N epochs")
     return parser.parse_args(argv)
-
-
-def build_network(channels: int = 32) -> nn.Module:
-    """The CNN: two 3x3 convolutions on the 1x8x8 image, then a linear layer to the ten digits."""
-    return nn.Sequential(
-        nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(channels * 16, 10),
-    )  # fmt: skip
-
-
-def images(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N x 1 x 8 x 8 float images scaled to [0, 1], N labels) from a digits parquet split."""
-    import pandas as pd
-
-    frame = pd.read_parquet(path)
-    x = torch.tensor(frame[FEATURES].to_numpy(), dtype=torch.float32).view(-1, 1, 8, 8) / PIXEL_MAX
-    return x, torch.tensor(frame[LABEL].to_numpy(), dtype=torch.long)
 
 
 def lightning_module(channels: int, lr: float):
@@ -55,7 +31,7 @@ def lightning_module(channels: int, lr: float):
     class DigitsCNN(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.net = build_network(channels)
+            self.net = build(channels)
             self.lr = lr
 
         def training_step(self, batch, batch_idx):
@@ -71,24 +47,34 @@ def lightning_module(channels: int, lr: float):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """One rank's training: `run.params` gives train.max_steps, train.batch_size (global, split over
+    the ranks), train.lr and train.seed (the trigger form can change them)."""
     import lightning as L
 
     from trainer import runtime
     from trainer.integrations import lightning as gangflow_pl
 
     args = parse_args(argv)
-    run = runtime.init()
+    run = runtime.init(config={"channels": args.channels, "every_n_epochs": args.every_n_epochs})
+    params = run.params
+    max_steps, batch = int(params.get("train.max_steps", 1000)), int(params.get("train.batch_size", 32))
+    lr, seed = float(params.get("train.lr", 2e-3)), int(params.get("train.seed", 20261203))
+    if batch % run.world_size:
+        raise ValueError(f"train.batch_size={batch} is not a multiple of the world size {run.world_size}")
     x, y = images(run.dataset() / "train.parquet")
-    L.seed_everything(args.seed, workers=True, verbose=False)
-    module = lightning_module(args.channels, args.lr)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=args.batch_size, shuffle=True)
+    L.seed_everything(seed, workers=True, verbose=False)
+    module = lightning_module(args.channels, lr)
+    # Under DDP Lightning replaces the sampler by a DistributedSampler whose order is a function of
+    # the seed and the epoch: an epoch-end resume replays exactly the batches of the run it continues.
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch // run.world_size,
+                                         shuffle=True)
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's: processes on this node
-    nodes = max(1, run.world_size // local_world_size)
     trainer = L.Trainer(
         accelerator="cpu", strategy="ddp" if run.world_size > 1 else "auto", devices=local_world_size,
-        num_nodes=nodes, max_epochs=args.epochs, deterministic=True, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=20,
-        callbacks=[gangflow_pl.GangflowCheckpoint(run)], logger=gangflow_pl.GangflowLogger(run),
+        num_nodes=max(1, run.world_size // local_world_size), max_steps=max_steps, max_epochs=-1, deterministic=True,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=20,
+        callbacks=[gangflow_pl.GangflowCheckpoint(run, every_n_epochs=args.every_n_epochs)],
+        logger=gangflow_pl.GangflowLogger(run),
     )  # fmt: skip
     trainer.fit(module, loader, ckpt_path=gangflow_pl.ckpt_path(run))
     if run.rank == 0:
@@ -96,8 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         final = Path(tempfile.mkdtemp(prefix="digits-lightning-"))
         save_file(module.net.state_dict(), final / "model.safetensors")  # tensors only: loading runs no code
-        (final / "digits_lightning.json").write_text(json.dumps({"channels": args.channels}))
-        run.log_model(final)
+        loss = trainer.callback_metrics.get("loss")
+        run.log_model(final, factory="digits_lightning.model:build", kwargs={"channels": args.channels},
+                      metrics={} if loss is None else {"train_loss": float(loss)})
     return 0
 
 
