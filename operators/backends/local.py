@@ -125,9 +125,8 @@ class LocalBackend(GangBackend):
             self.dataset_remote = remote_url()
         return [*args, "--set", f"data.remote={self.dataset_remote}"]
 
-    def run(self, spec: GangSpec, log: LogFn) -> GangResult:
-        log_dir = Path(spec.run_dir) / "torchrun" / f"try-{spec.attempt}"
-        log_dir.mkdir(parents=True, exist_ok=True)
+    def environment(self, spec: GangSpec) -> dict[str, str]:
+        """The gang's environment: this process's, the spec's, the package roots first on PYTHONPATH."""
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **spec.env}
         env["PYTHONUNBUFFERED"] = "1"
         if spec.package_roots:  # the pipeline's package_roots, before anything the worker had
@@ -137,6 +136,12 @@ class LocalBackend(GangBackend):
         if self.relay_tracking:  # the task relays; a worker's own MLflow settings must not reach rank 0
             for key in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID"):
                 env.pop(key, None)
+        return env
+
+    def run(self, spec: GangSpec, log: LogFn) -> GangResult:
+        log_dir = Path(spec.run_dir) / "torchrun" / f"try-{spec.attempt}"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        env = self.environment(spec)
         cmd = self.command(spec, log_dir)
         log(f"launching gang of {spec.world_size} ranks: {' '.join(cmd)}")
         # A session of its own, so on_kill can stop torchrun and every rank together.

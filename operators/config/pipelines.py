@@ -216,6 +216,9 @@ def _training_code(source: str, training: Any) -> tuple[str, ...]:
     if not isinstance(training, Mapping):
         raise PipelineConfigError(f"{source}: training must be a mapping with keys {', '.join(sorted(_TRAINING_KEYS))}")
     _check_keys(f"{source}: training", training, _TRAINING_KEYS)
+    if "entrypoint" not in training and "command" not in training:
+        raise PipelineConfigError(f"{source}: training: give exactly one of training.entrypoint (module:function) and "
+                                  "training.command; leave the section out for gangflow's own loop")
     try:
         return user_code_args(entrypoint=training.get("entrypoint"), kwargs=training.get("kwargs"),
                               command=training.get("command"), project_root=settings.PROJECT_ROOT, prefix="training.")
