@@ -81,7 +81,8 @@ def build_model(tokenizer, args: argparse.Namespace):
     return GPT2LMHeadModel(config)
 
 
-def main(*, vocab: int = 512, width: int = 64, layers: int = 2, block: int = 128, warmup_steps: int = 10) -> int:
+def main(*, vocab: int = 512, width: int = 64, layers: int = 2, block: int = 128, warmup_steps: int = 10,
+         lr_scheduler: str = "linear") -> int:
     """One rank's training. The model's shape comes from `training.kwargs`; the run's
     `train.max_steps`, `train.batch_size` (global: split over the ranks), `train.lr`, `train.seed`
     and `checkpoint.every_steps` from `run.params` (the trigger form can change them)."""
@@ -90,7 +91,8 @@ def main(*, vocab: int = 512, width: int = 64, layers: int = 2, block: int = 128
 
     from trainer import runtime
 
-    run = runtime.init(config={"vocab": vocab, "width": width, "layers": layers, "block": block})
+    run = runtime.init(config={"vocab": vocab, "width": width, "layers": layers, "block": block,
+                               "warmup_steps": warmup_steps, "lr_scheduler": lr_scheduler})
     params = run.params
     max_steps, batch = int(params.get("train.max_steps", 240)), int(params.get("train.batch_size", 16))
     lr, seed = float(params.get("train.lr", 3e-3)), int(params.get("train.seed", 20261203))
@@ -103,7 +105,7 @@ def main(*, vocab: int = 512, width: int = 64, layers: int = 2, block: int = 128
     model = build_model(tokenizer, SimpleNamespace(block=block, width=width, layers=layers))
     training_args = TrainingArguments(
         output_dir=gangflow_hf.scratch_dir(run), max_steps=max_steps, per_device_train_batch_size=batch // run.world_size,
-        learning_rate=lr, lr_scheduler_type="linear", warmup_steps=warmup_steps, weight_decay=0.0, seed=seed,
+        learning_rate=lr, lr_scheduler_type=lr_scheduler, warmup_steps=warmup_steps, weight_decay=0.0, seed=seed,
         save_strategy="steps", save_steps=int(params.get("checkpoint.every_steps", 40)), logging_steps=20,
         report_to=[], disable_tqdm=True, use_cpu=True, ddp_backend="gloo", ddp_find_unused_parameters=False,
         dataloader_num_workers=0,
