@@ -242,6 +242,18 @@ def _bundled_code(staging: Path, factory: str | None = None) -> list[str]:
     return paths
 
 
+def _user_folder(final_dir: Path) -> bool:
+    """Whether `final_dir` is a folder that training code of one's own published (`run.log_model`):
+    its model card says `"kind": "folder"`; the tokenizer, config and other files it holds belong
+    to the model (its `evaluation.entrypoint` reads them for the champion too)."""
+    from operators.registry import served_model
+
+    try:
+        return json.loads((final_dir / served_model.CARD_FILE).read_text()).get("kind") == "folder"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def log_pyfunc_model(
     client: MlflowClient,
     run_id: str,
@@ -275,6 +287,11 @@ def log_pyfunc_model(
             if not (final_dir / fname).is_file():
                 raise UserError(f"cannot register {final_dir}: {fname} is missing")
             shutil.copy2(final_dir / fname, staged / fname)
+        if _user_folder(final_dir):  # training code of one's own: its evaluation reads the whole folder
+            for path in sorted(final_dir.rglob("*")):
+                if path.is_file() and not path.is_symlink() and not any(p.is_symlink() for p in path.parents):
+                    (staged / path.relative_to(final_dir)).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(path, staged / path.relative_to(final_dir))
         experiment_id = client.get_run(run_id).info.experiment_id
         logged = client.create_logged_model(
             experiment_id, name=name, source_run_id=run_id,

@@ -111,19 +111,22 @@ _LOAD = object()
 def train(trainer: Any, run: Any, *, checkpoint: str | None | object = _LOAD, **train_kwargs: Any) -> Any:
     """`trainer.train()` with gangflow's callback, resumed from the last committed checkpoint if any
     (`checkpoint`: the folder `resume_checkpoint(run)` returned, when the caller needed it first)."""
+    if "resume_from_checkpoint" in train_kwargs:
+        raise TypeError("train(): gangflow chooses resume_from_checkpoint (its last committed checkpoint; "
+                        "pass checkpoint=resume_checkpoint(run) if the code needs it before training)")
     from transformers.trainer_callback import PrinterCallback
     from transformers.utils import logging as hf_logging
 
     if not any(isinstance(cb, GangflowCallback) for cb in trainer.callback_handler.callbacks):
         trainer.add_callback(GangflowCallback(run))
-    trainer.remove_callback(PrinterCallback)  # `report` prints the progress lines (rank 0)
+    trainer.remove_callback(PrinterCallback)  # gangflow's progress line (run.step_done) replaces it
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar per save in the task log
-    if "resume_from_checkpoint" in train_kwargs:
-        raise TypeError("train(): gangflow chooses resume_from_checkpoint (its last committed checkpoint; "
-                        "pass checkpoint=resume_checkpoint(run) if the code needs it before training)")
-    # A killed attempt can leave a half-written checkpoint-N in the scratch folder: start it empty.
+    # A killed attempt can leave a half-written checkpoint-N in the output folder: only committed
+    # checkpoints resume, so the Trainer's own leftovers (and nothing else there) are removed.
     if run.local_rank == 0:
-        shutil.rmtree(trainer.args.output_dir, ignore_errors=True)
+        for stale in Path(trainer.args.output_dir).glob("checkpoint-*"):
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
     _barrier()
     resume = resume_checkpoint(run) if checkpoint is _LOAD else checkpoint
     return trainer.train(resume_from_checkpoint=resume, **train_kwargs)
