@@ -281,6 +281,24 @@ def test_lightning_resumes_from_the_last_committed_checkpoint_and_ends_bitwise_e
         assert torch.equal(value, expected), name
 
 
+def test_lightning_sigterm_commits_a_final_checkpoint_and_exits_75(env, tmp_path):
+    import os
+
+    seen: list = []
+
+    class TermDuringStep6(list):
+        def append(self, item):  # training_step records (epoch, batch): step 6 is epoch 1, batch 1
+            super().append(item)
+            if item == (1, 1):
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    run = env()
+    with pytest.raises(SystemExit) as exited:
+        pl_fit(run, max_epochs=3, seen=TermDuringStep6(seen))
+    assert exited.value.code == EXIT_PREEMPTED
+    assert committed(tmp_path) == ["step-4", "step-6"]  # the epoch-end one and the preemption's own, mid-epoch
+
+
 def test_lightning_ckpt_path_refuses_a_checkpoint_without_lightnings_file(env):
     from trainer.integrations import lightning as gangflow_pl
 
