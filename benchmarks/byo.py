@@ -33,8 +33,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+_HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(_HERE))
 from common import PY, ROOT, TORCHRUN, clean_env, note, summary, utc_epoch  # noqa: E402
+
+# benchmarks/trainer.py would shadow the trainer package this script imports (trainer.user)
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 #: name -> the pipeline, the run conf of both sides, the module torchrun runs bare.
 EXAMPLES = {
