@@ -60,6 +60,7 @@ benchmarks: setup
 	$(BIN)/python benchmarks/validation.py
 	$(BIN)/python benchmarks/restart.py
 	$(BIN)/python benchmarks/classifier.py
+	$(BIN)/python benchmarks/byo.py
 
 constraints:
 	rm -rf /tmp/gangflow-freeze && $(PYTHON) -m venv /tmp/gangflow-freeze

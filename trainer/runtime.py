@@ -52,6 +52,7 @@ from trainer.errors import CheckpointError, ConfigError
 from trainer.faults import ENV as FAULT_ENV
 from trainer.faults import FaultInjector, fault_from_env
 from trainer.preemption import Preemption
+from trainer.loop import TRAIN_IDENTITY, ResumeMismatch, check_identity  # the loop's own rules, one place
 from trainer.storage import Storage, publish_folder
 from trainer.tracking import FINAL_ARTIFACT_PATH, Progress, Tracker
 
@@ -76,10 +77,6 @@ REQUIRED = (STATE_JSON,)
 CARD = "model_card.json"
 CARD_FORMAT = "gangflow-model-card/1"
 WEIGHTS = "model.safetensors"
-
-
-class ResumeMismatch(ConfigError):
-    """The newest checkpoint was made by other code, another config or other data than this run's."""
 
 
 @dataclass
@@ -158,7 +155,6 @@ class Run:
         self.device = self.dist.device
         # What a checkpoint must share with the run resuming it: the code, the data, the training
         # parameters the launcher passed (as the trainer's TRAIN_IDENTITY) and the code's own config.
-        from trainer.loop import TRAIN_IDENTITY
 
         self.identity = {"code": self.code, "data.version": self.data_version,
                          **{f"train.{k}": self.params[f"train.{k}"] for k in TRAIN_IDENTITY if f"train.{k}" in self.params},
@@ -273,15 +269,7 @@ class Run:
         return loaded
 
     def _check_identity(self, step: int, where: str, saved: Any) -> None:
-        advice = ("resuming would mix two runs and could publish old weights under this run's lineage; "
-                  "use a new run dir for the new code/config/data, or run with the checkpoint's")
-        if not isinstance(saved, dict):
-            raise ResumeMismatch(f"checkpoint step-{step} ({where}) records no code/config/data identity; {advice}")
-        diff = [k for k in sorted(set(saved) | set(self.identity)) if saved.get(k) != self.identity.get(k)]
-        if diff:
-            was = ", ".join(f"{k}={saved.get(k)!r}" for k in diff)
-            now = ", ".join(f"{k}={self.identity.get(k)!r}" for k in diff)
-            raise ResumeMismatch(f"checkpoint step-{step} ({where}) was made with {was}; this run has {now}: {advice}")
+        check_identity(f"checkpoint step-{step} ({where})", saved, self.identity, what="code/config/data")
 
     def _on_commit(self, info: dict[str, Any]) -> None:
         self.progress.committed(info)

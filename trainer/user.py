@@ -213,16 +213,10 @@ def _close(status: str | None) -> None:
 
 
 def exit_code(argv: list[str] | None = None) -> int:
-    """`main`, with whatever escapes it turned into the rank's exit code."""
-    try:
-        return main(argv) or EXIT_OK
-    except SystemExit as exc:  # argparse errors (2)
-        return exc.code if isinstance(exc.code, int) else EXIT_CONFIG_ERROR
-    except KeyboardInterrupt:
-        return 130
-    except BaseException:  # noqa: BLE001 - recorded already; print it as Python would
-        traceback.print_exc()
-        return EXIT_USER_ERROR
+    """`main`, with whatever escapes it turned into the rank's exit code (as `python -m trainer`'s)."""
+    from trainer.__main__ import exit_code as trainer_exit_code
+
+    return trainer_exit_code(argv, entry=main)
 
 
 if __name__ == "__main__":

@@ -123,3 +123,28 @@ def test_trainer_user_parses_what_the_backends_pass(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "trainer.user", "--run-dir", str(tmp_path), "--entrypoint", "x"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--entrypoint 'x' is invalid: expected module:function" in bad.stderr
+
+
+# --- the evaluation entrypoint ------------------------------------------------------------------------
+
+
+def test_the_evaluation_entrypoint_is_called_with_the_model_folder_and_the_test_split(tmp_path, monkeypatch):
+    from operators.evaluation import score_with_entrypoint
+    from operators.exceptions import UserError
+
+    (tmp_path / "myeval.py").write_text(
+        "def score(model_dir, test_path):\n"
+        "    return {'accuracy': len((model_dir / 'w').read_text()) / 10, 'test': test_path.name}\n"
+        "def boom(model_dir, test_path):\n    raise KeyError('pixel_99')\n"
+        "def wrong(model_dir, test_path):\n    return 0.5\n"
+        "def nan(model_dir, test_path):\n    return {'accuracy': float('nan')}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "w").write_text("12345")
+    assert score_with_entrypoint("myeval:score", tmp_path / "model", tmp_path / "test.parquet") == {
+        "accuracy": 0.5, "test": "test.parquet"}
+    for entry, needle in [("myeval:boom", "raised KeyError: 'pixel_99'"), ("myeval:wrong", "returned float: it must return a mapping"),
+                          ("myeval:nan", "returned non-finite accuracy"), ("myeval:missing", "cannot be imported here"),
+                          ("nomodule_xyz:score", "is its package on the path")]:
+        with pytest.raises(UserError, match=needle):
+            score_with_entrypoint(entry, tmp_path / "model", tmp_path / "test.parquet")
