@@ -8,6 +8,7 @@ pipelines/digits-lightning.yaml).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tempfile
 from collections.abc import Sequence
@@ -47,8 +48,9 @@ def lightning_module(channels: int, lr: float):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """One rank's training: `run.params` gives train.max_steps, train.batch_size (global, split over
-    the ranks), train.lr and train.seed (the trigger form can change them)."""
+    """One rank's training: `run.params` gives train.max_steps (rounded up to whole epochs),
+    train.batch_size (global, split over the ranks), train.lr and train.seed (the trigger form can
+    change them)."""
     import lightning as L
 
     from trainer import runtime
@@ -68,10 +70,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the seed and the epoch: an epoch-end resume replays exactly the batches of the run it continues.
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch // run.world_size,
                                          shuffle=True)
+    # Bounded by epochs, not steps: Lightning resumes an epoch-end checkpoint bit for bit only then
+    # (with max_steps and max_epochs=-1 the resumed run's weights drift in the last bits).
+    steps_per_epoch = math.ceil(math.ceil(len(x) / run.world_size) / (batch // run.world_size))
+    epochs = max(1, math.ceil(max_steps / steps_per_epoch))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's: processes on this node
     trainer = L.Trainer(
         accelerator="cpu", strategy="ddp" if run.world_size > 1 else "auto", devices=local_world_size,
-        num_nodes=max(1, run.world_size // local_world_size), max_steps=max_steps, max_epochs=-1, deterministic=True,
+        num_nodes=max(1, run.world_size // local_world_size), max_epochs=epochs, deterministic=True,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=20,
         callbacks=[gangflow_pl.GangflowCheckpoint(run, every_n_epochs=args.every_n_epochs)],
         logger=gangflow_pl.GangflowLogger(run),

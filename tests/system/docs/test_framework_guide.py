@@ -21,7 +21,7 @@ pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate
 GUIDES = {
     # save_steps=20: step-20 is committed before the kill at step 30
     "myhf": (["data/prepare_corpus.py"], 40, 30, 20),
-    # 1347 rows, 64 per rank and step on 2 ranks: 11 steps an epoch, committed at 11 and 22
+    # 1347 rows, 64 per rank and step on 2 ranks: 11 steps an epoch (3 epochs), committed at 11 and 22
     "mylightning": (["data/prepare.py", "--params", str(PROJECT_ROOT / "params.yaml")], 30, 25, 22),
 }
 
