@@ -46,7 +46,7 @@ EXAMPLES = {
                    "module": "digits_cnn.train", "args": []},
     "charlm": {"pipeline": "charlm", "conf": {"world_size": 2, "max_steps": 240, "checkpoint_every_steps": 40},
                "module": "charlm.train", "args": []},  # the entry point's kwargs are main()'s defaults
-    "digits-lightning": {"pipeline": "digits-lightning", "conf": {"world_size": 2, "max_steps": 1000},
+    "digits-lightning": {"pipeline": "digits-lightning", "conf": {"world_size": 2, "max_steps": 1400},
                          "module": "digits_lightning.train", "args": []},
 }
 _LAUNCH = "launching gang of "

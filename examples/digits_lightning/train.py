@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     run = runtime.init(config={"channels": args.channels, "every_n_epochs": args.every_n_epochs})
     params = run.params
-    max_steps, batch = int(params.get("train.max_steps", 1000)), int(params.get("train.batch_size", 32))
+    max_steps, batch = int(params.get("train.max_steps", 1400)), int(params.get("train.batch_size", 32))
     lr, seed = float(params.get("train.lr", 2e-3)), int(params.get("train.seed", 20261203))
     if batch % run.world_size:
         raise ValueError(f"train.batch_size={batch} is not a multiple of the world size {run.world_size}")
