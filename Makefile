@@ -62,6 +62,7 @@ benchmarks: setup
 	$(BIN)/python benchmarks/validation.py
 	$(BIN)/python benchmarks/restart.py
 	$(BIN)/python benchmarks/classifier.py
+	$(BIN)/python benchmarks/byo.py
 
 constraints:
 	rm -rf /tmp/gangflow-freeze && $(PYTHON) -m venv /tmp/gangflow-freeze
@@ -70,4 +71,4 @@ constraints:
 	mv constraints.txt.new constraints.txt
 
 clean:
-	rm -rf .gangflow data/digits data/diabetes data/synthetic
+	rm -rf .gangflow data/digits data/diabetes data/corpus data/synthetic

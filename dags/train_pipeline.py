@@ -210,10 +210,12 @@ def build_pipeline_dag(p: PipelineConfig):
             "train.batch_size": "{{ params.batch_size }}",
             "checkpoint.every_steps": "{{ params.checkpoint_every_steps }}",
         }
+        user_code = p.training_kwargs()  # training code of one's own (the pipeline's `training:`), if any
         gangs = [
             classes["train"](
                 task_id=f"train_local_{n}", world_size=n, backend="local", pool=settings.TRAINING_POOL, pool_slots=n,
                 dataset=validate.output, overrides=overrides, config_path=p.trainer_config, allowed_models=allowed,
+                **user_code,
             )
             for n in p.local_world_sizes
         ]  # fmt: skip
@@ -224,6 +226,7 @@ def build_pipeline_dag(p: PipelineConfig):
                 classes["train"](
                     task_id=f"train_{backend}", world_size="{{ params.world_size }}", backend=backend,
                     dataset=validate.output, overrides=overrides, config_path=in_image, allowed_models=allowed,
+                    **user_code,
                 )
             )  # fmt: skip
 
@@ -242,6 +245,7 @@ def build_pipeline_dag(p: PipelineConfig):
             mlflow_run_id=training["mlflow_run_id"],
             allowed_models=allowed,
             data_factory=p.data_factory,
+            evaluation_entrypoint=p.evaluation_entrypoint,
         )
         promote = classes["promote"](
             task_id="promote",
@@ -257,6 +261,7 @@ def build_pipeline_dag(p: PipelineConfig):
             metric_bounds=(p.metric.minimum, p.metric.maximum),
             allowed_models=allowed,
             data_factory=p.data_factory,
+            evaluation_entrypoint=p.evaluation_entrypoint,
             lineage={"train_try_number": training["attempt"]},  # the dataset's lineage: from the manifest
         )
         admission = admit_gang()

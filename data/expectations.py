@@ -1,8 +1,8 @@
 """The Great Expectations suites every dataset version must pass before it is trained on.
 
-`DatasetValidationOperator` calls `digits_suite(split)` (or `diabetes_suite`) once per split
+`DatasetValidationOperator` calls `digits_suite(split)` (or `diabetes_suite`, `corpus_suite`) once per split
 ("train", "test"); every threshold is a constant below, tabled in docs/data.md, "The expectations".
-`python data/expectations.py [train|test] [digits|diabetes]` prints a suite as JSON.
+`python data/expectations.py [train|test] [digits|diabetes|corpus]` prints a suite as JSON.
 """
 
 from __future__ import annotations
@@ -140,7 +140,38 @@ def diabetes_suite(split: str) -> gx.ExpectationSuite:
     )
 
 
+# --------------------------------------------------------------------------------------------
+# The charlm pipeline (causal language model): standard-library source files, one row per file
+# (data/prepare_corpus.py). 22 train files (about 430k characters), 3 test files (about 47k).
+
+CORPUS_COLUMNS: list[str] = ["path", "text"]
+CORPUS_ROW_COUNT: dict[str, tuple[int, int]] = {"train": (15, 40), "test": (2, 10)}
+# One file's text: more than a stub, less than a generated or concatenated blob.
+CORPUS_TEXT_CHARS: tuple[int, int] = (1_000, 200_000)
+
+
+def corpus_suite(split: str) -> gx.ExpectationSuite:
+    """The expectation suite for one split ("train" or "test") of the charlm text corpus."""
+    if split not in CORPUS_ROW_COUNT:
+        raise ValueError(f"split={split!r}: the corpus suite knows the splits {sorted(CORPUS_ROW_COUNT)}")
+    min_rows, max_rows = CORPUS_ROW_COUNT[split]
+    low, high = CORPUS_TEXT_CHARS
+    expectations: list[gxe.Expectation] = [
+        gxe.ExpectTableColumnsToMatchSet(column_set=CORPUS_COLUMNS, exact_match=True,
+                                         description="Exactly the columns path and text."),
+        gxe.ExpectTableRowCountToBeBetween(min_value=min_rows, max_value=max_rows,
+                                           description=f"The {split} split holds {min_rows}..{max_rows} files."),
+        ExpectColumnsValuesToNotBeNull(columns=CORPUS_COLUMNS, description="No column holds a null."),
+        gxe.ExpectColumnValuesToBeUnique(column="path", description="Each file appears once."),
+        gxe.ExpectColumnValuesToMatchRegex(column="path", regex=r"^[a-z_][a-z0-9_]*\.py$",
+                                           description="Each path is a module file name (name.py)."),
+        gxe.ExpectColumnValueLengthsToBeBetween(column="text", min_value=low, max_value=high,
+                                                description=f"Each file holds {low}..{high} characters."),
+    ]  # fmt: skip
+    return gx.ExpectationSuite(name=f"corpus.{split}", expectations=expectations, meta={"gangflow": {"split": split}})
+
+
 if __name__ == "__main__":
     split = sys.argv[1] if len(sys.argv) > 1 else "train"
-    suite = diabetes_suite if (sys.argv[2] if len(sys.argv) > 2 else "digits") == "diabetes" else digits_suite
+    suite = {"diabetes": diabetes_suite, "corpus": corpus_suite}.get(sys.argv[2] if len(sys.argv) > 2 else "digits", digits_suite)
     print(json.dumps(suite(split).to_json_dict(), indent=2, default=str))

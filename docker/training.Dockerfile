@@ -55,6 +55,9 @@ WORKDIR /app
 COPY params.yaml /app/params.yaml
 # The other pipelines' trainer configs (pipelines/trainer/*.yaml), named relative to /app by the DAGs.
 COPY pipelines/trainer/ /app/pipelines/trainer/
+# Training code of one's own: each pipeline's package_roots below /app (the pods get
+# PYTHONPATH=/app/<root>); here the examples' (docs/kubernetes.md, "Your own code").
+COPY examples/ /app/examples/
 # The pods run with a read-only root filesystem: caches go to the /tmp emptyDir.
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \

@@ -229,6 +229,33 @@ def evaluate_final_dir(
     return metrics
 
 
+def score_with_entrypoint(entrypoint: str, model_dir: str | Path, test_path: str | Path) -> dict[str, Any]:
+    """The pipeline's `evaluation.entrypoint` (`module:function`, named by the pipeline file) called
+    with the model folder (a run's `final/`) and the test split's local path; its metrics, a
+    mapping of names to finite numbers (other JSON values are kept in the report)."""
+    import importlib
+
+    module_name, _, func_name = str(entrypoint).partition(":")
+    try:
+        func = getattr(importlib.import_module(module_name), func_name)
+    except (ImportError, AttributeError) as exc:
+        raise UserError(f"evaluation.entrypoint={entrypoint!r} cannot be imported here ({type(exc).__name__}: {exc}); "
+                        "is its package on the path (the pipeline's package_roots)?") from None
+    try:
+        metrics = func(Path(model_dir), Path(test_path))
+    except GangflowError:
+        raise
+    except Exception as exc:  # the user's evaluation code failed: retrying will not help
+        raise UserError(f"evaluation.entrypoint={entrypoint!r} raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(metrics, Mapping) or not metrics or not all(isinstance(k, str) for k in metrics):
+        raise UserError(f"evaluation.entrypoint={entrypoint!r} returned {type(metrics).__name__}: it must return a "
+                        "mapping of metric names to numbers")
+    bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        raise UserError(f"evaluation.entrypoint={entrypoint!r} returned non-finite {', '.join(sorted(bad))}")
+    return dict(metrics)
+
+
 def manifest_of(dataset: Mapping[str, Any] | str | None) -> dict[str, Any]:
     """The validated-dataset manifest (a dict, or its JSON as a rendered template gives it)."""
     if isinstance(dataset, str):
@@ -355,6 +382,9 @@ class EvaluateModelOperator(BaseOperator):
         entry points (templated); a card naming anything else is refused before any import.
     :param data_factory: the `data.factory` of the pipeline's trainer config (templated): the test
         split is read through it, as the trainer reads it (default: the Parquet reader).
+    :param evaluation_entrypoint: `module:function(model_dir, test_path) -> metrics`, the
+        pipeline's `evaluation.entrypoint`, for models of one's own code: it replaces
+        `load_model`, `load_test_data` and `metrics` (docs/extending.md, "Bring your own training script").
 
     Subclassing (data engineers): override
 
@@ -395,11 +425,13 @@ class EvaluateModelOperator(BaseOperator):
         num_classes: int | None = None,
         allowed_models: Sequence[str] | None = None,
         data_factory: str | None = None,
+        evaluation_entrypoint: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("multiple_outputs", True)  # each metric is also an XCom of its own key
         super().__init__(**kwargs)
         self.data_factory = data_factory
+        self.evaluation_entrypoint = evaluation_entrypoint
         self.model_uri = model_uri
         self.dataset = dataset
         self.mlflow_run_id = mlflow_run_id
@@ -445,7 +477,7 @@ class EvaluateModelOperator(BaseOperator):
             report = Path(tmp) / "metrics.json"
             report.write_text(json.dumps(metrics, indent=2, sort_keys=True))
             client.log_artifact(run_id, str(report), artifact_path=str(Path(METRICS_ARTIFACT).parent))
-            if "confusion_matrix" in metrics:  # a classifier's
+            if "confusion_matrix" in metrics and "accuracy" in metrics:  # a classifier's
                 png = confusion_matrix_png(metrics["confusion_matrix"], Path(tmp) / "confusion_matrix.png",
                                            title=f"{self.task_id}: accuracy {metrics['accuracy']:.4f}")
                 client.log_artifact(run_id, str(png), artifact_path=str(Path(CONFUSION_ARTIFACT).parent))
@@ -465,6 +497,9 @@ class EvaluateModelOperator(BaseOperator):
             final_dir = download_model(get_client(self.tracking_uri or None), model_uri, Path(tmp) / "model")
             test_path = fetch_test_split(manifest, Path(tmp) / "data")
             self.task = card_task(final_dir)  # as trained: the card's train.task
+            if self.evaluation_entrypoint:
+                metrics = score_with_entrypoint(self.evaluation_entrypoint, final_dir, test_path)
+                return self._finish(metrics, manifest, model_uri, num_examples=metrics.get("num_examples"))
             try:
                 model = self.load_model(final_dir)
             except GangflowError:
@@ -479,6 +514,9 @@ class EvaluateModelOperator(BaseOperator):
                 raise UserError(f"cannot read test.parquet of dataset version {manifest['version']}: "
                                 f"{type(exc).__name__}: {exc}") from exc
             metrics = self.metrics(model, x, y)
+        return self._finish(metrics, manifest, model_uri, num_examples=metrics.get("num_examples", len(y)))
+
+    def _finish(self, metrics: dict[str, Any], manifest: Mapping[str, Any], model_uri: str, *, num_examples: Any) -> dict[str, Any]:
         metrics.pop("test_path", None)  # a temporary or worker-local path: meaningless downstream
         metrics["test_md5"] = str(manifest["test_md5"])  # verified by fetch_test_split
         metrics["dataset_version"] = str(manifest["version"])
@@ -487,7 +525,7 @@ class EvaluateModelOperator(BaseOperator):
                              if isinstance(metrics.get(k), (int, float)))
         log.info(
             "evaluated %s (%s) on dataset version %s test split (%d examples, md5 %s): %s",
-            model_uri, self.task, manifest["version"], metrics.get("num_examples", len(y)), metrics["test_md5"], headline,
+            model_uri, self.task, manifest["version"], num_examples, metrics["test_md5"], headline,
         )
         if self.mlflow_run_id:
             self.log_to_mlflow(metrics)

@@ -150,11 +150,13 @@ class PromoteModelOperator(BaseOperator):
         direction: str | None = None,
         metric_bounds: Sequence[float | None] | None = None,
         data_factory: str | None = None,
+        evaluation_entrypoint: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("multiple_outputs", True)  # `promote.output["model_version"]` in a DAG of one's own
         super().__init__(**kwargs)
         self.data_factory = data_factory
+        self.evaluation_entrypoint = evaluation_entrypoint
         if metric:
             self.metric_name = metric
         if direction:
@@ -204,7 +206,10 @@ class PromoteModelOperator(BaseOperator):
 
     def evaluate_model_dir(self, final_dir: Path, test_path: Path) -> dict[str, Any]:
         """Metrics of the model in `final_dir` on `test_path` (candidate and champion alike)."""
-        from operators.evaluation import evaluate_final_dir
+        from operators.evaluation import evaluate_final_dir, score_with_entrypoint
+
+        if self.evaluation_entrypoint:  # the pipeline's own evaluation (models of one's own code)
+            return score_with_entrypoint(self.evaluation_entrypoint, final_dir, test_path)
 
         return evaluate_final_dir(final_dir, test_path, allowed_models=self.allowed_models,
                                   data_factory=self.data_factory or None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from airflow.sdk import BaseOperator
 from operators import failure_context
 from operators.config import settings
 from operators.backends import GangResult, GangSpec, get_backend
+from operators.backends.base import user_code_args
 from operators.exceptions import GangCapacityError, GangFailure, InfraFailure, UnknownFailure, UserError, UserFailure
 
 _FAILURES: dict[str, type[GangFailure]] = {"infra": InfraFailure, "user": UserFailure, "unknown": UnknownFailure}
@@ -65,6 +66,12 @@ class GangTrainingOperator(BaseOperator):
         under the state dir).
     :param allowed_models: `module:function` model factories the pipeline allows (templated): the
         logged model's signature carries the card's factory when allowed, so it serves standalone.
+    :param entrypoint: training code of one's own instead of gangflow's loop: `module:function`,
+        called in every rank with `entrypoint_kwargs` (docs/extending.md, "Bring your own training script").
+    :param command: or a command run under torchrun: `[python, -m, module, ARGS...]` or
+        `[python, script.py, ARGS...]` (a script inside the project).
+    :param package_roots: folders of the project put first on the ranks' PYTHONPATH (the pods':
+        below the image's /app).
     :returns: (XCom) `model_uri` (`models:/<model_id>`: this task logs the run's `final/` once, after
         the gang, as the MLflow run's LoggedModel: a signed pyfunc with gangflow's installed loader,
         `operators.registry.versions.log_final_model`; evaluate scores it and promote registers
@@ -90,11 +97,19 @@ class GangTrainingOperator(BaseOperator):
         experiment: str = "gangflow",
         run_dir: str | None = None,
         allowed_models: list[str] | None = None,
+        entrypoint: str | None = None,
+        entrypoint_kwargs: Mapping[str, Any] | None = None,
+        command: Sequence[str] | None = None,
+        package_roots: Sequence[str] = (),
         **kwargs,
     ):
         kwargs.setdefault("multiple_outputs", True)  # `train.output["model_uri"]` in a DAG of one's own
         super().__init__(**kwargs)
         self.allowed_models = allowed_models
+        # Checked here, when the DAG file is parsed: a bad value never reaches a gang.
+        self.user_code = user_code_args(entrypoint=entrypoint, kwargs=entrypoint_kwargs, command=command,
+                                        project_root=settings.PROJECT_ROOT)
+        self.package_roots = tuple(package_roots)
         self.world_size = world_size
         self.dataset = dataset
         self.overrides = dict(overrides or {})
@@ -132,6 +147,8 @@ class GangTrainingOperator(BaseOperator):
             env=env,
             attempt=ti.try_number,
             dataset_version=version,
+            user_code=self.user_code,
+            package_roots=self.package_roots,
         )
 
     def mlflow_run(self, context) -> str | None:
@@ -368,7 +385,8 @@ def _spec_to_dict(spec: GangSpec) -> dict[str, Any]:
     return {
         "name": spec.name, "run_dir": spec.run_dir, "world_size": spec.world_size, "config_path": spec.config_path,
         "overrides": list(spec.overrides), "env": dict(spec.env), "attempt": spec.attempt,
-        "dataset_version": spec.dataset_version,
+        "dataset_version": spec.dataset_version, "user_code": list(spec.user_code),
+        "package_roots": list(spec.package_roots),
     }  # fmt: skip
 
 

@@ -94,11 +94,11 @@ def _import_dynamo() -> None:
         pass
 
 
-def exit_code(argv: list[str] | None = None) -> int:
-    """`main`, with whatever escapes it turned into the rank's exit code (as `python -m trainer`
-    and trainer.launch's forked ranks end)."""
+def exit_code(argv: list[str] | None = None, entry=None) -> int:
+    """`main` (or `entry`: trainer.user's), with whatever escapes it turned into the rank's exit
+    code (as `python -m trainer` and trainer.launch's forked ranks end)."""
     try:
-        return main(argv) or EXIT_OK
+        return (entry or main)(argv) or EXIT_OK
     except SystemExit as exc:  # argparse errors (2)
         return exc.code if isinstance(exc.code, int) else EXIT_CONFIG_ERROR
     except KeyboardInterrupt:

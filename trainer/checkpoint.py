@@ -214,8 +214,8 @@ def _check_content(name: str, data: bytes) -> None:
             raise CorruptCheckpoint(f"{name}: not a JSON object")
 
 
-def _manifest(folder: Storage) -> dict[str, Any]:
-    """The parsed manifest; CorruptCheckpoint unless it is well-formed and lists every file."""
+def _manifest(folder: Storage, required: tuple[str, ...] = REQUIRED) -> dict[str, Any]:
+    """The parsed manifest; CorruptCheckpoint unless it is well-formed and lists every `required` file."""
     try:
         manifest = json.loads(_read_checked(folder, MANIFEST, limit=MANIFEST_LIMIT))
     except CorruptCheckpoint as exc:
@@ -230,7 +230,7 @@ def _manifest(folder: Storage) -> dict[str, Any]:
     for name in files:  # before anything is opened: a name is a file of this folder, nothing else
         if not PLAIN_FILE.match(name) or name == MANIFEST:
             raise CorruptCheckpoint(f"{MANIFEST}: {name[:120]!r} is not a plain file name of the checkpoint folder")
-    missing = [name for name in REQUIRED if name not in files]
+    missing = [name for name in required if name not in files]
     if missing:
         raise CorruptCheckpoint(f"{MANIFEST} does not list {', '.join(missing)}")
     for name, entry in files.items():
@@ -250,6 +250,9 @@ class Snapshot:
     optimizer: dict[str, torch.Tensor]
     state: dict[str, Any]  # state.json
     blocked_s: float = 0.0  # loop time spent taking the snapshot (reported, not written)
+    # The files to commit, already encoded (trainer.runtime's checkpoints: state.json, state.pt,
+    # folder.tar); None: model/optimizer/state as `encode` writes them.
+    files: dict[str, bytes] | None = None
 
 
 @dataclass
@@ -263,6 +266,8 @@ class Loaded:
 
 def encode(snap: Snapshot) -> dict[str, list[bytes | memoryview]]:
     """A checkpoint's files as buffers to write in order (headers and JSON; the tensors' own memory)."""
+    if snap.files is not None:
+        return {name: [data] for name, data in snap.files.items()}
     return {
         "model.safetensors": safetensors_parts(snap.model),
         "optimizer.safetensors": safetensors_parts(snap.optimizer),
@@ -284,8 +289,10 @@ class Checkpointer:
         log: Callable[[str], None] = print,
         on_commit: Callable[[dict[str, Any]], None] | None = None,
         at_save: Callable[[int], None] | None = None,
+        required: tuple[str, ...] = REQUIRED,
     ) -> None:
         self.store = Storage(root)
+        self.required = required  # the files a checkpoint's manifest must list (trainer.runtime's differ)
         try:  # a run dir's `checkpoints` that is a link is refused: nothing is written or deleted through it
             self.root = self.store.local_path() if self.store.local else self.store.url
         except OSError as exc:
@@ -439,11 +446,11 @@ class Checkpointer:
         return sorted(found, key=lambda item: item[0], reverse=True)
 
     @staticmethod
-    def verify(path: Path | str | Storage, *, parse: bool = False) -> dict[str, Any]:
+    def verify(path: Path | str | Storage, required: tuple[str, ...] = REQUIRED, *, parse: bool = False) -> dict[str, Any]:
         """The manifest of a committed checkpoint, after checking every file (and with `parse`,
         that the tensors' headers and state.json are well-formed); CorruptCheckpoint if not."""
         folder = Storage(path)
-        manifest = _manifest(folder)
+        manifest = _manifest(folder, required)
         for name, entry in manifest["files"].items():
             _read_verified(folder, name, entry, parse=parse)
         return manifest
@@ -454,7 +461,7 @@ class Checkpointer:
         chosen = None
         for step, path in self.committed():
             try:
-                self.verify(path, parse=True)
+                self.verify(path, self.required, parse=True)
             except CorruptCheckpoint as exc:
                 corrupt.append((step, path, str(exc)))
                 continue
@@ -493,3 +500,12 @@ class Checkpointer:
             raise CorruptCheckpoint(f"state.json is malformed ({type(exc).__name__}: {exc})") from None
         self.last_step = step
         return Loaded(step=step, path=path or self._location(f"step-{step}"), model=model, optimizer=optimizer, state=state)
+
+    def read_files(self, step: int) -> dict[str, bytes]:
+        """Every file of checkpoint `step`, each verified against the manifest (trainer.runtime's
+        checkpoints); CorruptCheckpoint if one does not verify."""
+        folder = self.store.child(f"step-{step}")
+        files = _manifest(folder, self.required)["files"]
+        data = {name: _read_verified(folder, name, entry) for name, entry in files.items()}
+        self.last_step = step
+        return data

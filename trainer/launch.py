@@ -3,7 +3,8 @@ ranks forked from an interpreter that has already imported what they need (contr
 
 torchrun's own agent and options; torch, torch._dynamo, pyarrow and the trainer are imported once
 and the ranks start with the `fork` method. Safe because this process never touches CUDA and
-starts no thread before the ranks exist. Only `-m trainer` is accepted.
+starts no thread before the ranks exist. Only `-m trainer` and `-m trainer.user` (training code of
+one's own) are accepted.
 """
 
 from __future__ import annotations
@@ -20,33 +21,36 @@ from torch.distributed.launcher.api import elastic_launch
 
 import trainer.data  # noqa: F401  (pyarrow, numpy)
 import trainer.loop  # noqa: F401  (the rest of the trainer)
+import trainer.user  # noqa: F401  (trainer.runtime)
 from trainer import EXIT_CONFIG_ERROR, EXIT_OK
 from trainer.__main__ import exit_code, exit_process
 from trainer.console import say
 
 ENTRY_MODULE = "trainer"
+ENTRY_MODULES = (ENTRY_MODULE, "trainer.user")
 
 
 class LaunchError(ValueError):
     """The command line asks for something this launcher does not run."""
 
 
-def rank_main(*argv: str) -> None:
-    """One rank, in a forked child: `python -m trainer`'s main and exit code. A failed rank exits
-    with its code, as under torchrun (the classifier reads it); a rank that succeeded returns,
-    and TorchElastic ends the process."""
-    code = exit_code(list(argv))
+def rank_main(module: str, *argv: str) -> None:
+    """One rank, in a forked child: `python -m trainer`'s (or `-m trainer.user`'s) main and exit
+    code. A failed rank exits with its code, as under torchrun (the classifier reads it); a rank
+    that succeeded returns, and TorchElastic ends the process."""
+    code = (trainer.user.exit_code if module == "trainer.user" else exit_code)(list(argv))
     if code != EXIT_OK:
         exit_process(code)
 
 
 def parse(argv: list[str]):
-    """torchrun's own options; (LaunchConfig, trainer arguments). LaunchError when the entry
-    point is not `-m trainer` or the options ask for a start method other than fork."""
+    """torchrun's own options; (LaunchConfig, [entry module, *its arguments]). LaunchError when the
+    entry point is not `-m trainer` / `-m trainer.user` or the options ask for a start method other than fork."""
     args = torchrun.parse_args(argv)
-    if not args.module or args.training_script != ENTRY_MODULE or args.no_python or args.run_path:
+    if not args.module or args.training_script not in ENTRY_MODULES or args.no_python or args.run_path:
         given = " ".join(filter(None, ["-m" if args.module else "", args.training_script]))
-        raise LaunchError(f"trainer.launch runs `-m {ENTRY_MODULE}` only, got {given!r}: use torchrun for other entry points")
+        raise LaunchError(f"trainer.launch runs `-m {ENTRY_MODULE}` or `-m trainer.user` only, got {given!r}: "
+                          "use torchrun for other entry points")
     if any(item.split("=")[0] in ("--start-method", "--start_method") for item in argv):
         raise LaunchError("--start-method: trainer.launch always forks the ranks; use torchrun to choose another")
     args.start_method = "fork"
@@ -58,7 +62,7 @@ def parse(argv: list[str]):
     if args.master_port is None:
         args.master_port = 29500
     config, _cmd, _cmd_args = torchrun.config_from_args(args)
-    return config, list(args.training_script_args)
+    return config, [args.training_script, *args.training_script_args]
 
 
 @record

@@ -56,6 +56,20 @@ def identity_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> list[st
     return [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
 
 
+def check_identity(where: str, saved: Any, current: dict[str, Any], *, what: str = "config/data") -> None:
+    """Refuse (ResumeMismatch) to resume checkpoint `where` when the identity it records differs from
+    this run's: gangflow's loop and trainer.runtime's checkpoints alike."""
+    advice = ("resuming would mix two runs and could publish old weights under this run's lineage; "
+              f"use a new run dir for the new {what}, or run with the checkpoint's")
+    if not isinstance(saved, dict):
+        raise ResumeMismatch(f"{where} records no {what} identity (written by an older trainer); {advice}")
+    diff = identity_mismatch(saved, current)
+    if diff:
+        was = ", ".join(f"{k}={saved.get(k)!r}" for k in diff)
+        now = ", ".join(f"{k}={current.get(k)!r}" for k in diff)
+        raise ResumeMismatch(f"{where} was made with {was}; this run has {now}: {advice}")
+
+
 class WarmupCosine:
     """LR scheduler: lr = base_lr * factor(completed steps); linear warm-up, then cosine to 0 at
     `max_steps` (or constant). Its whole state is `state_dict()` (JSON), saved in checkpoints.
@@ -311,16 +325,7 @@ class Trainer:
 
     def check_identity(self, step: int, path: Any, saved: Any) -> None:
         """Refuse to resume a checkpoint made with another config or other data (every rank)."""
-        where = f"checkpoint step-{step} ({path})"
-        advice = ("resuming would mix two runs and could publish old weights under this run's lineage; "
-                  "use a new run dir for the new config/data, or run with the checkpoint's")
-        if not isinstance(saved, dict):
-            raise ResumeMismatch(f"{where} records no config/data identity (written by an older trainer); {advice}")
-        diff = identity_mismatch(saved, self.identity)
-        if diff:
-            was = ", ".join(f"{k}={saved.get(k)!r}" for k in diff)
-            now = ", ".join(f"{k}={self.identity.get(k)!r}" for k in diff)
-            raise ResumeMismatch(f"{where} was made with {was}; this run has {now}: {advice}")
+        check_identity(f"checkpoint step-{step} ({path})", saved, self.identity)
 
     # --- endings --------------------------------------------------------------------------------
 

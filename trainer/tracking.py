@@ -328,7 +328,7 @@ class Progress:
     read, no collective (ranks need not agree on time). The loss shown is the last logged one
     (mean over ranks, every `train.log_every_steps`)."""
 
-    def __init__(self, tracker: Tracker, *, log, every_s: float, total: int, global_batch: int, start_step: int,
+    def __init__(self, tracker: Tracker, *, log, every_s: float, total: int | None, global_batch: int | None, start_step: int,
                  committed_step: int | None) -> None:
         self.tracker, self.log, self.every_s, self.total, self.global_batch = tracker, log, every_s, total, global_batch
         self.enabled = tracker.enabled
@@ -367,15 +367,18 @@ class Progress:
                 self.startup_s = -1.0
         if self.every_s <= 0 or now < self.next_at:
             return
-        rate = (step - self.last_step) * self.global_batch / max(now - self.last_t, 1e-9)
+        # Without a global batch (trainer.runtime's user loops) the rate is in steps, not samples.
+        rate = (step - self.last_step) * (self.global_batch or 1) / max(now - self.last_t, 1e-9)
+        unit = "samples" if self.global_batch else "steps"
         done = step - self.start_step
-        eta = (self.total - step) * (now - self.t0) / done if done > 0 else float("nan")
+        eta = (self.total - step) * (now - self.t0) / done if done > 0 and self.total else float("nan")
         self.last_step, self.last_t, self.next_at = step, now, now + self.every_s
         loss = "-" if self.loss is None else f"{self.loss:.4f}"
         ckpt = "none" if self.committed_step is None else str(self.committed_step)
-        self.log(f"gangflow: progress: step {step}/{self.total} ({100 * step / self.total:.0f}%), loss {loss}, "
-                 f"{rate:.0f} samples/s, ETA {_duration(eta) if eta == eta else '-'}, last checkpoint step {ckpt}")
-        fields = {"loss": self.loss, "samples_per_sec": round(rate, 3), "eta_s": round(eta, 3) if eta == eta else None,
+        of = f"/{self.total} ({100 * step / self.total:.0f}%)" if self.total else ""
+        self.log(f"gangflow: progress: step {step}{of}, loss {loss}, "
+                 f"{rate:.0f} {unit}/s, ETA {_duration(eta) if eta == eta else '-'}, last checkpoint step {ckpt}")
+        fields = {"loss": self.loss, f"{unit}_per_sec": round(rate, 3), "eta_s": round(eta, 3) if eta == eta else None,
                   "last_checkpoint_step": self.committed_step}
         self.tracker.event("progress", step, mlflow_prefix="progress_", sync=False, total_steps=self.total, **fields)
         # attempt_run_s follows the progress lines, so a killed attempt keeps its last value

@@ -9,14 +9,71 @@ failure classifier reads. Synchronous backends implement `run`; deferrable ones 
 from __future__ import annotations
 
 import abc
+import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from trainer.urls import credentials_refusal, has_credentials
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_PYTHONS = ("python", "python3")
+
+
+def _relative(where: str, text: str) -> str:
+    if not text or text.startswith("/") or ".." in text.split("/"):
+        raise ValueError(f"{where}={text!r}: must be a path relative to the project, without '..'")
+    return text
+
+
+def user_code_args(*, entrypoint: str | None = None, kwargs: Mapping[str, Any] | None = None,
+                   command: Sequence[str] | None = None, project_root: Path | None = None,
+                   prefix: str = "") -> tuple[str, ...]:
+    """`python -m trainer.user`'s target (GangSpec.user_code) for training code of one's own:
+    `entrypoint` (module:function, called with `kwargs`) or `command` ([python, -m, MODULE, ARGS...]
+    or [python, SCRIPT.py, ARGS...]); () for neither (gangflow's loop). ValueError names the field
+    (`prefix` + its name) and what is accepted. A script must exist below `project_root` when given."""
+    if entrypoint is None and command is None:
+        if kwargs:
+            raise ValueError(f"{prefix}kwargs goes with {prefix}entrypoint")
+        return ()
+    if entrypoint is not None and command is not None:
+        raise ValueError(f"give exactly one of {prefix}entrypoint (module:function) and {prefix}command (a list: "
+                         "[python, -m, module, ARGS...] or [python, script.py, ARGS...])")
+    if entrypoint is not None:
+        if not isinstance(entrypoint, str) or not ENTRYPOINT_RE.match(entrypoint):
+            raise ValueError(f"{prefix}entrypoint={entrypoint!r}: must be module:function, e.g. mypkg.train:main")
+        kwargs = {} if kwargs is None else kwargs
+        if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+            raise ValueError(f"{prefix}kwargs={kwargs!r}: must map keyword argument names to values")
+        try:
+            text = json.dumps(dict(kwargs), sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{prefix}kwargs: values must be JSON (numbers, strings, lists, mappings): {exc}") from None
+        return ("--entrypoint", entrypoint, "--kwargs", text)
+    if kwargs:
+        raise ValueError(f"{prefix}kwargs goes with {prefix}entrypoint; give {prefix}command its arguments in the list")
+    where = f"{prefix}command"
+    if isinstance(command, str) or not isinstance(command, Sequence) or not command or not all(isinstance(a, str) for a in command):
+        raise ValueError(f"{where}={command!r}: must be a list of strings, e.g. [python, -m, mypkg.train, --epochs, '3']")
+    args = list(command)
+    if args[0] in _PYTHONS:
+        args = args[1:]
+    if args[:1] == ["-m"]:
+        if len(args) < 2 or not _MODULE_RE.match(args[1]):
+            raise ValueError(f"{where}={list(command)!r}: `-m` needs a module name, e.g. [python, -m, mypkg.train]")
+        return ("--module", args[1], "--", *args[2:])
+    if args and args[0].endswith(".py"):
+        script = _relative(f"{where}[script]", args[0])
+        if project_root is not None and not (Path(project_root) / script).is_file():
+            raise ValueError(f"{where}={list(command)!r}: no script {script!r} in {project_root}")
+        return ("--script", script, "--", *args[1:])
+    raise ValueError(f"{where}={list(command)!r}: must be [python, -m, MODULE, ARGS...] or [python, SCRIPT.py, ARGS...] "
+                     f"(the interpreter, if named, is one of {', '.join(_PYTHONS)}: the ranks' own)")
 
 
 @dataclass(frozen=True)
@@ -33,9 +90,19 @@ class GangSpec:
     # The dataset version the ranks fetch by content address: each backend turns it into its data
     # arguments (`--set data.version=... data.remote=...`; the local DVC remote, or the Kubernetes runtime's).
     dataset_version: str | None = None
+    # Training code of one's own instead of gangflow's loop: `python -m trainer.user`'s target
+    # (`--entrypoint m:f --kwargs JSON`, `--module m -- ARGS`, `--script p -- ARGS`); empty: `-m trainer`.
+    user_code: tuple[str, ...] = ()
+    # Folders (relative to the project / the image's /app) put on the ranks' PYTHONPATH for it.
+    package_roots: tuple[str, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "overrides", tuple(self.overrides))
+        object.__setattr__(self, "user_code", tuple(self.user_code))
+        object.__setattr__(self, "package_roots", tuple(self.package_roots))
+        for root in self.package_roots:
+            if not root or root.startswith("/") or ".." in root.split("/"):
+                raise ValueError(f"package_roots item {root!r}: must be a path relative to the project, without '..'")
         if not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"world_size={self.world_size!r}: must be an integer >= 1")
         if not _NAME.match(self.name):
@@ -48,6 +115,11 @@ class GangSpec:
                 raise ValueError(credentials_refusal(f"overrides {key}", value))
         if has_credentials(self.run_dir):
             raise ValueError(credentials_refusal("run_dir", self.run_dir))
+
+    @property
+    def entry_module(self) -> str:
+        """The module each rank runs: `trainer` (gangflow's loop) or `trainer.user` (the user's code)."""
+        return "trainer.user" if self.user_code else "trainer"
 
     def trainer_args(self) -> list[str]:
         """The trainer's argv after `-m trainer` (contract 1)."""

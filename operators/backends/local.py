@@ -110,7 +110,7 @@ class LocalBackend(GangBackend):
             "--max-restarts", "0",
             "--tee", "3", "--log-dir", str(log_dir),
             *self.extra_torchrun_args,
-            "-m", "trainer", *spec.trainer_args(), *self._data_args(spec),
+            "-m", spec.entry_module, *spec.trainer_args(), *self._data_args(spec), *spec.user_code,
         ]  # fmt: skip
 
     def _data_args(self, spec: GangSpec) -> list[str]:
@@ -128,14 +128,23 @@ class LocalBackend(GangBackend):
             self.dataset_remote = remote_url()
         return [*args, "--set", f"data.remote={self.dataset_remote}"]
 
-    def run(self, spec: GangSpec, log: LogFn) -> GangResult:
-        log_dir = Path(spec.run_dir) / "torchrun" / f"try-{spec.attempt}"
-        log_dir.mkdir(parents=True, exist_ok=True)
+    def environment(self, spec: GangSpec) -> dict[str, str]:
+        """The gang's environment: this process's, the spec's, the package roots first on PYTHONPATH."""
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **spec.env}
         env["PYTHONUNBUFFERED"] = "1"
+        if spec.package_roots:  # the pipeline's package_roots, before anything the worker had
+            project = Path(os.environ.get("GANGFLOW_PROJECT") or settings.PROJECT_ROOT)
+            roots = [str((project / root).resolve()) for root in spec.package_roots]
+            env["PYTHONPATH"] = os.pathsep.join([*roots, *filter(None, [env.get("PYTHONPATH")])])
         if self.relay_tracking:  # the task relays; a worker's own MLflow settings must not reach rank 0
             for key in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID"):
                 env.pop(key, None)
+        return env
+
+    def run(self, spec: GangSpec, log: LogFn) -> GangResult:
+        log_dir = Path(spec.run_dir) / "torchrun" / f"try-{spec.attempt}"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        env = self.environment(spec)
         cmd = self.command(spec, log_dir)
         log(f"launching gang of {spec.world_size} ranks: {redact_url(' '.join(cmd))}")
         # A session of its own, so on_kill can stop torchrun and every rank together.

@@ -113,6 +113,8 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
         "promoted": bool(decision.get("promoted", False)),
         "promotion_reason": decision.get("reason"),
         "train_attempts": max(train_tries, default=0),
+        # the checkpoint the successful try resumed from (None: it started from step 0)
+        "resumed_from_step": (xcoms.get(("training_result", "return_value")) or {}).get("resumed_from_step"),
     }
     if summary["state"] == "failed":
         record = read_failure(dag_id, dag_run.run_id)

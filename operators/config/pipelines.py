@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from operators.backends.base import ENTRYPOINT_RE as _ENTRYPOINT_RE
+from operators.backends.base import user_code_args
 from operators.config import settings
 from operators.exceptions import InvalidParams, UserError
 from trainer.config import FACTORY_RE
@@ -41,7 +43,7 @@ BUILTIN_BACKENDS = ("local", "kubernetes")
 # range and `not` refuses it (+-inf are refused by each number Param's own bounds).
 NOT_NAN = {"not": {"description": "NaN (not a number)", "minimum": 1, "maximum": 0}}
 
-_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
 _ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 
 
@@ -90,6 +92,21 @@ class PipelineConfig:
     package_roots: tuple[str, ...] = ()
     # stage (validate | train | evaluate | promote) -> 'module:Class', a subclass of the stage's operator
     operators: dict[str, str] = field(default_factory=dict)
+    # Training code of one's own (`training:`): `python -m trainer.user`'s target; () = gangflow's loop
+    training_code: tuple[str, ...] = ()
+    evaluation_entrypoint: str | None = None  # `module:function(model_dir, test_path) -> metrics`
+    training: Mapping[str, Any] | None = None  # the `training:` section as written
+
+    def training_kwargs(self) -> dict[str, Any]:
+        """GangTrainingOperator's arguments for the pipeline's own training code ({} for gangflow's loop).
+        The ranks get the package roots inside the project, relative to it (a pod has them below /app)."""
+        if not self.training:
+            return {}
+        project = settings.PROJECT_ROOT.resolve()
+        inside = [Path(root).relative_to(project).as_posix() for root in self.package_roots
+                  if Path(root).is_relative_to(project)]
+        return {"entrypoint": self.training.get("entrypoint"), "entrypoint_kwargs": self.training.get("kwargs"),
+                "command": self.training.get("command"), "package_roots": tuple(inside)}
 
     @property
     def dataset_asset_uri(self) -> str:
@@ -113,8 +130,11 @@ PipelineDefaults = PipelineConfig
 _KEYS = {
     "name", "dag_id", "publish_dag_id", "description", "schedule", "dataset", "trainer_config", "metric",
     "gate", "model_name", "backends", "default_backend", "world_size", "local_world_sizes", "retries",
-    "retry_base_delay_seconds", "allowed_models", "package_roots", "operators",
+    "retry_base_delay_seconds", "allowed_models", "package_roots", "operators", "training", "evaluation",
 }  # fmt: skip
+_TRAINING_KEYS = {"entrypoint", "kwargs", "command"}
+_EVALUATION_KEYS = {"entrypoint"}
+
 _DATASET_KEYS = {"stage", "out", "asset", "suite"}
 _METRIC_KEYS = {"name", "direction", "minimum", "maximum"}
 _GATE_KEYS = {"threshold", "floor", "min_improvement"}  # floor: the threshold's name before it was direction-neutral
@@ -263,6 +283,42 @@ def _gate(source: str, gate: Mapping[str, Any], metric: Metric) -> tuple[float, 
     return threshold, min_improvement
 
 
+def _relative_path(where: str, value: Any) -> str:
+    text = _string(where, value, accepted="a path relative to the project")
+    if text.startswith("/") or ".." in text.split("/"):
+        raise PipelineConfigError(f"{where}={value!r}: must be a path relative to the project, without '..'")
+    return text.rstrip("/")
+
+
+def _training_code(source: str, training: Any) -> tuple[str, ...]:
+    """`python -m trainer.user`'s target for the `training:` section (() when there is none)."""
+    if training is None:
+        return ()
+    if not isinstance(training, Mapping):
+        raise PipelineConfigError(f"{source}: training must be a mapping with keys {', '.join(sorted(_TRAINING_KEYS))}")
+    _check_keys(f"{source}: training", training, _TRAINING_KEYS)
+    if "entrypoint" not in training and "command" not in training:
+        raise PipelineConfigError(f"{source}: training: give exactly one of training.entrypoint (module:function) and "
+                                  "training.command; leave the section out for gangflow's own loop")
+    try:
+        return user_code_args(entrypoint=training.get("entrypoint"), kwargs=training.get("kwargs"),
+                              command=training.get("command"), project_root=settings.PROJECT_ROOT, prefix="training.")
+    except ValueError as exc:
+        raise PipelineConfigError(f"{source}: {exc}") from None
+
+
+def _evaluation_entrypoint(source: str, evaluation: Any) -> str | None:
+    if evaluation is None:
+        return None
+    if not isinstance(evaluation, Mapping):
+        raise PipelineConfigError(f"{source}: evaluation must be a mapping with keys {', '.join(sorted(_EVALUATION_KEYS))}")
+    _check_keys(f"{source}: evaluation", evaluation, _EVALUATION_KEYS)
+    if "entrypoint" not in evaluation:
+        return None
+    return _string(f"{source}: evaluation.entrypoint", evaluation["entrypoint"], _ENTRYPOINT_RE,
+                   "module:function, e.g. mypkg.evaluate:score (called with the model folder and the test split)")
+
+
 def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = None) -> PipelineConfig:
     """A `PipelineConfig` from one pipeline file's mapping; raises PipelineConfigError naming the key."""
     if not isinstance(raw, Mapping):
@@ -270,7 +326,7 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
     _check_keys(source, raw, _KEYS)
     roots = _package_roots(source, raw.get("package_roots") or [])
     pname = _string(f"{source}: name", raw.get("name", name), _NAME_RE,
-                    "lower-case letters, digits and '_', starting with a letter (at most 40)")
+                    "lower-case letters, digits, '_' and '-', starting with a letter (at most 40)")
     if name is not None and pname != name:
         raise PipelineConfigError(f"{source}: name={pname!r} differs from the file name {name!r}.yaml")
     dataset = raw.get("dataset") or {}
@@ -369,11 +425,17 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         dataset_version=_pinned_version(dataset["out"]),
         package_roots=roots,
         operators=dict(operators),
+        training_code=_training_code(source, raw.get("training")),
+        training=dict(raw["training"]) if raw.get("training") else None,
+        evaluation_entrypoint=_evaluation_entrypoint(source, raw.get("evaluation")),
     )
     if default_backend not in config.backend_names:
         raise PipelineConfigError(f"{source}: default_backend={default_backend!r}: accepted values are "
                                   f"{', '.join(config.backend_names)}")
     return config
+
+
+_DATASET_ATTRS = ("dataset_stage", "dataset_out", "dataset_asset", "suite")
 
 
 @dataclass(frozen=True)
@@ -419,9 +481,16 @@ def _pipeline_files(folder: str) -> PipelineFiles:
                 raise PipelineConfigError(f"{path}: not valid YAML ({exc})") from None
             config = parse_pipeline(raw, source=str(path), name=path.stem)
             for other in found.values():
+                # Two pipelines may train on one dataset when they declare it identically (stage, out,
+                # asset, suite): a new version then triggers both.
+                same_dataset = all(getattr(other, a) == getattr(config, a) for a in _DATASET_ATTRS)
                 for attr in ("dag_id", "publish_dag_id", "dataset_out", "dataset_asset", "model_name"):
+                    if attr in ("dataset_out", "dataset_asset") and same_dataset:
+                        continue
                     if getattr(other, attr) == getattr(config, attr):
-                        raise PipelineConfigError(f"{path} and {other.source} share {attr}={getattr(config, attr)!r}")
+                        hint = (f" (a shared dataset must be declared identically: {', '.join(_DATASET_ATTRS)})"
+                                if attr in ("dataset_out", "dataset_asset") else "")
+                        raise PipelineConfigError(f"{path} and {other.source} share {attr}={getattr(config, attr)!r}{hint}")
         except Exception as exc:  # noqa: BLE001 - isolate the file, whatever broke in it
             error = exc if isinstance(exc, PipelineConfigError) else PipelineConfigError(f"{path}: {type(exc).__name__}: {exc}")
             broken[path.stem] = BrokenPipeline(path.stem, str(path), _broken_dag_id(raw, path.stem), error)

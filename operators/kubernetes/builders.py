@@ -224,7 +224,7 @@ def trainer_args(spec: GangSpec, runtime: RuntimeDefaults) -> list[str]:
         config_path=_config_path(spec, runtime),
         overrides=tuple(pod_overrides(spec, runtime)),
     )
-    return ["-m", "trainer", *in_cluster.trainer_args()]
+    return ["-m", spec.entry_module, *in_cluster.trainer_args(), *spec.user_code]
 
 
 def torchrun_args(spec: GangSpec, runtime: RuntimeDefaults, *, name: str, rank0_host: str, node_rank_env: str) -> list[str]:
@@ -281,6 +281,8 @@ def _env(spec: GangSpec, runtime: RuntimeDefaults) -> list[k8s.V1EnvVar]:
         "GANGFLOW_GANG": spec.name,
         "GANGFLOW_ATTEMPT": str(spec.attempt),
     }
+    if spec.package_roots:  # the user's packages, in the image below /app (docs/kubernetes.md, "Your own code")
+        values["PYTHONPATH"] = ":".join(f"{APP_DIR}/{root}" for root in spec.package_roots)
     values.update(sorted(runtime.nccl_env.items()))
     values.update(forwarded_env(spec, runtime))
     if runtime.mlflow_tracking_uri:  # the runtime's URI, never the worker's (which the spec may carry)

@@ -261,6 +261,18 @@ def _bundled_code(staging: Path, factory: str | None) -> list[str]:
     return [str(staging / user.name)]
 
 
+def _user_folder(final_dir: Path) -> bool:
+    """Whether `final_dir` is a folder that training code of one's own published (`run.log_model`):
+    its model card says `"kind": "folder"`; the tokenizer, config and other files it holds belong
+    to the model (its `evaluation.entrypoint` reads them for the champion too)."""
+    from operators.registry import served_model
+
+    try:
+        return json.loads((final_dir / served_model.CARD_FILE).read_text()).get("kind") == "folder"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _allowed_spec(factory: str | None, allowed_models: Sequence[str] | str | None) -> str | None:
     """The `module:function` the card's factory stands for when the platform allows it, else None."""
     from trainer.allowlist import ModelNotAllowed, allowed_factories
@@ -309,6 +321,11 @@ def log_final_model(
             if not source.is_file() or source.is_symlink():
                 raise UserError(f"cannot log {final_dir}: {fname} is missing (or a link)")
             shutil.copy2(source, staged / fname)
+        if _user_folder(final_dir):  # training code of one's own: its evaluation reads the whole folder
+            for path in sorted(final_dir.rglob("*")):
+                if path.is_file() and not path.is_symlink() and not any(p.is_symlink() for p in path.parents):
+                    (staged / path.relative_to(final_dir)).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(path, staged / path.relative_to(final_dir))
         if schema is None:
             schema = {c: "float32" for c in served_model.FEATURE_COLUMNS}
         factory = served_model.card_factory(staged)

@@ -28,9 +28,10 @@ def pipeline_env(home: Path, **extra: str) -> dict[str, str]:
     return env | extra
 
 
-def last_line_of_python(code: str, home: Path, timeout: float = 120) -> str:
+def last_line_of_python(code: str, home: Path, timeout: float = 120, **env: str) -> str:
     """Run `code` in a fresh interpreter on state dir `home` (Airflow binds its config at import); its last stdout line."""
-    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env=pipeline_env(home), capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env=pipeline_env(home, **env), capture_output=True,
+                          text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stdout.strip().splitlines()[-1]
 

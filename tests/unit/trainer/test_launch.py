@@ -18,8 +18,8 @@ LAUNCH = [sys.executable, "-m", "trainer.launch"]
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--standalone", "--nproc-per-node", "1", "-m", "other"], "runs `-m trainer` only, got '-m other'"),
-    (["--standalone", "--nproc-per-node", "1", "train.py"], "runs `-m trainer` only, got 'train.py'"),
+    (["--standalone", "--nproc-per-node", "1", "-m", "other"], "runs `-m trainer` or `-m trainer.user` only, got '-m other'"),
+    (["--standalone", "--nproc-per-node", "1", "train.py"], "runs `-m trainer` or `-m trainer.user` only, got 'train.py'"),
     (["--standalone", "--start-method", "spawn", "--nproc-per-node", "1", "-m", "trainer"], "--start-method"),
     (["--standalone", "--start_method=forkserver", "--nproc-per-node", "1", "-m", "trainer"], "--start-method"),
 ])  # fmt: skip

@@ -160,7 +160,8 @@ def test_rewrites_map_only_the_rendezvous_host_and_mounted_paths():
 
 def test_image_env_and_files_come_from_the_training_dockerfile(tmp_path, project_root):
     env, copies, workdir = parse_runtime_stage((project_root / "docker" / "training.Dockerfile").read_text())
-    assert workdir == "/app" and copies == {"/app/params.yaml": "params.yaml", "/app/pipelines/trainer/": "pipelines/trainer/"}
+    assert workdir == "/app" and copies == {"/app/params.yaml": "params.yaml", "/app/pipelines/trainer/": "pipelines/trainer/",
+                                          "/app/examples/": "examples/"}
     assert env["HOME"] == "/tmp" and env["PATH"].startswith("/opt/venv/bin:")
     image = build_image(tmp_path / "image", project_root)
     assert image.mounts["/opt/venv"] == sys.prefix

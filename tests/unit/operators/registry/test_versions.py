@@ -3,6 +3,8 @@ real MLflow on a temporary SQLite store (one store for the module: migrations ar
 
 from __future__ import annotations
 
+import json
+
 import re
 from pathlib import Path
 
@@ -150,6 +152,22 @@ def test_download_version_finds_the_weights(client, new_run, final_dir, tmp_path
     got = registry.download_version(client, v, tmp_path / "dl")
     assert (got / "model.safetensors").read_bytes() == (final_dir / "model.safetensors").read_bytes()
     assert not (got / "optimizer_state.bin").exists()
+
+
+def test_a_user_folder_is_registered_whole_for_its_evaluation_entrypoint(client, new_run, final_dir, tmp_path):
+    """`run.log_model`'s folder (card kind "folder"): the files beside the weights (a tokenizer, a
+    config) travel with the version, so the pipeline's evaluation scores the champion from them."""
+    card = json.loads((final_dir / "model_card.json").read_text())
+    (final_dir / "model_card.json").write_text(json.dumps(card | {"kind": "folder"}))
+    (final_dir / "tokenizer").mkdir()
+    (final_dir / "tokenizer" / "tokenizer.json").write_text('{"model": {}}')
+    (tmp_path / "outside.txt").write_text("not the model's")
+    (final_dir / "link.txt").symlink_to(tmp_path / "outside.txt")  # a link is never followed
+    v = registry.register_version(client, "digits-folder", run_id=new_run(), source_dir_or_artifact_path=final_dir)
+    got = registry.download_version(client, v, tmp_path / "dl")
+    assert (got / "tokenizer" / "tokenizer.json").read_text() == '{"model": {}}'
+    assert (got / "optimizer_state.bin").read_bytes() == b"not part of the model"
+    assert not (got / "link.txt").exists()
 
 
 def test_register_a_plain_artifact_folder(client, new_run, final_dir, tmp_path):

@@ -1,0 +1,1 @@
+"""charlm: a Hugging Face Trainer example for gangflow (pipelines/charlm.yaml)."""

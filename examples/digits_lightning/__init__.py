@@ -1,0 +1,1 @@
+"""digits_lightning: a Lightning example for gangflow (pipelines/digits-lightning.yaml)."""

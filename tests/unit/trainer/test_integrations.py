@@ -1,0 +1,334 @@
+"""trainer.integrations: Hugging Face's Trainer and Lightning's Trainer on the runtime API.
+
+Each test trains a tiny model for real in this process (a rank of one): the framework's
+checkpoints are committed per contract 2 (under checkpoints/step-N, manifest last, keep_last),
+a second attempt resumes from the newest committed one (and ends with the weights of an
+uninterrupted run, bit for bit), and the framework's logged metrics reach `report`
+(metrics.jsonl, which the task relays to MLflow).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer import EXIT_PREEMPTED, runtime
+
+ROOT = Path(__file__).resolve().parents[3]
+
+pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (extra `frameworks`): not installed")
+
+
+@pytest.fixture()
+def env(tmp_path, monkeypatch):
+    """Make `Run`s of one rank on tmp_path/run; closes them and restores SIGTERM's handler."""
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GANGFLOW_FAULT", "GANGFLOW_ALLOW_FAULTS", "MLFLOW_TRACKING_URI",
+                "MLFLOW_RUN_ID", runtime.ENV_DATA_REMOTE, runtime.ENV_DATA_VERSION):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv(runtime.ENV_RUN_DIR, str(tmp_path / "run"))
+    monkeypatch.setenv(runtime.ENV_CODE, "tests:integrations")
+    monkeypatch.setenv(runtime.ENV_PROGRESS, "0")
+    monkeypatch.setenv(runtime.ENV_KEEP_LAST, "2")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
+    (tmp_path / "scratch").mkdir()
+    previous = signal.getsignal(signal.SIGTERM)
+    runs: list[runtime.Run] = []
+
+    def make() -> runtime.Run:
+        run = runtime.Run(device="cpu")
+        runs.append(run)
+        return run
+
+    yield make
+    for run in runs:
+        run.close(status=None)
+    signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture()
+def no_network(monkeypatch):
+    """Any attempt to open a network connection fails the test (the ranks run offline)."""
+    dialled: list[object] = []
+
+    def refuse(self, address, *args, **kwargs):
+        dialled.append(address)
+        raise AssertionError(f"network connection attempted to {address!r}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    yield dialled
+    assert dialled == []
+
+
+def committed(tmp_path) -> list[str]:
+    folder = tmp_path / "run" / "checkpoints"
+    return sorted((p.name for p in folder.iterdir() if p.name.startswith("step-")), key=lambda n: int(n[5:]))
+
+
+def reported(tmp_path) -> list[dict]:
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "event" not in r]  # report's records: {step, metrics..., time}
+
+
+# --------------------------------------------------------------------------------------------
+# Hugging Face
+
+
+def hf_trainer(output_dir: str, max_steps: int, *, callbacks=()):
+    from trainer.integrations import huggingface  # noqa: F401 - the offline default first
+
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, default_data_collator
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=8, n_embd=8, n_layer=1, n_head=2, resid_pdrop=0.0,
+                                       embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
+    ids = torch.randint(0, 32, (24, 8), generator=torch.Generator().manual_seed(1))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    args = TrainingArguments(output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=4, learning_rate=1e-2,
+                             save_strategy="steps", save_steps=2, logging_steps=1, report_to=[], disable_tqdm=True,
+                             use_cpu=True, seed=0, dataloader_num_workers=0)  # fmt: skip
+    return Trainer(model=model, args=args, train_dataset=data, data_collator=default_data_collator,
+                   callbacks=list(callbacks))
+
+
+class StepsSeen:
+    """A callback that records the optimizer steps this attempt ran."""
+
+    def __init__(self) -> None:
+        from transformers import TrainerCallback
+
+        seen = self.seen = []
+
+        class Record(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                seen.append(state.global_step)
+
+        self.callback = Record()
+
+
+def test_hf_checkpoints_are_committed_per_contract_2_and_metrics_reach_report(env, tmp_path, no_network):
+    from trainer.integrations import huggingface as gangflow_hf
+
+    run = env()
+    trainer = hf_trainer(gangflow_hf.scratch_dir(run), max_steps=6)
+    gangflow_hf.train(trainer, run)
+    # committed under checkpoints/step-N with a manifest, the oldest pruned (GANGFLOW_KEEP_LAST=2)
+    assert committed(tmp_path) == ["step-4", "step-6"]
+    for name in committed(tmp_path):
+        listed = json.loads((tmp_path / "run" / "checkpoints" / name / "manifest.json").read_text())
+        assert runtime.FOLDER_FILE in json.dumps(listed)
+    # the Trainer's scratch copies are gone once committed
+    assert not list(Path(gangflow_hf.scratch_dir(run)).glob("checkpoint-*"))
+    run.close()
+
+    again = env()
+    loaded = again.load_checkpoint()
+    assert loaded.step == 6
+    state = json.loads((loaded.folder / "trainer_state.json").read_text())
+    assert state["global_step"] == 6 and (loaded.folder / "model.safetensors").is_file()
+    assert (loaded.folder / "optimizer.pt").is_file() and (loaded.folder / "rng_state.pth").is_file()
+
+    losses = [r for r in reported(tmp_path) if "loss" in r]
+    assert [r["step"] for r in losses] == [1, 2, 3, 4, 5, 6]  # logging_steps=1, each through report
+    assert all("epoch" not in r for r in losses)
+
+
+def test_hf_resumes_from_the_last_committed_checkpoint_and_ends_bitwise_equal(env, tmp_path, monkeypatch):
+    from trainer.integrations import huggingface as gangflow_hf
+
+    monkeypatch.setenv(runtime.ENV_RUN_DIR, str(tmp_path / "straight"))
+    straight = env()
+    reference = hf_trainer(gangflow_hf.scratch_dir(straight), max_steps=6)
+    gangflow_hf.train(reference, straight)
+    straight.close()
+
+    from transformers import TrainerCallback
+
+    class Crash(TrainerCallback):  # the attempt dies during step 5, after step-4 was committed
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 4:
+                raise ConnectionResetError("peer lost")
+
+    monkeypatch.setenv(runtime.ENV_RUN_DIR, str(tmp_path / "run"))
+    first = env()
+    with pytest.raises(ConnectionResetError):
+        gangflow_hf.train(hf_trainer(gangflow_hf.scratch_dir(first), max_steps=6, callbacks=[Crash()]), first)
+    first.close(status=None)
+    assert committed(tmp_path) == ["step-2", "step-4"]
+    # a half-written checkpoint-6 the killed attempt left in the Trainer's scratch folder is not used
+    half = Path(gangflow_hf.scratch_dir(first)) / "checkpoint-6"
+    half.mkdir(parents=True)
+    (half / "trainer_state.json").write_text("{")
+
+    second = env()
+    steps = StepsSeen()
+    resumed = hf_trainer(gangflow_hf.scratch_dir(second), max_steps=6, callbacks=[steps.callback])
+    gangflow_hf.train(resumed, second)
+    assert second.resumed_from == 4
+    assert steps.seen == [5, 6]  # only the steps after the committed checkpoint ran again
+    for (name, value), (_, expected) in zip(resumed.model.state_dict().items(), reference.model.state_dict().items()):
+        assert torch.equal(value, expected), name
+
+
+def test_hf_sigterm_commits_a_final_checkpoint_and_exits_75(env, tmp_path):
+    import os
+
+    from transformers import TrainerCallback
+
+    from trainer.integrations import huggingface as gangflow_hf
+
+    class TermAtStep3(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 2:  # during step 3
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    run = env()
+    trainer = hf_trainer(gangflow_hf.scratch_dir(run), max_steps=10, callbacks=[TermAtStep3()])
+    with pytest.raises(SystemExit) as exited:
+        gangflow_hf.train(trainer, run)
+    assert exited.value.code == EXIT_PREEMPTED
+    assert committed(tmp_path)[-1] == "step-3"  # not a save_steps multiple: the preemption's own save
+
+
+def test_hf_train_refuses_a_resume_path_of_its_own(env):
+    from trainer.integrations import huggingface as gangflow_hf
+
+    run = env()
+    with pytest.raises(TypeError, match="resume_from_checkpoint"):
+        gangflow_hf.train(hf_trainer(gangflow_hf.scratch_dir(run), max_steps=2), run, resume_from_checkpoint="/x")
+
+
+# --------------------------------------------------------------------------------------------
+# Lightning
+
+
+def pl_fit(run, max_epochs: int, *, every_n_epochs: int = 1, seen: list | None = None):
+    import lightning as L
+
+    from trainer.integrations import lightning as gangflow_pl
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(4, 3)
+
+        def training_step(self, batch, batch_idx):
+            if seen is not None:
+                seen.append((self.current_epoch, batch_idx))
+            x, y = batch
+            loss = torch.nn.functional.cross_entropy(self.net(x), y)
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+    L.seed_everything(0, verbose=False)
+    module = Tiny()
+    g = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4, generator=g), torch.randint(0, 3, (16,), generator=g))
+    # The order of each epoch is a function of the epoch (as under DDP, where Lightning installs a
+    # DistributedSampler): what makes an epoch-end resume replay the same batches.
+    sampler = torch.utils.data.DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=2)
+    loader = torch.utils.data.DataLoader(data, batch_size=4, sampler=sampler)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1, deterministic=True,
+                        callbacks=[gangflow_pl.GangflowCheckpoint(run, every_n_epochs=every_n_epochs)],
+                        logger=gangflow_pl.GangflowLogger(run))  # fmt: skip
+    trainer.fit(module, loader, ckpt_path=gangflow_pl.ckpt_path(run))
+    return module
+
+
+def test_lightning_checkpoints_are_committed_at_epoch_ends_and_metrics_reach_report(env, tmp_path):
+    from trainer.integrations import lightning as gangflow_pl
+
+    run = env()
+    pl_fit(run, max_epochs=3)
+    assert committed(tmp_path) == ["step-8", "step-12"]  # 4 steps per epoch; keep_last 2
+    run.close()
+    again = env()
+    loaded = again.load_checkpoint()
+    assert loaded.step == 12
+    ckpt = torch.load(loaded.folder / gangflow_pl.CHECKPOINT_FILE, weights_only=False)
+    assert ckpt["global_step"] == 12 and ckpt["epoch"] == 2 and "optimizer_states" in ckpt
+    steps = [r["step"] for r in reported(tmp_path) if "loss" in r]
+    assert steps == list(range(1, 13))  # log_every_n_steps=1: every step's loss through report
+
+
+def test_lightning_resumes_from_the_last_committed_checkpoint_and_ends_bitwise_equal(env, tmp_path, monkeypatch):
+    monkeypatch.setenv(runtime.ENV_RUN_DIR, str(tmp_path / "straight"))
+    straight = env()
+    reference = pl_fit(straight, max_epochs=3)
+    straight.close()
+
+    monkeypatch.setenv(runtime.ENV_RUN_DIR, str(tmp_path / "run"))
+    first = env()
+    pl_fit(first, max_epochs=2)  # commits step-4, step-8
+    first.close()
+    second = env()
+    seen: list = []
+    resumed = pl_fit(second, max_epochs=3, seen=seen)
+    assert second.resumed_from == 8
+    assert seen == [(2, 0), (2, 1), (2, 2), (2, 3)]  # only the third epoch ran again
+    for (name, value), (_, expected) in zip(resumed.state_dict().items(), reference.state_dict().items()):
+        assert torch.equal(value, expected), name
+
+
+def test_lightning_sigterm_commits_a_final_checkpoint_and_exits_75(env, tmp_path):
+    import os
+
+    seen: list = []
+
+    class TermDuringStep6(list):
+        def append(self, item):  # training_step records (epoch, batch): step 6 is epoch 1, batch 1
+            super().append(item)
+            if item == (1, 1):
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    run = env()
+    with pytest.raises(SystemExit) as exited:
+        pl_fit(run, max_epochs=3, seen=TermDuringStep6(seen))
+    assert exited.value.code == EXIT_PREEMPTED
+    assert committed(tmp_path) == ["step-4", "step-6"]  # the epoch-end one and the preemption's own, mid-epoch
+
+
+def test_lightning_ckpt_path_refuses_a_checkpoint_without_lightnings_file(env):
+    from trainer.integrations import lightning as gangflow_pl
+
+    run = env()
+    run.save_checkpoint(3, {"w": torch.zeros(1)})
+    run.close()
+    with pytest.raises(ValueError, match="lightning.ckpt"):
+        gangflow_pl.ckpt_path(env())
+
+
+def test_lightning_every_n_epochs_is_checked():
+    from trainer.integrations import lightning as gangflow_pl
+
+    with pytest.raises(ValueError, match="every_n_epochs"):
+        gangflow_pl.GangflowCheckpoint(object(), every_n_epochs=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Imports and the network
+
+
+def test_trainer_imports_no_framework_and_the_hf_integration_runs_offline():
+    code = (
+        "import sys, os; os.environ.pop('HF_HUB_OFFLINE', None)\n"
+        "import trainer, trainer.runtime, trainer.integrations\n"
+        "assert not {'transformers', 'lightning', 'huggingface_hub'} & set(sys.modules), sorted(sys.modules)\n"
+        "from trainer.integrations import huggingface\n"
+        "import huggingface_hub.constants as c\n"
+        "assert os.environ['HF_HUB_OFFLINE'] == '1' and c.HF_HUB_OFFLINE is True\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -1,0 +1,441 @@
+"""The runtime API for training code of one's own: data by version, checkpoints, metrics, the
+final model, preemption and fault drills, for a loop gangflow did not write.
+
+    from trainer import runtime
+
+    run = runtime.init()                       # rank, world size, process group, SIGTERM flag, faults
+    data = run.dataset()                       # the pinned dataset version, fetched and md5-verified
+    ckpt = run.load_checkpoint()               # the newest committed checkpoint, or None
+    for step in range(ckpt.step if ckpt else 0, max_steps):
+        ...                                    # the user's own step
+        run.report(step + 1, loss=loss)        # task log + MLflow
+        if (step + 1) % 50 == 0 or run.should_stop:
+            run.save_checkpoint(step + 1, {"model": model.state_dict()})
+        if run.should_stop:
+            run.exit_preempted()               # SIGTERM: exit 75, the retry resumes
+        run.step_done(step + 1)                # GANGFLOW_FAULT drills; progress lines
+    run.log_model(folder)                      # the final model, to the DAG run's MLflow run
+
+What the launcher passes (environment; `python -m trainer.user` sets it from the same options as
+`python -m trainer`): GANGFLOW_RUN_DIR, GANGFLOW_DATA_REMOTE, GANGFLOW_DATA_VERSION,
+GANGFLOW_KEEP_LAST, GANGFLOW_GRACE_PERIOD_S, GANGFLOW_PROGRESS_EVERY_S, GANGFLOW_CODE, GANGFLOW_PARAMS
+(`run.params`: the run's `train.*` and `checkpoint.*` values, e.g. the trigger form's), and torchrun's
+RANK/WORLD_SIZE/LOCAL_RANK. Importing this module imports neither Airflow nor MLflow. Checkpoints
+follow contract 2 and faults contract 3 (docs/contracts.md); docs/extending.md, "Bring your own
+training script", is the user's page.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import json
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer import EXIT_PREEMPTED, errors
+from trainer.checkpoint import Checkpointer, CorruptCheckpoint, Snapshot
+from trainer.config import CheckpointConfig
+from trainer.console import say
+from trainer.distributed import Dist, StopAgreement, detect, pick_device, setup, teardown
+from trainer.errors import CheckpointError, ConfigError
+from trainer.faults import ENV as FAULT_ENV
+from trainer.faults import FaultInjector, fault_from_env
+from trainer.preemption import Preemption
+from trainer.loop import TRAIN_IDENTITY, ResumeMismatch, check_identity  # the loop's own rules, one place
+from trainer.storage import Storage, publish_folder
+from trainer.tracking import FINAL_ARTIFACT_PATH, Progress, Tracker
+
+__all__ = ["Checkpoint", "ResumeMismatch", "Run", "current", "init"]
+
+ENV_RUN_DIR = "GANGFLOW_RUN_DIR"
+ENV_DATA_REMOTE = "GANGFLOW_DATA_REMOTE"
+ENV_DATA_VERSION = "GANGFLOW_DATA_VERSION"
+ENV_KEEP_LAST = "GANGFLOW_KEEP_LAST"
+ENV_GRACE = "GANGFLOW_GRACE_PERIOD_S"
+ENV_PROGRESS = "GANGFLOW_PROGRESS_EVERY_S"
+ENV_CODE = "GANGFLOW_CODE"  # what the launcher runs (entry point or command): part of a checkpoint's identity
+ENV_PARAMS = "GANGFLOW_PARAMS"  # JSON {"train.max_steps": ..., ...}: the run's parameters (the trigger form's values)
+DEFAULT_RUN_DIR = "runs/byo"
+
+STATE_JSON = "state.json"
+STATE_FILE = "state.pt"
+FOLDER_FILE = "folder.tar"
+CHECKPOINT_KIND = "gangflow-runtime/1"
+#: What a runtime checkpoint's manifest must list (state.pt and folder.tar when saved).
+REQUIRED = (STATE_JSON,)
+CARD = "model_card.json"
+CARD_FORMAT = "gangflow-model-card/1"
+WEIGHTS = "model.safetensors"
+
+
+@dataclass
+class Checkpoint:
+    """A committed checkpoint, verified: `state` (what `save_checkpoint` was given) and/or
+    `folder` (a local copy of the folder it was given)."""
+
+    step: int
+    state: Any = None
+    folder: Path | None = None
+    path: str = ""
+
+
+def _env_number(name: str, default: float, kind: type, minimum: float) -> Any:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return kind(default)
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ConfigError(f"environment {name}={text!r} is invalid: must be a number >= {minimum:g}") from None
+    if value < minimum:
+        raise ConfigError(f"environment {name}={text!r} is invalid: must be a number >= {minimum:g}")
+    return value
+
+
+def _tar_folder(folder: Path) -> bytes:
+    """`folder`'s regular files and subfolders as an uncompressed tar (links are refused)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(folder.rglob("*")):
+            rel = path.relative_to(folder).as_posix()
+            if path.is_symlink():
+                raise CheckpointError(f"save_checkpoint(folder={str(folder)!r}): {rel} is a link; a checkpoint holds "
+                                      "regular files only")
+            if path.is_file() or path.is_dir():
+                tar.add(path, arcname=rel, recursive=False)
+    return buf.getvalue()
+
+
+def _untar(data: bytes, dest: Path) -> None:
+    """Extract a checkpoint's folder.tar into `dest`: regular files and folders inside it only."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+        tar.extractall(dest, filter="data")  # refuses absolute paths, `..`, links out of `dest`, devices
+
+
+class Run:
+    """One rank's handle on gangflow (made by `init()`)."""
+
+    def __init__(self, *, config: Mapping[str, Any] | None = None, total_steps: int | None = None,
+                 device: str = "auto", process_group: bool = True) -> None:
+        self.preemption = Preemption(_env_number(ENV_GRACE, 25.0, float, 0.001))
+        self.preemption.install()  # from now on a SIGTERM is a request to stop at a step boundary
+        launch = detect()
+        self.rank, self.world_size, self.local_rank = launch.rank, launch.world_size, launch.local_rank
+        errors.context.rank = self.rank
+        fault = fault_from_env(rank=self.rank)
+        if fault is not None and fault.rank is not None and fault.rank >= self.world_size:
+            raise ConfigError(f"{FAULT_ENV}={fault.spec!r} is invalid: rank={fault.rank} but the world size is {self.world_size}")
+        self.run_dir = Storage(os.environ.get(ENV_RUN_DIR) or DEFAULT_RUN_DIR)
+        self.run_dir.makedirs()
+        self.data_remote = os.environ.get(ENV_DATA_REMOTE, "")
+        self.data_version = os.environ.get(ENV_DATA_VERSION, "")
+        self.code = os.environ.get(ENV_CODE, " ".join(sys.argv))
+        self.config = dict(config or {})
+        try:
+            self.params: dict[str, Any] = json.loads(os.environ.get(ENV_PARAMS) or "{}")
+        except ValueError:
+            raise ConfigError(f"environment {ENV_PARAMS} is not a JSON object") from None
+        keep_last = _env_number(ENV_KEEP_LAST, 2, int, 1)
+        if process_group:
+            self.dist = setup(launch, device)
+        else:  # the framework starts the process group itself; collectives use its default group
+            self.dist = Dist(launch.rank, launch.world_size, launch.local_rank, launch.launcher,
+                             pick_device(device, launch.local_rank))
+        self.device = self.dist.device
+        # What a checkpoint must share with the run resuming it: the code, the data, the training
+        # parameters the launcher passed (as the trainer's TRAIN_IDENTITY) and the code's own config.
+
+        self.identity = {"code": self.code, "data.version": self.data_version,
+                         **{f"train.{k}": self.params[f"train.{k}"] for k in TRAIN_IDENTITY if f"train.{k}" in self.params},
+                         **{f"config.{k}": v for k, v in sorted(self.config.items())}}
+        self.faults = FaultInjector(fault, self.run_dir, self.rank, self.world_size)
+        self.tracker = Tracker(self.run_dir, enabled=self.is_main, params={"code": self.code, "config": self.config},
+                               tags={"gangflow.world_size": str(self.world_size), "gangflow.run_dir": self.run_dir.url})
+        self.checkpoints = Checkpointer(self.run_dir.child("checkpoints"), CheckpointConfig(keep_last=keep_last, async_save=False),
+                                        rank=self.rank, log=self.log, on_commit=self._on_commit,
+                                        at_save=self.faults.save_hook, required=REQUIRED)
+        self.checkpoints.start_writer()
+        self.progress = Progress(self.tracker, log=self.log, every_s=_env_number(ENV_PROGRESS, 10.0, float, 0.0),
+                                 total=total_steps or self.params.get("train.max_steps"), global_batch=None,
+                                 start_step=0, committed_step=None)
+        self.resumed_from: int | None = None
+        self.step = 0
+        self._stop = StopAgreement(self.dist, lambda: self.preemption.requested)
+        self._clock_started = False
+        self._data: Path | None = None
+        self._scratch: list[Path] = []
+        self._closed = False
+        self.model_uri: str | None = None
+
+    # --- who and where ----------------------------------------------------------------------
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def log(self, message: str) -> None:
+        """A line in the task log, from rank 0 only."""
+        if self.is_main:
+            say(message)
+
+    def dataset(self) -> Path:
+        """The pinned dataset version's files as a local folder, fetched by content address and
+        md5-verified (once per rank; a verified earlier fetch on this machine is reused)."""
+        if self._data is None:
+            if not (self.data_remote and self.data_version):
+                raise ConfigError(f"run.dataset(): no dataset version was given ({ENV_DATA_REMOTE} and {ENV_DATA_VERSION} are "
+                                  "unset); launch through a gangflow pipeline, or set both")
+            from trainer.data import scratch_dir
+            from trainer.datastore import dir_listing, fetch_dataset
+
+            relpaths = [entry["relpath"] for entry in dir_listing(self.data_remote, self.data_version)]
+            fetch_dataset(self.data_remote, self.data_version, scratch_dir(), relpaths=relpaths)
+            self._data = scratch_dir() / self.data_version
+        return self._data
+
+    # --- checkpoints (contract 2) -------------------------------------------------------------
+
+    def save_checkpoint(self, step: int, state: Any = None, folder: str | os.PathLike | None = None) -> None:
+        """Commit checkpoint `step` (call it on every rank at the same step; rank 0 writes): `state`,
+        anything `torch.save` takes whose contents `torch.load(weights_only=True)` reads back
+        (tensors, state dicts, numbers, strings, lists, dicts), and/or `folder`, a folder a
+        framework wrote. Written aside, committed atomically, the oldest beyond GANGFLOW_KEEP_LAST pruned."""
+        if state is None and folder is None:
+            raise TypeError("save_checkpoint(step, state=None, folder=None): give the state, a folder, or both")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+            raise ValueError(f"save_checkpoint: step={step!r} must be an integer >= 1")
+        files: dict[str, bytes] = {}
+        if self.is_main:
+            if state is not None:
+                buf = io.BytesIO()
+                torch.save(state, buf)
+                files[STATE_FILE] = buf.getvalue()
+            if folder is not None:
+                if not Path(folder).is_dir():
+                    raise CheckpointError(f"save_checkpoint(folder={str(folder)!r}): not a folder")
+                files[FOLDER_FILE] = _tar_folder(Path(folder))
+            meta = {"kind": CHECKPOINT_KIND, "step": step, "identity": self.identity, "world_size": self.world_size,
+                    "torch_version": torch.__version__, "time": time.time()}
+            files[STATE_JSON] = json.dumps(meta, separators=(",", ":")).encode()
+        self.checkpoints.save(Snapshot(step, {}, {}, {}, files=files), block=True)
+
+    def load_checkpoint(self) -> Checkpoint | None:
+        """The newest committed checkpoint that verifies (a corrupt newer one is set aside), or None;
+        call it on every rank. ResumeMismatch when it was made by other code, config or data."""
+        chosen = None
+        if self.is_main:
+            self.checkpoints.cleanup_stale()
+            chosen = self.checkpoints.select()
+        step = self.dist.broadcast_int(chosen[0] if chosen else None) if self._collectives else (chosen[0] if chosen else None)
+        if step is None and not self.is_main and not self._collectives:
+            picked = self.checkpoints.committed()  # no process group: each rank reads the listing
+            step = picked[0][0] if picked else None
+        if step is None:
+            self.log("gangflow: starting from step 0")
+            self.tracker.event("start", 0, world_size=self.world_size)
+            return None
+        try:
+            files = self.checkpoints.read_files(step)
+            meta = json.loads(files[STATE_JSON])
+        except (CorruptCheckpoint, ValueError) as exc:
+            raise CheckpointError(f"rank {self.rank} cannot read checkpoint step-{step}: {exc}") from None
+        where = self.checkpoints.store.uri(f"step-{step}")
+        self._check_identity(step, where, meta.get("identity"))
+        loaded = Checkpoint(step=step, path=where)
+        if STATE_FILE in files:
+            loaded.state = torch.load(io.BytesIO(files[STATE_FILE]), map_location="cpu", weights_only=True)
+        if FOLDER_FILE in files:
+            dest = Path(tempfile.mkdtemp(prefix=f"gangflow-ckpt-{step}-"))
+            self._scratch.append(dest)
+            _untar(files[FOLDER_FILE], dest)
+            loaded.folder = dest
+        self.step = self.resumed_from = step
+        errors.context.step = step
+        self.progress.start_step = self.progress.last_step = step
+        self.progress.committed_step = step
+        self.log(f"gangflow: resuming from checkpoint step-{step} ({where})")
+        self.tracker.event("resume", step, world_size=self.world_size, checkpoint_world_size=meta.get("world_size"))
+        return loaded
+
+    def _check_identity(self, step: int, where: str, saved: Any) -> None:
+        check_identity(f"checkpoint step-{step} ({where})", saved, self.identity, what="code/config/data")
+
+    def _on_commit(self, info: dict[str, Any]) -> None:
+        self.progress.committed(info)
+        self.tracker.event("checkpoint", info["step"], mlflow_prefix="checkpoint_", duration_s=info["duration_s"],
+                           blocked_s=info["blocked_s"], bytes=info["bytes"], path=info["path"])
+
+    # --- progress, metrics, faults ------------------------------------------------------------
+
+    def report(self, step: int, **metrics: float) -> None:
+        """Metrics at `step`: metrics.jsonl (relayed to the DAG run's MLflow run) from rank 0; a
+        `loss` also goes into the progress line. Other ranks' calls are ignored."""
+        bad = [k for k, v in metrics.items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
+        if bad:
+            raise TypeError(f"report({step}, ...): {', '.join(bad)} must be numbers (call .item() on a tensor)")
+        if "loss" in metrics:
+            self.progress.loss = float(metrics["loss"])
+        self.tracker.step(step, **{k: float(v) for k, v in metrics.items()})
+
+    def step_done(self, step: int) -> None:
+        """Step `step` (1-based) is complete, on this rank: fires a due GANGFLOW_FAULT (step=N:
+        after a barrier; raise: a ValueError; time=S: counted from the first call) and prints
+        the progress line every GANGFLOW_PROGRESS_EVERY_S. Call it on every rank after every step."""
+        self.step = self.faults.step = step
+        errors.context.step = step + 1
+        if not self._clock_started:
+            self._clock_started = True
+            self.faults.start_clock()
+        self.faults.maybe_raise(step)
+        if self.faults.process_fault_due(step):
+            self.checkpoints.wait()
+            self.dist.barrier()  # drills are reproducible: every rank reached the step
+            self.faults.fire(step)
+        self.progress.tick(step)
+
+    @property
+    def should_stop(self) -> bool:
+        """True once a SIGTERM reached any rank (all ranks agree, at most a step late): save a
+        checkpoint and call `exit_preempted()`. Poll it on every rank at the same points."""
+        if not self._collectives:
+            return self.preemption.requested
+        return self._stop.should_stop()
+
+    def exit_preempted(self) -> None:
+        """Stop after a SIGTERM: wait for every rank, then exit 75 (the retry resumes)."""
+        self._stop.drain()
+        self.faults.stop_clock()
+        self.dist.barrier()
+        self.log(f"gangflow: preempted (SIGTERM): stopped at step {self.step}; exiting with {EXIT_PREEMPTED}")
+        self.tracker.event("preempted", self.step)
+        self.progress.attempt_record(self.step)
+        self.close(status=None)
+        raise SystemExit(EXIT_PREEMPTED)
+
+    @property
+    def _collectives(self) -> bool:
+        import torch.distributed as dist
+
+        return self.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+    # --- the final model -----------------------------------------------------------------------
+
+    def log_model(self, folder: str | os.PathLike, flavour: str | None = None, *, factory: str | None = None,
+                  kwargs: Mapping[str, Any] | None = None, task: str = "classification",
+                  metrics: Mapping[str, float] | None = None) -> str | None:
+        """Publish `folder` (the trained model, as the code writes it) as the run's `final/`, with a
+        model card (flavour, code, data version, metrics), from rank 0. The training task logs
+        `final/` to the DAG run's MLflow run (`runs:/<id>/final`), as it does the trainer's.
+
+        With `factory` (`module:function`, allow-listed by the pipeline's `allowed_models`) and a
+        `model.safetensors` in `folder`, the card says how to rebuild the module (`factory(**kwargs)`
+        + the weights): gangflow's guarded loader, evaluation and the registered pyfunc load it
+        without unpickling anything. Returns the MLflow URI when this rank logs it itself
+        (MLFLOW_RUN_ID set), else None."""
+        self.faults.stop_clock()
+        if not self.is_main:
+            return None
+        source = Path(folder)
+        if not source.is_dir():
+            raise CheckpointError(f"log_model({str(folder)!r}): not a folder")
+        if (source / CARD).exists():
+            raise CheckpointError(f"log_model({str(folder)!r}): {CARD} is gangflow's model card; name your file otherwise")
+        if task not in ("classification", "regression"):
+            raise ValueError(f"log_model: task={task!r}: accepted values are classification, regression")
+        card: dict[str, Any] = {
+            "format": CARD_FORMAT, "kind": "folder", "flavour": flavour, "code": self.code,
+            "config": {"train": {"task": task}, "user": self.config},
+            "data": {"version": self.data_version or None, "remote": self.data_remote or None},
+            "metrics": {k: float(v) for k, v in (metrics or {}).items()}, "world_size": self.world_size,
+            "steps": self.step, "resumed_from_step": self.resumed_from, "torch_version": torch.__version__,
+            "python_version": sys.version.split()[0], "created": time.time()}
+        if factory is not None:
+            weights = source / WEIGHTS
+            if not weights.is_file():
+                raise CheckpointError(f"log_model(factory={factory!r}): {folder}/{WEIGHTS} is missing (the module's "
+                                      "state_dict, safetensors.torch.save_file)")
+            from trainer.checkpoint import file_entry
+
+            card["model"] = {"factory": factory, "kwargs": dict(kwargs or {})}
+            card["weights"] = {"file": WEIGHTS, **file_entry(weights.read_bytes())}
+        staging = Path(tempfile.mkdtemp(prefix="gangflow-final-"))
+        try:
+            _untar(_tar_folder(source), staging / FINAL_ARTIFACT_PATH)  # regular files only, links refused
+            staged = staging / FINAL_ARTIFACT_PATH
+            (staged / CARD).write_text(json.dumps(card, indent=2) + "\n")
+            if self.run_dir.local:
+                final = self.run_dir.local_path(FINAL_ARTIFACT_PATH)
+                tmp = final.with_name(f".final-tmp-{os.getpid()}")
+                shutil.rmtree(tmp, ignore_errors=True)
+                staged.rename(tmp) if staged.stat().st_dev == final.parent.stat().st_dev else shutil.copytree(staged, tmp)
+                publish_folder(tmp, final, aside=".final-old")
+                logged_from = final
+            else:
+                self.run_dir.remove(FINAL_ARTIFACT_PATH, CARD)
+                self.run_dir.put_dir(staged, FINAL_ARTIFACT_PATH, last=CARD)  # the card marks a complete final/
+                logged_from = staged
+            self.model_uri = self.tracker.log_final(logged_from)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        self.tracker.event("final", self.step, mlflow_prefix="", **card["metrics"], world_size=self.world_size)
+        self.log(f"gangflow: done: {self.step} steps on {self.world_size} rank(s); final model at "
+                 f"{self.run_dir.uri(FINAL_ARTIFACT_PATH)}")
+        return self.model_uri
+
+    # --- the end ------------------------------------------------------------------------------
+
+    def close(self, status: str | None = "FINISHED") -> None:
+        """Finish this rank's part (the launcher calls it when the user's code returns)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.faults.stop_clock()
+        try:
+            if status == "FINISHED":
+                self.progress.attempt_record(self.step)
+            self.checkpoints.close()
+        finally:
+            self.tracker.close(status=status)
+            for path in self._scratch:
+                shutil.rmtree(path, ignore_errors=True)
+            global _current
+            if _current is self:
+                _current = None
+                teardown()
+
+
+_current: Run | None = None
+
+
+def init(*, config: Mapping[str, Any] | None = None, total_steps: int | None = None, device: str = "auto",
+         process_group: bool = True) -> Run:
+    """This rank's `Run` (idempotent: a second call returns the same one). `config`: the values
+    that must match for a checkpoint to be resumed (hyperparameters), recorded in each checkpoint;
+    `total_steps`: shown in progress lines; `process_group=False` leaves torch.distributed to a
+    framework that starts it itself."""
+    global _current
+    if _current is None:
+        _current = Run(config=config, total_steps=total_steps, device=device, process_group=process_group)
+        atexit.register(_close_at_exit)
+    return _current
+
+
+def current() -> Run | None:
+    """The `Run` of this process, if `init()` was called."""
+    return _current
+
+
+def _close_at_exit() -> None:
+    if _current is not None:
+        _current.close(status=None)
