@@ -124,7 +124,8 @@ def operator_classes(p: PipelineConfig) -> dict[str, type]:
             raise PipelineConfigError(f"{where}: must be a subclass of {base.__module__}.{base.__name__}")
         classes[stage] = cls
     evaluate = classes["evaluate"]
-    if p.metric.name not in evaluate.declared_metrics(p.task):
+    # An evaluation entry point reports metrics of its own: promote checks the gated one is there.
+    if not p.evaluation_entrypoint and p.metric.name not in evaluate.declared_metrics(p.task):
         raise PipelineConfigError(
             f"{p.source}: metric.name={p.metric.name!r}: {evaluate.__name__} reports "
             f"{', '.join(evaluate.declared_metrics(p.task))} for a {p.task} model (its extra_metrics add to the task's)")

@@ -378,9 +378,16 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
     for key, factory in (("model.factory", trainer.model.factory), ("data.factory", trainer.data.factory)):
         if why := module_missing(factory, roots):
             raise PipelineConfigError(f"{trainer_config} (trainer_config of {source}): {key}={factory!r}: {why}")
+    training_code = _training_code(source, raw.get("training"))
+    evaluation_entrypoint = _evaluation_entrypoint(source, raw.get("evaluation"))
+    for key, path in (("training.entrypoint", (raw.get("training") or {}).get("entrypoint")),
+                      ("evaluation.entrypoint", evaluation_entrypoint)):
+        if path and (why := module_missing(path, roots)):
+            raise PipelineConfigError(f"{source}: {key}={path!r}: {why}")
     task = trainer.train.task  # one place: the trainer's config (and so the model card)
     evaluated = EVALUATED_METRICS.get(task, ())
-    if "evaluate" not in operators and metric.name not in evaluated:  # an evaluate class: checked when the DAG is built
+    # An evaluate class or an evaluation entry point reports metrics of its own: checked when it runs.
+    if "evaluate" not in operators and not evaluation_entrypoint and metric.name not in evaluated:
         raise PipelineConfigError(
             f"{source}: metric.name={metric.name!r}: the evaluation of a {task} model (train.task in {trainer_config}) "
             f"reports {', '.join(evaluated)}; gate on one of them, or name an evaluate class that adds it (operators.evaluate)")
@@ -425,9 +432,9 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         dataset_version=_pinned_version(dataset["out"]),
         package_roots=roots,
         operators=dict(operators),
-        training_code=_training_code(source, raw.get("training")),
+        training_code=training_code,
         training=dict(raw["training"]) if raw.get("training") else None,
-        evaluation_entrypoint=_evaluation_entrypoint(source, raw.get("evaluation")),
+        evaluation_entrypoint=evaluation_entrypoint,
     )
     if default_backend not in config.backend_names:
         raise PipelineConfigError(f"{source}: default_backend={default_backend!r}: accepted values are "

@@ -32,7 +32,8 @@ def test_dag_shape_schedule_and_pools(tmp_path):
         "  'dags': sorted(bag.dags)}))"
     )
     shape = json.loads(last_line_of_python(code, tmp_path))
-    assert shape["dags"] == ["publish_dataset", "publish_diabetes", "train_diabetes", "train_pipeline"]
+    assert {"publish_dataset", "publish_diabetes", "train_diabetes", "train_pipeline"} <= set(shape["dags"])
+    assert not [d for d in shape["dags"] if not d.startswith(("publish_", "train_"))]  # one pair per pipeline file
     for n in (1, 2, 4, 8):
         assert shape["tasks"][f"train_local_{n}"] == ["gangflow_training", n]
     assert {"validate_dataset", "admit_gang", "training_result", "evaluate", "promote", "train_kubernetes"} <= set(shape["tasks"])

@@ -15,7 +15,7 @@ import yaml
 from operators.backends.base import GangSpec, user_code_args
 from operators.backends.local import LocalBackend
 from operators.config import settings
-from operators.config.pipelines import PipelineConfigError, load_pipelines, parse_pipeline
+from operators.config.pipelines import PipelineConfigError, _pipeline_files, load_pipelines, parse_pipeline
 
 ROOT = Path(__file__).resolve().parents[3]
 DIGITS = yaml.safe_load((ROOT / "pipelines" / "digits.yaml").read_text())
@@ -31,15 +31,16 @@ def _parse(**changes):
 
 def test_the_digits_cnn_pipeline_brings_its_own_script_and_evaluation():
     p = load_pipelines.__wrapped__(str(ROOT / "pipelines"))["digits-cnn"]
-    assert p.dag_id == "train_digits-cnn" and p.package_roots == ("examples",)
+    assert p.dag_id == "train_digits-cnn" and p.package_roots == (str(ROOT / "examples"),)
+    assert p.training_kwargs()["package_roots"] == ("examples",)  # the ranks' (and pods') roots: relative
     assert p.training_code == ("--module", "digits_cnn.train", "--")
     assert p.evaluation_entrypoint == "digits_cnn.evaluate:score"
     assert (p.dataset_out, p.dataset_asset) == ("data/digits", "gangflow-dataset-digits")  # the digits pipeline's, shared
 
 
 def test_an_entrypoint_and_a_command_become_trainer_user_targets():
-    assert _parse(training={"entrypoint": "mypkg.train:main", "kwargs": {"epochs": 3}}).training_code == (
-        "--entrypoint", "mypkg.train:main", "--kwargs", '{"epochs": 3}')
+    own = _parse(training={"entrypoint": "digits_cnn.train:main", "kwargs": {"epochs": 3}}, package_roots=["examples"])
+    assert own.training_code == ("--entrypoint", "digits_cnn.train:main", "--kwargs", '{"epochs": 3}')
     assert _parse(training={"command": ["python3", "-m", "mypkg.train", "--epochs", "3"]}).training_code == (
         "--module", "mypkg.train", "--", "--epochs", "3")
     assert _parse(training={"command": ["python", "examples/digits_cnn/train.py", "-v"]}).training_code == (
@@ -62,7 +63,9 @@ def test_an_entrypoint_and_a_command_become_trainer_user_targets():
     ({"evaluation": {"entrypoint": "score"}}, "evaluation.entrypoint='score': must be module:function"),
     ({"evaluation": "x"}, "evaluation must be a mapping"),
     ({"package_roots": "examples"}, "package_roots='examples': must be a list"),
-    ({"package_roots": ["/abs"]}, "package_roots[0]='/abs': must be a path relative to the project"),
+    ({"package_roots": ["/abs"]}, "package_roots[0]='/abs': no such folder"),
+    ({"training": {"entrypoint": "mypkg.trian:main"}}, "training.entrypoint='mypkg.trian:main': no module 'mypkg.trian'"),
+    ({"evaluation": {"entrypoint": "mypkg.evaluate:score"}}, "evaluation.entrypoint='mypkg.evaluate:score': no module"),
     ({"package_roots": ["missing_folder"]}, "package_roots[0]='missing_folder': no such folder"),
 ])  # fmt: skip
 def test_a_bad_training_section_is_refused_naming_the_field(change, needle):
@@ -76,7 +79,8 @@ def test_two_pipelines_share_a_dataset_only_when_they_declare_it_identically(tmp
     other = DIGITS | {"name": "other", "dag_id": "train_other", "publish_dag_id": "publish_other", "model_name": "m"}
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
     assert sorted(load_pipelines.__wrapped__(str(tmp_path))) == ["digits", "other"]
-    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other | {"dataset": DIGITS["dataset"] | {"suite": "x.y:z"}}))
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other | {"dataset": DIGITS["dataset"] | {"suite": "data.expectations:diabetes_suite"}}))
+    _pipeline_files.cache_clear()
     with pytest.raises(PipelineConfigError, match="share dataset_out='data/digits' .a shared dataset must be declared identically"):
         load_pipelines.__wrapped__(str(tmp_path))
 

@@ -25,8 +25,8 @@ def test_setup_selects_the_named_pipeline_or_refuses_an_unknown_one():
     from operators.config.pipelines import PipelineConfigError
 
     assert [p.name for p in selected_pipelines("diabetes")] == ["diabetes"]
-    assert [p.name for p in selected_pipelines(None)] == ["diabetes", "digits"]
-    with pytest.raises(PipelineConfigError, match="known pipelines: diabetes, digits"):
+    assert [p.name for p in selected_pipelines(None)] == ["charlm", "diabetes", "digits-cnn", "digits-lightning", "digits"]
+    with pytest.raises(PipelineConfigError, match="known pipelines: charlm, diabetes, digits-cnn, digits-lightning, digits"):
         selected_pipelines("cancer")
 
 
