@@ -27,9 +27,10 @@ data: install
 	$(BIN)/dvc repro
 
 # Runs one pipeline's DAG once on the embedded defaults (PIPELINE=digits|diabetes|<yours>, a file
-# under pipelines/); the last line is a JSON summary.
+# under pipelines/; BACKEND=local|ray and LAUNCHER=torchrun|mpirun override the pipeline file's);
+# the last line is a JSON summary.
 demo: setup
-	$(BIN)/python -m operators.cli.demo --pipeline $(PIPELINE)
+	$(BIN)/python -m operators.cli.demo --pipeline $(PIPELINE) $(if $(BACKEND),--backend $(BACKEND)) $(if $(LAUNCHER),--launcher $(LAUNCHER))
 
 # One pipeline's DAG (PIPELINE=, as demo) with backend=kubernetes, the rendered pods run as local
 # processes, S3 (moto) and MLflow servers on 127.0.0.1 (docs/kubernetes.md, "The cluster drill");

@@ -16,7 +16,7 @@ from operators.callbacks import record_failure
 from operators.config import settings
 from operators.evaluation import EvaluateModelOperator
 from operators.config.pipelines import (
-    DEFAULT_PIPELINE, NOT_NAN, PipelineConfig, check_params, dataset_version_of_run, load_pipelines,
+    DEFAULT_PIPELINE, LAUNCHERS, NOT_NAN, PipelineConfig, check_params, dataset_version_of_run, load_pipelines,
     pipeline_tag,
 )  # fmt: skip
 from operators.promotion import PromoteModelOperator
@@ -70,8 +70,14 @@ def build_params(p: PipelineConfig) -> dict[str, Param]:
         ),
         "backend": Param(
             p.default_backend, type="string", enum=p.backend_names,
-            title="Backend", description="local: torchrun on this machine; kubernetes: a JobSet/Volcano gang"
+            title="Backend", description="local: torchrun or mpirun on this machine; kubernetes: a JobSet/Volcano gang; "
+            "ray: Ray Train's TorchTrainer on a Ray cluster (a local one, or RAY_ADDRESS)"
             + "".join(f"; {name}: {path}" for name, path in sorted(p.backends.items())) + ".",
+        ),
+        "launcher": Param(
+            p.launcher, type="string", enum=list(LAUNCHERS),
+            title="Launcher", description="How the ranks start: torchrun, or Open MPI's mpirun (backend local). "
+            "A launcher the backend cannot run is refused before admission.",
         ),
         "max_steps": Param(p.max_steps, type="integer", minimum=1, maximum=10_000_000, title="Max steps"),
         "learning_rate": Param(
@@ -149,7 +155,8 @@ def build_pipeline_dag(p: PipelineConfig):
             # any slot or cluster quota is taken.
             check_params(params, schemas)
             return gang_task_id(
-                backend=params["backend"], world_size=params["world_size"], local_world_sizes=p.local_world_sizes
+                backend=params["backend"], world_size=params["world_size"], local_world_sizes=p.local_world_sizes,
+                launcher=params.get("launcher", "torchrun"),
             )
 
         overrides = {
@@ -161,7 +168,7 @@ def build_pipeline_dag(p: PipelineConfig):
         gangs = [
             GangTrainingOperator(
                 task_id=f"train_local_{n}", world_size=n, backend="local", pool=settings.TRAINING_POOL, pool_slots=n,
-                dataset=validate.output, overrides=overrides, config_path=p.trainer_config,
+                launcher="{{ params.launcher }}", dataset=validate.output, overrides=overrides, config_path=p.trainer_config,
             )
             for n in p.local_world_sizes
         ]  # fmt: skip
@@ -171,7 +178,9 @@ def build_pipeline_dag(p: PipelineConfig):
             gangs.append(
                 GangTrainingOperator(
                     task_id=f"train_{backend}", world_size="{{ params.world_size }}", backend=backend,
-                    dataset=validate.output, overrides=overrides, config_path=in_image,
+                    launcher="{{ params.launcher }}", dataset=validate.output, overrides=overrides,
+                    # a local Ray cluster's workers read the config where this machine has it
+                    config_path=p.trainer_config if backend == "ray" else in_image,
                 )
             )  # fmt: skip
 

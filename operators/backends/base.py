@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+#: How the ranks are started: torchrun's agent (torchrun or the local backend's forking
+#: trainer.launch) or Open MPI's mpirun; which backend runs which: `GangBackend.launchers`.
+LAUNCHERS = ("torchrun", "mpirun")
 
 
 @dataclass(frozen=True)
@@ -31,9 +34,12 @@ class GangSpec:
     # The dataset version the ranks fetch by content address: each backend turns it into its data
     # arguments (`--set data.version=... data.remote=...`; the local DVC remote, or the Kubernetes runtime's).
     dataset_version: str | None = None
+    launcher: str = "torchrun"  # one of LAUNCHERS
 
     def __post_init__(self):
         object.__setattr__(self, "overrides", tuple(self.overrides))
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"launcher={self.launcher!r}: accepted values are {', '.join(LAUNCHERS)}")
         if not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"world_size={self.world_size!r}: must be an integer >= 1")
         if not _NAME.match(self.name):
@@ -69,6 +75,8 @@ class GangBackend(abc.ABC):
 
     name: ClassVar[str]
     deferrable: ClassVar[bool] = False
+    #: The `GangSpec.launcher` values this backend runs; any other is refused before admission.
+    launchers: ClassVar[tuple[str, ...]] = ("torchrun",)
     # True: the gang runs beside the task, whose process relays the ranks' metrics.jsonl to MLflow
     # (`operators.hooks.mlflow_relay`) and logs the final weights; the ranks get no MLflow settings. False: the
     # spec's env carries MLFLOW_TRACKING_URI/MLFLOW_RUN_ID and rank 0 logs to MLflow itself.

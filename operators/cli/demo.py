@@ -1,8 +1,10 @@
-"""`make demo [PIPELINE=name]`: run one pipeline's DAG once on the embedded defaults and print a
-JSON summary as the last line (contract 5, docs/contracts.md); on failure `state` is "failed" and
-the exit code non-zero. Honours GANGFLOW_HOME and GANGFLOW_FAULT.
+"""`make demo [PIPELINE=name] [BACKEND=local|ray] [LAUNCHER=torchrun|mpirun]`: run one pipeline's DAG
+once on the embedded defaults and print a JSON summary as the last line (contract 5,
+docs/contracts.md); on failure `state` is "failed" and the exit code non-zero. Honours GANGFLOW_HOME
+and GANGFLOW_FAULT.
 
-    python -m operators.cli.demo [--pipeline diabetes] [--conf '{"world_size": 1, "max_steps": 300}']
+    python -m operators.cli.demo [--pipeline diabetes] [--backend ray] [--launcher mpirun]
+        [--conf '{"world_size": 1, "max_steps": 300}']
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
         }
     manifest, metrics, decision = (xcoms.get((task_id, "return_value")) or {} for task_id in ("validate_dataset", "evaluate", "promote"))
     train_tries = [tries for task_id, (state, tries) in tis.items() if task_id.startswith("train_") and state not in ("skipped", None)]
+    training = xcoms.get(("training_result", "backend")) and {
+        key: xcoms.get(("training_result", key)) for key in ("backend", "launcher", "resumed_from_step")
+    }
+    params = {**{"backend": config.default_backend, "launcher": config.launcher}, **(dag_run.conf or {})}
     state = str(getattr(dag_run.state, "value", dag_run.state))
     summary = {
         "state": "success" if state == "success" else "failed",
@@ -64,6 +70,10 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
         "promoted": bool(decision.get("promoted", False)),
         "promotion_reason": decision.get("reason"),
         "train_attempts": max(train_tries, default=0),
+        # what ran (the training task's result), else what was asked
+        "backend": (training or params)["backend"],
+        "launcher": (training or params)["launcher"],
+        "resumed_from_step": (training or {}).get("resumed_from_step"),
     }
     if summary["state"] == "failed":
         record = read_failure(dag_id, dag_run.run_id)
@@ -80,11 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pipeline", default="digits", help="the pipeline to run: a file pipelines/<name>.yaml (default digits)")
     parser.add_argument("--conf", default="{}", help="DAG run conf (Params) as JSON, e.g. '{\"world_size\": 1}'")
+    parser.add_argument("--backend", help="the backend Param (local, ray, ...; default: the pipeline file's)")
+    parser.add_argument("--launcher", help="the launcher Param (torchrun, mpirun; default: the pipeline file's)")
     args = parser.parse_args(argv)
     try:
         conf = json.loads(args.conf)
     except ValueError as exc:
         parser.error(f"--conf: not valid JSON ({exc})")
+    conf |= {key: value for key, value in (("backend", args.backend), ("launcher", args.launcher)) if value}
     embedded.apply()  # before anything imports Airflow: it binds its config at import
     from operators.config.pipelines import PipelineConfigError, pipeline
 
@@ -99,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         dag_run = run_dag(conf, config.dag_id)
     except ParamValidationError as exc:  # refused before any task ran
         summary = {"state": "failed", "pipeline": config.name, "tracking_uri": settings.tracking_uri(),
+                   "backend": conf.get("backend", config.default_backend), "launcher": conf.get("launcher", config.launcher),
                    "train_attempts": 0, "promoted": False, "failure": {"kind": "user", "reason": str(exc)}}  # fmt: skip
         print(json.dumps(summary), flush=True)
         return 2

@@ -32,7 +32,9 @@ DATASET_ASSET_URI = "dvc://gangflow/data/digits"
 # (dags/publish_dataset.py writes it, `dataset_version_of_run` reads it).
 ASSET_VERSION_KEY = "version"
 #: Backends every DAG offers; a pipeline file's `backends` adds its own (name: module:Class).
-BUILTIN_BACKENDS = ("local", "kubernetes")
+BUILTIN_BACKENDS = ("local", "kubernetes", "ray")
+#: The `launcher` Param's values (operators.backends.base.LAUNCHERS; which backend runs which: its `launchers`).
+LAUNCHERS = ("torchrun", "mpirun")
 
 # JSON Schema has no "finite": NaN compares false with every bound, so it satisfies this empty
 # range and `not` refuses it (+-inf are refused by each number Param's own bounds).
@@ -70,6 +72,7 @@ class PipelineConfig:
     model_name: str
     backends: dict[str, str]  # user backends, name -> module:Class (besides BUILTIN_BACKENDS)
     default_backend: str
+    launcher: str  # training.launcher: the `launcher` Param's default
     world_size: int
     local_world_sizes: tuple[int, ...]
     retries: int
@@ -105,8 +108,9 @@ PipelineDefaults = PipelineConfig
 _KEYS = {
     "name", "dag_id", "publish_dag_id", "description", "schedule", "dataset", "trainer_config", "metric",
     "gate", "model_name", "backends", "default_backend", "world_size", "local_world_sizes", "retries",
-    "retry_base_delay_seconds", "allowed_models",
+    "retry_base_delay_seconds", "allowed_models", "training",
 }  # fmt: skip
+_TRAINING_KEYS = {"launcher"}
 _DATASET_KEYS = {"stage", "out", "asset", "suite"}
 _METRIC_KEYS = {"name", "direction", "minimum", "maximum"}
 _GATE_KEYS = {"floor", "min_improvement"}
@@ -228,6 +232,13 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
     if not isinstance(sizes, list) or not sizes:
         raise PipelineConfigError(f"{source}: local_world_sizes={sizes!r}: must be a non-empty list of integers >= 1")
     default_backend = raw.get("default_backend", "local")
+    training = raw.get("training") or {}
+    if not isinstance(training, Mapping):
+        raise PipelineConfigError(f"{source}: training must be a mapping with keys {', '.join(sorted(_TRAINING_KEYS))}")
+    _check_keys(f"{source}: training", training, _TRAINING_KEYS)
+    launcher = training.get("launcher", "torchrun")
+    if launcher not in LAUNCHERS:
+        raise PipelineConfigError(f"{source}: training.launcher={launcher!r}: accepted values are {', '.join(LAUNCHERS)}")
     config = PipelineConfig(
         name=pname,
         dag_id=_string(f"{source}: dag_id", raw.get("dag_id", f"train_{pname}"), _ID_RE, "an Airflow DAG id"),
@@ -250,6 +261,7 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         model_name=_string(f"{source}: model_name", raw.get("model_name", f"gangflow-{pname}")),
         backends=dict(backends),
         default_backend=default_backend,
+        launcher=launcher,
         world_size=_number(f"{source}: world_size", raw.get("world_size", 2), integer=True),
         local_world_sizes=tuple(_number(f"{source}: local_world_sizes[]", n, integer=True) for n in sizes),
         retries=_number(f"{source}: retries", raw.get("retries", 3), integer=True),

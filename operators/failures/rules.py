@@ -14,6 +14,7 @@ from trainer import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
 from trainer import failure_catalogue as catalogue
 from operators.failures.evidence import (
     LAUNCHER_EXIT,
+    MPIRUN_SIGNAL,
     RANK_PREFIX,
     SIGNAL_NAMES,
     Evidence,
@@ -657,9 +658,8 @@ def _signal_hit(f: Evidence, number: int, what: str) -> Hit | None:
         how = f"exit code {f.exit_code}" if f.exit_code is not None else "signal"
         return Hit(f"{SIGNAL_NAMES[number]} ({how}){what}")
     if f.signal is None and f.launcher_signal == number:
-        line = _first(LAUNCHER_EXIT, [f.log_tail])
-        how = f"torchrun: local_rank {f.launcher_rank} exit code -{number}"
-        return Hit(f"{SIGNAL_NAMES[number]} ({how}){what}", line[0] if line else "")
+        line = _first(LAUNCHER_EXIT, [f.log_tail]) or _first(MPIRUN_SIGNAL, [f.log_tail])
+        return Hit(f"{SIGNAL_NAMES[number]} ({f.launcher_line}){what}", line[0] if line else "")
     return None
 
 
