@@ -35,6 +35,7 @@ from operators.failures.evidence import ray_evidence
 from operators.utils.processes import stop_group_nowait
 
 RESULT_PREFIX = "gangflow-ray-result: "
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # "gangflow: ray worker rank R pid P": how the backend maps a worker's output to its rank.
 _WORKER_HELLO = re.compile(r"gangflow: ray worker rank (\d+) pid (\d+)")
 # Ray's prefix of a worker process's forwarded output: "(RayTrainWorker pid=123, ip=127.0.0.1) text".
@@ -42,7 +43,8 @@ _WORKER_LINE = re.compile(r"^\((?:[\w.]+ )?pid=(\d+)(?:, ip=[^)]*)?\)\s?(.*)$")
 _RESUMED = re.compile(r"gangflow: resuming from checkpoint step-(\d+)")
 # What the driver passes on to the workers by name (values through Ray's runtime env, never argv).
 EXPORTED = ("PYTHONPATH", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "GANGFLOW_HOME", "GANGFLOW_PROJECT",
-            "GANGFLOW_FAULT", "GANGFLOW_ALLOW_FAULTS", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")
+            "GANGFLOW_FAULT", "GANGFLOW_ALLOW_FAULTS", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION",
+            "RAY_TRAIN_ENABLE_PRINT_PATCH")
 
 
 class RayBackend(GangBackend):
@@ -92,7 +94,9 @@ class RayBackend(GangBackend):
         env["PYTHONUNBUFFERED"] = "1"
         project = os.environ.get("GANGFLOW_PROJECT") or str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [project, env.get("PYTHONPATH")]))
-        env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # Ray's output as plain lines, one per print, none folded into "[repeated Nx]"
+        env |= {"RAY_USAGE_STATS_ENABLED": "0", "RAY_COLOR_PREFIX": "0", "RAY_DEDUP_LOGS": "0",
+                "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
         if self.relay_tracking:
             for key in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID"):
                 env.pop(key, None)
@@ -103,39 +107,24 @@ class RayBackend(GangBackend):
                                       start_new_session=True, cwd=project)  # fmt: skip
         if self._kill_requested:
             stop_group_nowait(self._proc, self.grace_period_s)
-        pid_rank: dict[int, int] = {}
-        rank_tails: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=LOG_TAIL_LINES))
-        driver_lines: collections.deque = collections.deque(maxlen=400)
-        resumed_from, result = None, None
+        output = DriverOutput()
+        log_path = Path(spec.run_dir) / "ray" / f"try-{spec.attempt}.log"  # the driver's own output, as printed
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         assert self._proc.stdout is not None
-        for raw in self._proc.stdout:
-            line = raw.rstrip("\n")
-            if line.startswith(RESULT_PREFIX):
-                try:
-                    result = json.loads(line[len(RESULT_PREFIX):])
-                except ValueError:
-                    driver_lines.append(line)
-                continue
-            m = _WORKER_LINE.match(line)
-            if m and (hello := _WORKER_HELLO.search(m.group(2))):
-                pid_rank[int(hello.group(2))] = int(hello.group(1))
-            rank = pid_rank.get(int(m.group(1))) if m else None
-            if rank is not None:
-                text = m.group(2)
-                rank_tails[rank].append(text)
-                log(f"[rank {rank}] {text}")
-                if resumed_from is None and (r := _RESUMED.search(text)):
-                    resumed_from = int(r.group(1))
-            else:
-                driver_lines.append(line)
-                log(f"[ray] {line}")
+        with open(log_path, "w") as raw_log:
+            for raw in self._proc.stdout:
+                raw_log.write(raw)
+                rank, text = output.feed(raw)
+                if rank is not None:
+                    log(f"[rank {rank}] {text}")
+                elif text is not None:
+                    log(f"[ray] {text}")
         exit_code = self._proc.wait()
         self._proc = None
-        if exit_code == 0 and result and result.get("succeeded"):
-            return GangResult(succeeded=True, exit_code=0, resumed_from_step=resumed_from)
-        evidence = ray_evidence(result or {}, exit_code, "\n".join(driver_lines), dict(rank_tails),
-                                errors_since(Path(spec.run_dir), launched_at))
-        return GangResult(succeeded=False, exit_code=exit_code, evidence=evidence, resumed_from_step=resumed_from)
+        if exit_code == 0 and output.result and output.result.get("succeeded"):
+            return GangResult(succeeded=True, exit_code=0, resumed_from_step=output.resumed_from)
+        evidence = output.evidence(exit_code, errors_since(Path(spec.run_dir), launched_at))
+        return GangResult(succeeded=False, exit_code=exit_code, evidence=evidence, resumed_from_step=output.resumed_from)
 
     def kill(self) -> None:
         """Stop the driver, its cluster and the workers (SIGTERM, SIGKILL after the grace period)."""
@@ -152,6 +141,43 @@ class RayBackend(GangBackend):
             timer.cancel()
 
 
+class DriverOutput:
+    """What the driver printed, line by line: each worker's lines by rank (Ray prefixes them with
+    the worker's pid; the worker's first line names its rank), the driver's and Ray's own, the result."""
+
+    def __init__(self) -> None:
+        self.pid_rank: dict[int, int] = {}
+        self.rank_tails: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=LOG_TAIL_LINES))
+        self.driver_lines: collections.deque = collections.deque(maxlen=400)
+        self.resumed_from: int | None = None
+        self.result: dict | None = None
+
+    def feed(self, raw: str) -> tuple[int | None, str | None]:
+        """(rank, text) of a worker's line, (None, text) of any other, (None, None) of the result line."""
+        line = _ANSI.sub("", raw.rstrip("\n"))
+        if line.startswith(RESULT_PREFIX):
+            try:
+                self.result = json.loads(line[len(RESULT_PREFIX):])
+                return None, None
+            except ValueError:
+                pass
+        m = _WORKER_LINE.match(line)
+        if m and (hello := _WORKER_HELLO.search(m.group(2))):
+            self.pid_rank[int(hello.group(2))] = int(hello.group(1))
+        rank = self.pid_rank.get(int(m.group(1))) if m else None
+        if rank is None:
+            self.driver_lines.append(line)
+            return None, line
+        text = m.group(2)
+        self.rank_tails[rank].append(text)
+        if self.resumed_from is None and (r := _RESUMED.search(text)):
+            self.resumed_from = int(r.group(1))
+        return rank, text
+
+    def evidence(self, exit_code: int, records: dict[int, dict]) -> dict:
+        return ray_evidence(self.result or {}, exit_code, "\n".join(self.driver_lines), dict(self.rank_tails), records)
+
+
 def errors_since(run_dir: Path, since: float) -> dict[int, dict]:
     """The ranks' error records (DIR/errors/rank-R.json) written in this try, by rank."""
     records = {}
@@ -165,34 +191,6 @@ def errors_since(run_dir: Path, since: float) -> dict[int, dict]:
 
 
 # --- the driver: `python -m operators.backends.ray ... -- TRAINER ARGS` ----------------------
-
-
-class RankExitError(RuntimeError):
-    """The trainer on one Ray Train worker ended with a non-zero exit code (its error record says why)."""
-
-    def __init__(self, rank: int, code: int):
-        super().__init__(f"rank {rank}: the trainer exited with code {code}")
-        self.rank, self.code = rank, code
-
-    def __reduce__(self):
-        return (RankExitError, (self.rank, self.code))
-
-
-def train_loop_per_worker(config: dict) -> None:
-    """One Ray Train worker: the trainer's main, with Ray Train's rank, world size and process group."""
-    import ray.train
-
-    context = ray.train.get_context()
-    rank = context.get_world_rank()
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(context.get_world_size()), LOCAL_RANK=str(context.get_local_rank()))
-    print(f"gangflow: ray worker rank {rank} pid {os.getpid()}", flush=True)
-    from trainer.__main__ import exit_code
-
-    code = exit_code(list(config["argv"]))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if code != 0:
-        raise RankExitError(rank, code)
 
 
 def _describe(exc: BaseException) -> dict:
@@ -219,6 +217,8 @@ def driver(argv: list[str] | None = None) -> int:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    from trainer.ray_worker import train_loop_per_worker
+
     env_vars = {name: os.environ[name] for name in args.export if name in os.environ}
     runtime_env = {"env_vars": env_vars}
     if args.address:
@@ -231,7 +231,7 @@ def driver(argv: list[str] | None = None) -> int:
     try:
         trainer = TorchTrainer(
             train_loop_per_worker,
-            train_loop_config={"argv": trainer_args},
+            train_loop_config={"argv": trainer_args, "cwd": os.getcwd()},
             scaling_config=ScalingConfig(num_workers=args.world_size, use_gpu=False,
                                          resources_per_worker={"CPU": args.cpus_per_worker}),
             run_config=RunConfig(name=args.name, storage_path=str(Path(args.run_dir, "ray").resolve()),

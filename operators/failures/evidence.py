@@ -54,7 +54,7 @@ def parse_mpirun_failure(output: str) -> dict | None:
 # a rank's `RankExitError` only says that the trainer ended with a code (its error record says why).
 RAY_SYSTEM_FAILURES = ("ActorDiedError", "RayActorError", "WorkerCrashedError", "NodeDiedError", "OwnerDiedError",
                        "ObjectLostError", "ObjectStoreFullError", "OutOfMemoryError", "ActorUnavailableError",
-                       "RaySystemError")  # fmt: skip
+                       "RaySystemError", "WorkerHealthCheckFailedError", "WorkerHealthCheckTimeoutError")  # fmt: skip
 _RANK_EXIT = re.compile(r"rank (\d{1,6}): the trainer exited with code (-?\d{1,6})")
 
 

@@ -182,7 +182,8 @@ _SINGLE_RANK_WORK = _rx(r"\d+%\|", r"Running tokenizer", r"\bTokeniz\w+", r"\bpr
 _WRAPPERS = {"ChildFailedError", "SignalException", "SystemExit", "KeyboardInterrupt", "CalledProcessError"}
 # Device memory exhausted, as torch, CUDA, NCCL, XLA/JAX and TensorFlow say it.
 _CUDA_OOM = _rx(
-    r"CUDA out of memory", r"\bOutOfMemoryError\b", r"CUDA error: out of memory", r"CUDA_ERROR_OUT_OF_MEMORY",
+    # (ray.exceptions.OutOfMemoryError is Ray's memory monitor on the host: _HOST_OOM's)
+    r"CUDA out of memory", r"(?<!ray\.exceptions\.)\bOutOfMemoryError\b", r"CUDA error: out of memory", r"CUDA_ERROR_OUT_OF_MEMORY",
     r"Cuda failure '?out of memory", r"Resource exhausted: Out\s+of\s+memory", r"RESOURCE_EXHAUSTED: Out\s+of\s+memory",
     r"Out of memory while trying to allocate", r"Can't allocate \d+ bytes on device", r"\bOOM when allocating tensor",
     r"failed to allocate [\d.]+[KMG]? \(\d+ bytes\) from device",
@@ -195,6 +196,8 @@ _HOST_OOM = _rx(
     r"DataLoader worker (?:\(pid[^)]*\) )?is killed by signal: Killed",
     # Ray's memory monitor kills the job's own workers when the node's memory runs out
     r"exceeds the memory usage threshold", r"Task was killed due to the node running low on memory",
+    # Ray's object store (shared memory) full of the job's own objects
+    r"\bObjectStoreFullError\b",
     # Slurm's cgroup: the job step used more memory than it requested (--mem, --mem-per-cpu)
     r"Detected \d+ oom[-_ ]kill events?", r"Exceeded job memory limit",
 )  # fmt: skip

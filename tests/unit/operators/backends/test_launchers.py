@@ -168,3 +168,97 @@ def test_the_launchers_own_signal_line_is_read_from_a_log_tail():
     """A log tail with only mpirun's summary (no per-rank fields) is judged as torchrun's -9 is."""
     verdict = classify({"exit_code": 137, "log_tail": (FIXTURES / "mpirun_kill_time_rank_1.out").read_text()})
     assert verdict.kind == "infra", verdict.reason
+
+
+# --- the ray backend: argv, refusals, and evidence from real Ray Train runs -----------------------
+
+
+def test_ray_driver_argv_names_the_gang_and_exports_by_name(tmp_path):
+    from operators.backends.ray import RayBackend
+
+    s = GangSpec(name="g", run_dir=str(tmp_path), world_size=2, config_path="/app/params.yaml", attempt=3,
+                 env={"MLFLOW_RUN_ID": "secret-run", "GANGFLOW_FAULT": "kill@time=1"})  # fmt: skip
+    argv = RayBackend(address="127.0.0.1:6379").command(s)
+    assert argv[:3] == [sys.executable, "-m", "operators.backends.ray"]
+    assert argv[argv.index("--world-size") + 1] == "2" and argv[argv.index("--name") + 1] == "g-try-3"
+    assert argv[argv.index("--address") + 1] == "127.0.0.1:6379"
+    exported = [argv[i + 1] for i, item in enumerate(argv) if item == "--export"]
+    assert "MLFLOW_RUN_ID" in exported and "GANGFLOW_FAULT" in exported
+    assert not any("secret-run" in item or "kill@time" in item for item in argv)
+    trainer = argv[argv.index("--") + 1:]
+    assert trainer[:4] == ["--run-dir", str(tmp_path), "--config", "/app/params.yaml"]
+
+
+def test_a_local_ray_cluster_larger_than_this_machine_is_refused(monkeypatch, tmp_path):
+    from operators.backends.ray import RayBackend
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    big = GangSpec(name="g", run_dir=str(tmp_path), world_size=4)
+    with pytest.raises(GangCapacityError, match="world_size=4: a local Ray cluster here has 2 CPUs"):
+        RayBackend().check_capacity(big)
+    RayBackend(address="10.0.0.1:6379").check_capacity(big)  # an existing cluster's scheduler decides
+    with pytest.raises(ValueError, match="cpus_per_worker=0: must be an integer >= 1"):
+        RayBackend(cpus_per_worker=0)
+
+
+def replay_ray(name: str, run_dir: Path, exit_code: int = 1) -> dict:
+    """The evidence RayBackend builds from a captured driver output and the ranks' error records."""
+    from operators.backends.ray import DriverOutput, errors_since
+
+    output = DriverOutput()
+    for line in (FIXTURES / f"{name}.log").read_text().splitlines(keepends=True):
+        output.feed(line)
+    (run_dir / "errors").mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    for record in FIXTURES.glob(f"{name}.rank-*.json"):
+        shutil.copyfile(record, run_dir / "errors" / f"{record.name.split('.')[-2]}.json")
+    assert output.result is not None and output.result["succeeded"] is False
+    assert set(output.rank_tails) == {0, 1}  # the workers' lines, mapped from Ray's pid prefix to ranks
+    return output.evidence(exit_code, errors_since(run_dir, started))
+
+
+def test_a_ray_worker_killed_is_infra_on_its_rank(tmp_path):
+    evidence = replay_ray("ray_kill_time_rank_1", tmp_path)
+    assert evidence["rank"] == 1 and evidence["ray_error"] == "WorkerHealthCheckFailedError"
+    assert [r["rank"] for r in evidence["ranks"]] == [1, 0]
+    assert "The actor died unexpectedly" in evidence["log_tail"]
+    verdict = classify(evidence)
+    assert verdict.kind == "infra" and verdict.retryable, verdict.reason
+    assert "rank 1" in verdict.reason
+
+
+def test_a_raise_inside_the_ray_train_function_is_the_users(tmp_path):
+    evidence = replay_ray("ray_raise_rank_1", tmp_path)
+    assert evidence["rank"] == 1 and evidence["exit_code"] == 1 and evidence["error_file"]["source"] == "user"
+    verdict = classify(evidence)
+    assert verdict.kind == "user" and not verdict.retryable, verdict.reason
+    assert "ValueError" in verdict.reason and "rank 1" in verdict.reason
+
+
+@pytest.mark.parametrize("error, kind", [
+    # Ray's own exception types, as its docs print them: a node lost is infra; the node's memory or
+    # the object store exhausted by the job's own data is the job's (as a host OOM under torchrun)
+    ("ray.exceptions.NodeDiedError: The node with node id: 3b1f and address: 10.0.0.7 and node name: 10.0.0.7 has been marked dead", "infra"),
+    ("ray.exceptions.ObjectStoreFullError: Failed to put object ffff in object store because it is full. Object size is 2147483648 bytes.", "user"),
+    ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.", "user"),
+])  # fmt: skip
+def test_ray_system_failures_of_a_worker_are_judged_like_torchruns(error, kind):
+    from operators.failures.evidence import ray_evidence
+
+    kind_name = error.split(":", 1)[0]
+    result = {"succeeded": False, "worker_failures": {"0": {"type": kind_name, "message": error.split(": ", 1)[1],
+                                                            "traceback": f"Traceback (most recent call last):\n  File \"/venv/lib/python3.11/site-packages/ray/_private/worker.py\", line 1055, in get_objects\n    raise value\n{error}\n"}}}  # fmt: skip
+    evidence = ray_evidence(result, 1, "", {}, {})
+    assert evidence["ray_error"] == kind_name.rsplit(".", 1)[-1]
+    verdict = classify(evidence, precedents=False)
+    assert verdict.kind == kind, verdict.reason
+    assert "CUDA" not in verdict.reason  # a host's or the object store's memory, not a GPU's
+
+
+def test_a_ray_driver_that_never_reached_the_workers_is_evidence_too():
+    from operators.failures.evidence import ray_evidence
+
+    evidence = ray_evidence({}, -9, "[ray] starting the cluster", {}, {})
+    assert evidence == {"exit_code": -9, "log_tail": "[ray] starting the cluster"}
+    assert classify(evidence).kind == "infra"
