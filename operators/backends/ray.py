@@ -20,6 +20,7 @@ import collections
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -224,6 +225,10 @@ def driver(argv: list[str] | None = None) -> int:
     if args.address:
         ray.init(address=args.address, runtime_env=runtime_env, log_to_driver=True)
     else:
+        # Token auth with a token of this cluster's own, in the environment its processes inherit
+        # (never argv, never Ray's default file in the home directory).
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
+        os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
         temp_dir = tempfile.mkdtemp(prefix="gangflow-ray-")
         ray.init(num_cpus=args.world_size * args.cpus_per_worker, num_gpus=0, include_dashboard=False,
                  _temp_dir=temp_dir, _node_ip_address="127.0.0.1", runtime_env=runtime_env, log_to_driver=True,

@@ -1,4 +1,4 @@
-"""The `ray` backend's kill drill (issue 24.1) on a real Ray cluster on 127.0.0.1 (a head started
+"""The `ray` backend's kill drill (issue 24.1) on a real Ray cluster on this machine (a head started
 here with `ray start --head --block`, reached through the backend's `address`, as RAY_ADDRESS
 would): Ray Train's TorchTrainer runs 2 workers of the trainer; rank 1's worker process is
 SIGKILLed by a timer mid-loop (kill@time, unsynchronised). Ray's evidence is judged infra, the
@@ -8,11 +8,15 @@ own instead: `make demo BACKEND=ray`.)"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import secrets
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,8 +30,8 @@ FAULT = "kill@time=1,rank=1"
 
 
 @pytest.fixture(scope="module")
-def ray_address(tmp_path_factory):
-    """A Ray head on 127.0.0.1 (2 CPUs, no dashboard, a temp dir of its own), stopped by its
+def ray_cluster(tmp_path_factory):
+    """A Ray head on this machine (2 CPUs, no dashboard, a temp dir of its own), stopped by its
     process group at the end: never `ray stop`, which would stop every Ray on the machine."""
     from trainer_fixtures import free_port
 
@@ -36,21 +40,29 @@ def ray_address(tmp_path_factory):
         pytest.fail("ray is missing: `make install` installs the pinned ray[train] (the `ray` extra)")
     port, temp = free_port(), tmp_path_factory.mktemp("ray")
     log = open(temp / "head.log", "w")
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    token = secrets.token_hex(32)  # the cluster's own (Ray's token auth), given to the driver by env
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     proc = subprocess.Popen(
-        [str(ray), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
+        [str(ray), "start", "--head", "--block", "--port", str(port), "--num-cpus", "2",
          "--num-gpus", "0", "--include-dashboard", "false", "--temp-dir", str(temp), "--disable-usage-stats"],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )  # fmt: skip
     try:
-        yield f"127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while not (started := re.search(r"ray start --address='([^']+)'", (temp / "head.log").read_text())):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("ray start --head did not start:\n" + (temp / "head.log").read_text()[-3000:])
+            time.sleep(0.2)
+        yield started.group(1), token  # the GCS address the head registered (Ray picks the node's IP)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(30)
+            proc.wait(10)
         except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):  # whatever of the head's group is left
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        proc.wait()
         log.close()
 
 
@@ -70,11 +82,14 @@ def _spec(h, run_dir: Path, attempt: int) -> GangSpec:
 
 
 @pytest.mark.slow
-def test_ray_kill_at_time_on_rank_1_is_infra_resumes_and_matches_torchrun(h, ray_address, reference, tmp_path, monkeypatch):
+def test_ray_kill_at_time_on_rank_1_is_infra_resumes_and_matches_torchrun(h, ray_cluster, reference, tmp_path, monkeypatch):
     from operators.backends.ray import RayBackend
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GANGFLOW_FAULT", "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "RAY_ADDRESS"):
         monkeypatch.delenv(key, raising=False)
+    ray_address, token = ray_cluster
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", token)
     run_dir, lines = tmp_path / "run", []
     first = RayBackend(address=ray_address).run(_spec(h, run_dir, 1), lines.append)
     output = "\n".join(lines)
