@@ -214,6 +214,12 @@ def driver(argv: list[str] | None = None) -> int:
     # SIGTERM (the task was killed): raise in the driver so that ray.shutdown stops the cluster
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
 
+    if not args.address:
+        # Token auth with a token of this cluster's own, in the environment its processes inherit
+        # (never argv, never Ray's default file in the home directory); set before Ray reads its config.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
+        os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -225,10 +231,6 @@ def driver(argv: list[str] | None = None) -> int:
     if args.address:
         ray.init(address=args.address, runtime_env=runtime_env, log_to_driver=True)
     else:
-        # Token auth with a token of this cluster's own, in the environment its processes inherit
-        # (never argv, never Ray's default file in the home directory).
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
-        os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
         temp_dir = tempfile.mkdtemp(prefix="gangflow-ray-")
         ray.init(num_cpus=args.world_size * args.cpus_per_worker, num_gpus=0, include_dashboard=False,
                  _temp_dir=temp_dir, _node_ip_address="127.0.0.1", runtime_env=runtime_env, log_to_driver=True,

@@ -82,9 +82,13 @@ def ray_evidence(result: Mapping, exit_code: int, driver_text: str, rank_tails: 
         ranks.append(item)
     if not ranks:
         error = result.get("error") if isinstance(result, Mapping) else None
-        error = error if isinstance(error, Mapping) else {}
-        tail = "\n".join(filter(None, [driver_text[-6000:], text(error.get("traceback"), MAX_LOG, tail=True)]))
-        return {"exit_code": exit_code, "log_tail": tail}
+        if not isinstance(error, Mapping):
+            return {"exit_code": exit_code, "log_tail": driver_text[-6000:]}
+        # The driver's own failure (the cluster did not start, Ray Train could not place the
+        # workers): gangflow's and Ray's code, not the user's (`source: null`, as the trainer's records say it).
+        record = {"exc_type": text(error.get("type"), 200), "message": text(error.get("message")), "source": None,
+                  "traceback": text(error.get("traceback"), MAX_LOG, tail=True)}  # fmt: skip
+        return {"exit_code": exit_code, "log_tail": driver_text[-6000:], "error_file": record}
 
     def order(item: dict) -> tuple:
         record = item.get("error_file") if isinstance(item.get("error_file"), Mapping) else {}

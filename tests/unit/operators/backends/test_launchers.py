@@ -262,3 +262,17 @@ def test_a_ray_driver_that_never_reached_the_workers_is_evidence_too():
     evidence = ray_evidence({}, -9, "[ray] starting the cluster", {}, {})
     assert evidence == {"exit_code": -9, "log_tail": "[ray] starting the cluster"}
     assert classify(evidence).kind == "infra"
+
+
+def test_a_ray_driver_failure_is_not_blamed_on_the_training_code():
+    """ray.init or Ray Train failing in the driver (gangflow's and Ray's code) is recorded with
+    `source: null`, so the classifier never reads the driver's frames as the user's."""
+    from operators.failures.evidence import ray_evidence
+
+    tb = ('Traceback (most recent call last):\n  File "/app/operators/backends/ray.py", line 233, in driver\n'
+          '    ray.init(num_cpus=2)\n  File "/venv/lib/python3.11/site-packages/ray/_private/node.py", line 952, in get_gcs_client\n'
+          '    raise RuntimeError("Failed to start GCS.")\nRuntimeError: Failed to start GCS.\n')  # fmt: skip
+    result = {"succeeded": False, "error": {"type": "RuntimeError", "message": "Failed to start GCS.", "traceback": tb}}
+    evidence = ray_evidence(result, 1, "starting", {}, {})
+    assert evidence["error_file"]["source"] is None and evidence["error_file"]["exc_type"] == "RuntimeError"
+    assert "training code" not in classify(evidence, precedents=False).reason
