@@ -37,6 +37,9 @@ from operators.utils.processes import stop_group_nowait
 
 RESULT_PREFIX = "gangflow-ray-result: "
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# Ray Train's placement-group cleaner polls the State API, which the dashboard serves; without the
+# dashboard it says so every second. Kept in the driver's log file, not repeated in the task log.
+_NOISE = "State API may be temporarily unavailable"
 # "gangflow: ray worker rank R pid P": how the backend maps a worker's output to its rank.
 _WORKER_HELLO = re.compile(r"gangflow: ray worker rank (\d+) pid (\d+)")
 # Ray's prefix of a worker process's forwarded output: "(RayTrainWorker pid=123, ip=127.0.0.1) text".
@@ -118,7 +121,7 @@ class RayBackend(GangBackend):
                 rank, text = output.feed(raw)
                 if rank is not None:
                     log(f"[rank {rank}] {text}")
-                elif text is not None:
+                elif text is not None and _NOISE not in text:
                     log(f"[ray] {text}")
         exit_code = self._proc.wait()
         self._proc = None
