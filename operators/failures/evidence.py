@@ -66,13 +66,14 @@ def ray_evidence(result: Mapping, exit_code: int, driver_text: str, rank_tails: 
     (the cluster never started, the driver was killed) the driver's own output is the evidence."""
     failures = result.get("worker_failures") if isinstance(result, Mapping) else None
     failures = failures if isinstance(failures, Mapping) else {}
-    ranks = []
+    ranks, ray_system = [], {}
     for key, failure in failures.items():
         rank = integer(key)
         if rank is None or not isinstance(failure, Mapping):
             continue
-        kind = text(failure.get("type"), 200)
-        item: dict[str, Any] = {"rank": rank, "ray_error": kind.rsplit(".", 1)[-1]}
+        kind = text(failure.get("type"), 200).rsplit(".", 1)[-1]
+        item: dict[str, Any] = {"rank": rank}
+        ray_system[rank] = kind in RAY_SYSTEM_FAILURES
         tail = "\n".join(text(line) for line in rank_tails.get(rank, ()))
         item["log_tail"] = "\n".join(filter(None, [tail, text(failure.get("traceback"), MAX_LOG, tail=True)]))
         if m := _RANK_EXIT.search(text(failure.get("message"))):
@@ -92,7 +93,7 @@ def ray_evidence(result: Mapping, exit_code: int, driver_text: str, rank_tails: 
 
     def order(item: dict) -> tuple:
         record = item.get("error_file") if isinstance(item.get("error_file"), Mapping) else {}
-        return (item["ray_error"] not in RAY_SYSTEM_FAILURES, record.get("source") != "user", item["rank"])
+        return (not ray_system[item["rank"]], record.get("source") != "user", item["rank"])
 
     ranks.sort(key=order)
     return {**ranks[0], "ranks": ranks}
