@@ -90,18 +90,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def errors_since(run_dir: Path, since: float) -> dict[int, dict]:
+    """The ranks' error records (DIR/errors/rank-R.json) written in this try, by rank: a record of
+    an earlier try of the same run dir is not this one's evidence."""
+    records = {}
+    for path in sorted((run_dir / "errors").glob("rank-*.json")):
+        try:
+            if path.stat().st_mtime >= since - 1:
+                records[int(path.stem.split("-", 1)[1])] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return records
+
+
 def mpirun_evidence(exit_code: int, agent_text: str, rank_tails: dict, run_dir: Path, launched_at: float) -> dict:
     """Classifier evidence (contract 4) from mpirun: the rank its summary names first (a signal or
     an exit code), with that rank's output and the error record it wrote in this try; every rank
     that wrote one in `ranks`."""
     first = parse_mpirun_failure(agent_text)
-    records = {}
-    for path in sorted((run_dir / "errors").glob("rank-*.json")):
-        try:
-            if path.stat().st_mtime >= launched_at - 1:  # records of earlier tries are not this one's
-                records[int(path.stem.split("-", 1)[1])] = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+    records = errors_since(run_dir, launched_at)
     if first is None:  # mpirun itself failed (bad flags, no slots): its own output is the evidence
         return {"exit_code": exit_code, "log_tail": agent_text[-6000:]}
     ranks = []

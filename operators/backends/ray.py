@@ -30,7 +30,7 @@ import traceback
 from pathlib import Path
 
 from operators.backends.base import GangBackend, GangResult, GangSpec, LogFn
-from operators.backends.local import LOG_TAIL_LINES, LocalBackend
+from operators.backends.local import LOG_TAIL_LINES, LocalBackend, errors_since
 from operators.exceptions import GangCapacityError
 from operators.failures.evidence import ray_evidence
 from operators.utils.processes import stop_group_nowait
@@ -130,19 +130,9 @@ class RayBackend(GangBackend):
         evidence = output.evidence(exit_code, errors_since(Path(spec.run_dir), launched_at))
         return GangResult(succeeded=False, exit_code=exit_code, evidence=evidence, resumed_from_step=output.resumed_from)
 
-    def kill(self) -> None:
-        """Stop the driver, its cluster and the workers (SIGTERM, SIGKILL after the grace period)."""
-        proc = self._proc
-        if proc is None:
-            self._kill_requested = True
-            return
-        if proc.poll() is not None:
-            return
-        timer = stop_group_nowait(proc, self.grace_period_s)
-        try:
-            proc.wait(self.grace_period_s + 5)
-        finally:
-            timer.cancel()
+    # The driver leads a session of its own, as torchrun does: SIGTERM to it all (the workers commit
+    # a checkpoint), SIGKILL after the grace period; the cluster ends with the driver.
+    kill = LocalBackend.kill
 
 
 class DriverOutput:
@@ -182,18 +172,6 @@ class DriverOutput:
         return ray_evidence(self.result or {}, exit_code, "\n".join(self.driver_lines), dict(self.rank_tails), records)
 
 
-def errors_since(run_dir: Path, since: float) -> dict[int, dict]:
-    """The ranks' error records (DIR/errors/rank-R.json) written in this try, by rank."""
-    records = {}
-    for path in sorted((run_dir / "errors").glob("rank-*.json")):
-        try:
-            if path.stat().st_mtime >= since - 1:
-                records[int(path.stem.split("-", 1)[1])] = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-    return records
-
-
 # --- the driver: `python -m operators.backends.ray ... -- TRAINER ARGS` ----------------------
 
 
@@ -201,6 +179,11 @@ def _describe(exc: BaseException) -> dict:
     return {"type": f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins."),
             "message": str(exc)[-8000:],
             "traceback": "".join(traceback.format_exception(exc))[-16000:]}  # fmt: skip
+
+
+def _interrupt(signum, frame) -> None:
+    """SIGTERM (the task was killed): unwind the driver, so that ray.shutdown stops its cluster."""
+    raise KeyboardInterrupt
 
 
 def driver(argv: list[str] | None = None) -> int:
@@ -214,8 +197,7 @@ def driver(argv: list[str] | None = None) -> int:
     parser.add_argument("trainer_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     trainer_args = args.trainer_args[1:] if args.trainer_args[:1] == ["--"] else args.trainer_args
-    # SIGTERM (the task was killed): raise in the driver so that ray.shutdown stops the cluster
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupt)
 
     if not args.address:
         # Token auth with a token of this cluster's own, in the environment its processes inherit
