@@ -27,11 +27,12 @@ data: install
 	$(BIN)/dvc repro
 
 # Runs one pipeline's DAG once on the embedded defaults (PIPELINE=digits|diabetes|<yours>, a file
-# under pipelines/): an account of the run, then a JSON summary as the last line. Its setup
-# publishes (dvc repro + push) that pipeline's dataset only.
+# under pipelines/; BACKEND=local|ray and LAUNCHER=torchrun|mpirun override the pipeline file's):
+# an account of the run, then a JSON summary as the last line. Its setup publishes (dvc repro +
+# push) that pipeline's dataset only.
 demo: install
 	$(BIN)/python -m operators.cli.setup --pipeline $(PIPELINE)
-	$(BIN)/python -m operators.cli.demo --pipeline $(PIPELINE)
+	$(BIN)/python -m operators.cli.demo --pipeline $(PIPELINE) $(if $(BACKEND),--backend $(BACKEND)) $(if $(LAUNCHER),--launcher $(LAUNCHER))
 
 # One pipeline's DAG (PIPELINE=, as demo) with backend=kubernetes, the rendered pods run as local
 # processes, S3 (moto) and MLflow servers on 127.0.0.1 (docs/kubernetes.md, "The cluster drill");

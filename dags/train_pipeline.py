@@ -16,8 +16,8 @@ from operators.callbacks import record_failure
 from operators.config import settings
 from operators.evaluation import EvaluateModelOperator
 from operators.config.pipelines import (
-    DEFAULT_PIPELINE, NOT_NAN, BrokenPipeline, PipelineConfig, PipelineConfigError, add_package_roots, check_params,
-    dataset_version_of_run, pipeline_files, pipeline_tag,
+    DEFAULT_PIPELINE, LAUNCHERS, NOT_NAN, BrokenPipeline, PipelineConfig, PipelineConfigError, add_package_roots,
+    check_params, dataset_version_of_run, pipeline_files, pipeline_tag,
 )  # fmt: skip
 from operators.promotion import PromoteModelOperator
 from operators.retry import ClassifiedRetryPolicy
@@ -70,8 +70,14 @@ def build_params(p: PipelineConfig) -> dict[str, Param]:
         ),
         "backend": Param(
             p.default_backend, type="string", enum=p.backend_names,
-            title="Backend", description="local: torchrun on this machine; kubernetes: a JobSet/Volcano gang"
+            title="Backend", description="local: torchrun or mpirun on this machine; kubernetes: a JobSet/Volcano gang; "
+            "ray: Ray Train's TorchTrainer on a Ray cluster (a local one, or RAY_ADDRESS)"
             + "".join(f"; {name}: {path}" for name, path in sorted(p.backends.items())) + ".",
+        ),
+        "launcher": Param(
+            p.launcher, type="string", enum=list(LAUNCHERS),
+            title="Launcher", description="How the ranks start: torchrun, or Open MPI's mpirun (backend local). "
+            "A launcher the backend cannot run is refused before admission.",
         ),
         "max_steps": Param(p.max_steps, type="integer", minimum=1, maximum=10_000_000, title="Max steps"),
         "learning_rate": Param(
@@ -202,7 +208,8 @@ def build_pipeline_dag(p: PipelineConfig):
             # any slot or cluster quota is taken.
             check_params(params, schemas)
             return gang_task_id(
-                backend=params["backend"], world_size=params["world_size"], local_world_sizes=p.local_world_sizes
+                backend=params["backend"], world_size=params["world_size"], local_world_sizes=p.local_world_sizes,
+                launcher=params.get("launcher", "torchrun"),
             )
 
         overrides = {
@@ -215,8 +222,8 @@ def build_pipeline_dag(p: PipelineConfig):
         gangs = [
             classes["train"](
                 task_id=f"train_local_{n}", world_size=n, backend="local", pool=settings.TRAINING_POOL, pool_slots=n,
-                dataset=validate.output, overrides=overrides, config_path=p.trainer_config, allowed_models=allowed,
-                **user_code,
+                launcher="{{ params.launcher }}", dataset=validate.output, overrides=overrides, config_path=p.trainer_config,
+                allowed_models=allowed, **user_code,
             )
             for n in p.local_world_sizes
         ]  # fmt: skip
@@ -226,7 +233,9 @@ def build_pipeline_dag(p: PipelineConfig):
             gangs.append(
                 classes["train"](
                     task_id=f"train_{backend}", world_size="{{ params.world_size }}", backend=backend,
-                    dataset=validate.output, overrides=overrides, config_path=in_image, allowed_models=allowed,
+                    launcher="{{ params.launcher }}", dataset=validate.output, overrides=overrides,
+                    # a local Ray cluster's workers read the config where this machine has it
+                    config_path=p.trainer_config if backend == "ray" else in_image, allowed_models=allowed,
                     **user_code,
                 )
             )  # fmt: skip

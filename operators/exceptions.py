@@ -76,6 +76,10 @@ class InvalidParams(UserError):
     an integer, a cross-field rule); the message names every offending field."""
 
 
+class UnsupportedCombination(InvalidParams):
+    """The chosen backend cannot run the chosen launcher (e.g. ray with mpirun); names both."""
+
+
 class GangAdmissionTimeout(InfraError):
     """The gang was not admitted (or not all ranks became Ready) within the timeout."""
 

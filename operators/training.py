@@ -17,7 +17,7 @@ from airflow.sdk import BaseOperator
 
 from operators import failure_context
 from operators.config import settings
-from operators.backends import GangResult, GangSpec, get_backend
+from operators.backends import GangResult, GangSpec, check_combination, get_backend
 from operators.backends.base import user_code_args
 from operators.exceptions import GangCapacityError, GangFailure, InfraFailure, UnknownFailure, UserError, UserFailure
 
@@ -58,7 +58,9 @@ class GangTrainingOperator(BaseOperator):
         data arguments (`--set data.version=... data.remote=...`), and each rank fetches the version by content
         address and checks every md5 itself. No path of this worker's DVC cache is passed.
     :param overrides: trainer parameters, dotted names to values (`{"train.max_steps": 600}`).
-    :param backend: `local` or `kubernetes` (see `operators.backends`).
+    :param backend: `local`, `kubernetes` or `ray` (see `operators.backends`).
+    :param launcher: how the ranks start: `torchrun` or `mpirun` (Open MPI; local backend). A
+        launcher the backend cannot run is refused before the gang is created, naming both.
     :param backend_options: keyword arguments of the backend's constructor.
     :param config_path: the trainer's params file.
     :param experiment: MLflow experiment of the training run.
@@ -76,12 +78,14 @@ class GangTrainingOperator(BaseOperator):
         the gang, as the MLflow run's LoggedModel: a signed pyfunc with gangflow's installed loader,
         `operators.registry.versions.log_final_model`; evaluate scores it and promote registers
         that URI, never a worker path),
-        `mlflow_run_id`, `dataset_version`, `world_size`, `backend`, `attempt`,
+        `mlflow_run_id`, `dataset_version`, `world_size`, `backend`, `launcher`, `attempt`,
         `resumed_from_step`, `gang`.
     """
 
-    template_fields = ("world_size", "dataset", "overrides", "backend", "backend_options", "config_path", "run_dir",
-                       "experiment", "allowed_models")
+    template_fields = (
+        "world_size", "dataset", "overrides", "backend", "launcher", "backend_options", "config_path", "run_dir", "experiment",
+        "allowed_models",
+    )  # fmt: skip
     template_fields_renderers = {"overrides": "json", "dataset": "json", "backend_options": "json"}
     ui_color = "#f4a460"
 
@@ -92,6 +96,7 @@ class GangTrainingOperator(BaseOperator):
         dataset: Mapping[str, Any] | str | None = None,
         overrides: Mapping[str, Any] | None = None,
         backend: str = "local",
+        launcher: str = "torchrun",
         backend_options: Mapping[str, Any] | None = None,
         config_path: str | None = None,
         experiment: str = "gangflow",
@@ -114,6 +119,7 @@ class GangTrainingOperator(BaseOperator):
         self.dataset = dataset
         self.overrides = dict(overrides or {})
         self.backend = backend
+        self.launcher = launcher
         self.backend_options = dict(backend_options or {})
         self.config_path = config_path
         self.experiment = experiment
@@ -149,6 +155,7 @@ class GangTrainingOperator(BaseOperator):
             dataset_version=version,
             user_code=self.user_code,
             package_roots=self.package_roots,
+            launcher=self.launcher,
         )
 
     def mlflow_run(self, context) -> str | None:
@@ -171,7 +178,7 @@ class GangTrainingOperator(BaseOperator):
             return
         from operators.hooks import mlflow as tracking
 
-        tags = {"gangflow.gang": spec.name, "gangflow.backend": str(self.backend)}
+        tags = {"gangflow.gang": spec.name, "gangflow.backend": str(self.backend), "gangflow.launcher": spec.launcher}
         if spec.dataset_version:
             tags["gangflow.dataset_version"] = spec.dataset_version
         identity = _training_identity(spec)
@@ -186,6 +193,7 @@ class GangTrainingOperator(BaseOperator):
 
     def execute(self, context):
         self._airflow_context = context
+        check_combination(self.backend, self.launcher, user_code=bool(self.user_code))
         self._backend = get_backend(self.backend, **self.backend_options)
         if getattr(self._backend, "relay_tracking", False):
             return self._execute_relayed(context)
@@ -277,6 +285,7 @@ class GangTrainingOperator(BaseOperator):
             "dataset_version": spec.dataset_version,
             "world_size": spec.world_size,
             "backend": self.backend,
+            "launcher": spec.launcher,
             "attempt": spec.attempt,
             "resumed_from_step": result.resumed_from_step,
             "gang": spec.name,
@@ -386,7 +395,7 @@ def _spec_to_dict(spec: GangSpec) -> dict[str, Any]:
         "name": spec.name, "run_dir": spec.run_dir, "world_size": spec.world_size, "config_path": spec.config_path,
         "overrides": list(spec.overrides), "env": dict(spec.env), "attempt": spec.attempt,
         "dataset_version": spec.dataset_version, "user_code": list(spec.user_code),
-        "package_roots": list(spec.package_roots),
+        "package_roots": list(spec.package_roots), "launcher": spec.launcher,
     }  # fmt: skip
 
 
@@ -404,13 +413,15 @@ def try_started_at(ti) -> float | None:
     return start.timestamp()
 
 
-def gang_task_id(*, backend: str, world_size: int, local_world_sizes) -> str:
+def gang_task_id(*, backend: str, world_size: int, local_world_sizes, launcher: str | None = None) -> str:
     """The training task that runs a gang of this size (the DAG has one per local size)."""
     from operators.backends import available_backends
 
+    if backend not in available_backends():
+        raise GangCapacityError(f"backend={backend!r}: accepted values are {', '.join(available_backends())}")
+    if launcher is not None:
+        check_combination(backend, launcher)
     if backend != "local":  # one task per other backend, sized by the world_size Param
-        if backend not in available_backends():
-            raise GangCapacityError(f"backend={backend!r}: accepted values are {', '.join(available_backends())}")
         return f"train_{backend}"
     slots = settings.pool_slots()
     admissible = [n for n in local_world_sizes if n <= slots]

@@ -1,6 +1,7 @@
 """Process group from the launcher's environment, and the few collectives the loop needs.
 
-Launchers: torchrun, OpenMPI's mpirun (with MASTER_ADDR/MASTER_PORT) or none; NCCL on CUDA, else
+Launchers: torchrun, OpenMPI's mpirun (with MASTER_ADDR/MASTER_PORT), Ray Train (which makes the
+process group itself: it is used as it is) or none; NCCL on CUDA, else
 gloo, with control messages on a separate gloo group. At world size 1 there is no process group
 and no DDP wrapper (nothing to synchronize).
 """
@@ -153,11 +154,17 @@ def setup(launch: Launch, device_preference: str = "auto", timeout_s: float = 60
     if launch.world_size == 1:
         return d
     d.backend = "nccl" if device.type == "cuda" else "gloo"
-    kwargs: dict[str, Any] = {}
-    if device.type == "cuda":
-        kwargs["device_id"] = device
-    dist.init_process_group(d.backend, init_method="env://", rank=launch.rank, world_size=launch.world_size,
-                            timeout=timedelta(seconds=timeout_s), **kwargs)
+    if dist.is_initialized():  # the launcher made it (Ray Train's TorchTrainer): use it as it is
+        if (dist.get_rank(), dist.get_world_size()) != (launch.rank, launch.world_size):
+            raise ConfigError(f"the launcher's process group has rank {dist.get_rank()} of {dist.get_world_size()}, "
+                              f"the environment says {launch.rank} of {launch.world_size}")
+        d.backend = dist.get_backend()
+    else:
+        kwargs: dict[str, Any] = {}
+        if device.type == "cuda":
+            kwargs["device_id"] = device
+        dist.init_process_group(d.backend, init_method="env://", rank=launch.rank, world_size=launch.world_size,
+                                timeout=timedelta(seconds=timeout_s), **kwargs)
     d.control = dist.new_group(backend="gloo")
     return d
 

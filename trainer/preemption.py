@@ -22,7 +22,10 @@ class Preemption:
         self.received_at: float | None = None
 
     def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+        # Only the main thread may set a handler; a launcher that runs the trainer in a thread of
+        # its own process (Ray Train's workers) stops it its own way.
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum, frame) -> None:
         if self.requested:

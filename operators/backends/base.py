@@ -74,6 +74,9 @@ def user_code_args(*, entrypoint: str | None = None, kwargs: Mapping[str, Any] |
         return ("--script", script, "--", *args[1:])
     raise ValueError(f"{where}={list(command)!r}: must be [python, -m, MODULE, ARGS...] or [python, SCRIPT.py, ARGS...] "
                      f"(the interpreter, if named, is one of {', '.join(_PYTHONS)}: the ranks' own)")
+#: How the ranks are started: torchrun's agent (torchrun or the local backend's forking
+#: trainer.launch) or Open MPI's mpirun; which backend runs which: `GangBackend.launchers`.
+LAUNCHERS = ("torchrun", "mpirun")
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ class GangSpec:
     user_code: tuple[str, ...] = ()
     # Folders (relative to the project / the image's /app) put on the ranks' PYTHONPATH for it.
     package_roots: tuple[str, ...] = ()
+    launcher: str = "torchrun"  # one of LAUNCHERS
 
     def __post_init__(self):
         object.__setattr__(self, "overrides", tuple(self.overrides))
@@ -103,6 +107,8 @@ class GangSpec:
         for root in self.package_roots:
             if not root or root.startswith("/") or ".." in root.split("/"):
                 raise ValueError(f"package_roots item {root!r}: must be a path relative to the project, without '..'")
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"launcher={self.launcher!r}: accepted values are {', '.join(LAUNCHERS)}")
         if not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"world_size={self.world_size!r}: must be an integer >= 1")
         if not _NAME.match(self.name):
@@ -148,6 +154,10 @@ class GangBackend(abc.ABC):
 
     name: ClassVar[str]
     deferrable: ClassVar[bool] = False
+    #: The `GangSpec.launcher` values this backend runs; any other is refused before admission.
+    launchers: ClassVar[tuple[str, ...]] = ("torchrun",)
+    #: Whether the backend runs training code of one's own (GangSpec.user_code) as well as gangflow's loop.
+    runs_user_code: ClassVar[bool] = True
     # True: the gang runs beside the task, whose process relays the ranks' metrics.jsonl to MLflow
     # (`operators.hooks.mlflow_relay`) and logs the final weights; the ranks get no MLflow settings. False: the
     # spec's env carries MLFLOW_TRACKING_URI/MLFLOW_RUN_ID and rank 0 logs to MLflow itself.

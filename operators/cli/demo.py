@@ -1,10 +1,12 @@
-"""`make demo [PIPELINE=name]`: run one pipeline's DAG once on the embedded defaults, print a short
-account of the run (validated, trained, evaluated, promoted or why not) and a JSON summary as the
-last line (contract 5, docs/contracts.md); on failure `state` is "failed" and the exit code
-non-zero. Airflow's own lines go to a log file it names. Ctrl-C or SIGTERM stops it at any moment,
-ending a running gang. Honours GANGFLOW_HOME and GANGFLOW_FAULT.
+"""`make demo [PIPELINE=name] [BACKEND=local|ray] [LAUNCHER=torchrun|mpirun]`: run one pipeline's DAG
+once on the embedded defaults, print a short account of the run (validated, trained, evaluated,
+promoted or why not) and a JSON summary as the last line (contract 5, docs/contracts.md); on
+failure `state` is "failed" and the exit code non-zero. Airflow's own lines go to a log file it
+names. Ctrl-C or SIGTERM stops it at any moment, ending a running gang. Honours GANGFLOW_HOME and
+GANGFLOW_FAULT.
 
-    python -m operators.cli.demo [--pipeline diabetes] [--conf '{"world_size": 1, "max_steps": 300}']
+    python -m operators.cli.demo [--pipeline diabetes] [--backend ray] [--launcher mpirun]
+        [--conf '{"world_size": 1, "max_steps": 300}']
 """
 
 from __future__ import annotations
@@ -97,6 +99,10 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
         validated = _validated_version(session, dag_id, dag_run.run_id)
     manifest, metrics, decision = (xcoms.get((task_id, "return_value")) or {} for task_id in ("validate_dataset", "evaluate", "promote"))
     train_tries = [tries for task_id, (state, tries) in tis.items() if task_id.startswith("train_") and state not in ("skipped", None)]
+    training = xcoms.get(("training_result", "backend")) and {
+        key: xcoms.get(("training_result", key)) for key in ("backend", "launcher", "resumed_from_step")
+    }
+    params = {**{"backend": config.default_backend, "launcher": config.launcher}, **(dag_run.conf or {})}
     state = str(getattr(dag_run.state, "value", dag_run.state))
     summary = {
         "state": "success" if state == "success" else "failed",
@@ -113,8 +119,10 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
         "promoted": bool(decision.get("promoted", False)),
         "promotion_reason": decision.get("reason"),
         "train_attempts": max(train_tries, default=0),
-        # the checkpoint the successful try resumed from (None: it started from step 0)
-        "resumed_from_step": (xcoms.get(("training_result", "return_value")) or {}).get("resumed_from_step"),
+        # what ran (the training task's result), else what was asked
+        "backend": (training or params)["backend"],
+        "launcher": (training or params)["launcher"],
+        "resumed_from_step": (training or {}).get("resumed_from_step"),
     }
     if summary["state"] == "failed":
         record = read_failure(dag_id, dag_run.run_id)
@@ -165,9 +173,11 @@ def account(summary: dict) -> list[str]:
     return lines
 
 
-def failed_summary(config, kind: str, reason: str) -> dict:
+def failed_summary(config, kind: str, reason: str, conf: dict | None = None) -> dict:
     """The summary of a run that ended before the DAG's own outcome could be read (contract 5's keys)."""
-    return {"state": "failed", "pipeline": config.name, "dag_run_id": None, "dataset_version": config.dataset_version or None,
+    conf = conf or {}
+    return {"backend": conf.get("backend", config.default_backend), "launcher": conf.get("launcher", config.launcher),
+            "resumed_from_step": None,"state": "failed", "pipeline": config.name, "dag_run_id": None, "dataset_version": config.dataset_version or None,
             "metric": {**config.metric.as_dict(), "value": None}, "accuracy": None, "tracking_uri": redact_url(settings.tracking_uri()),
             "model_name": config.model_name, "model_version": None, "promoted": False, "promotion_reason": None,
             "train_attempts": 0, "failure": {"kind": kind, "reason": reason, "task_id": None}}  # fmt: skip
@@ -189,7 +199,7 @@ def _run_here(name: str, conf: dict, summary_file: Path) -> int:
     try:
         dag_run = run_dag(conf, config.dag_id)
     except ParamValidationError as exc:  # refused before any task ran
-        summary, code = failed_summary(config, "user", str(exc)), 2
+        summary, code = failed_summary(config, "user", str(exc), conf), 2
     else:
         summary = summarize(dag_run, config.dag_id)
         code = 0 if summary["state"] == "success" else 1
@@ -211,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pipeline", default="digits", help="the pipeline to run: a file pipelines/<name>.yaml (default digits)")
     parser.add_argument("--conf", default="{}", help="DAG run conf (Params) as JSON, e.g. '{\"world_size\": 1}'")
+    parser.add_argument("--backend", help="the backend Param (local, ray, ...; default: the pipeline file's)")
+    parser.add_argument("--launcher", help="the launcher Param (torchrun, mpirun; default: the pipeline file's)")
     parser.add_argument("--airflow-log", type=Path, default=None,
                         help="where Airflow's own lines go (default: <state dir>/logs/demo-<pipeline>-<time>.log)")
     parser.add_argument("--summary-file", type=Path, help=argparse.SUPPRESS)  # set: run here (the supervisor's child)
@@ -219,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         conf = json.loads(args.conf)
     except ValueError as exc:
         parser.error(f"--conf: not valid JSON ({exc})")
+    conf |= {key: value for key, value in (("backend", args.backend), ("launcher", args.launcher)) if value}
     if args.summary_file:
         return _run_here(args.pipeline, conf, args.summary_file)
     embedded.apply()
@@ -251,13 +264,13 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signum, signal.SIG_IGN)
         print(f"gangflow demo: {stop} received, stopping the run ...", file=sys.stderr, flush=True)
         stop_tree(proc, grace=5)
-        summary = failed_summary(config, "interrupted", f"stopped by {stop} (the run and its gang were ended)")
+        summary = failed_summary(config, "interrupted", f"stopped by {stop} (the run and its gang were ended)", conf)
         code = 128 + (signal.SIGTERM if str(stop) == "SIGTERM" else signal.SIGINT)
     else:
         try:
             summary = json.loads(summary_file.read_text())
         except (OSError, ValueError):
-            summary = failed_summary(config, "unknown", f"the run ended (exit code {code}) without a summary; see {log_path}")
+            summary = failed_summary(config, "unknown", f"the run ended (exit code {code}) without a summary; see {log_path}", conf)
             code = code or 1
     for line in account(summary):
         print(line, flush=True)

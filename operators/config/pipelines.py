@@ -37,7 +37,9 @@ DATASET_ASSET_URI = "dvc://gangflow/data/digits"
 # (dags/publish_dataset.py writes it, `dataset_version_of_run` reads it).
 ASSET_VERSION_KEY = "version"
 #: Backends every DAG offers; a pipeline file's `backends` adds its own (name: module:Class).
-BUILTIN_BACKENDS = ("local", "kubernetes")
+BUILTIN_BACKENDS = ("local", "kubernetes", "ray")
+#: The `launcher` Param's values (operators.backends.base.LAUNCHERS; which backend runs which: its `launchers`).
+LAUNCHERS = ("torchrun", "mpirun")
 
 # JSON Schema has no "finite": NaN compares false with every bound, so it satisfies this empty
 # range and `not` refuses it (+-inf are refused by each number Param's own bounds).
@@ -75,6 +77,7 @@ class PipelineConfig:
     model_name: str
     backends: dict[str, str]  # user backends, name -> module:Class (besides BUILTIN_BACKENDS)
     default_backend: str
+    launcher: str  # training.launcher: the `launcher` Param's default
     world_size: int
     local_world_sizes: tuple[int, ...]
     retries: int
@@ -100,7 +103,7 @@ class PipelineConfig:
     def training_kwargs(self) -> dict[str, Any]:
         """GangTrainingOperator's arguments for the pipeline's own training code ({} for gangflow's loop).
         The ranks get the package roots inside the project, relative to it (a pod has them below /app)."""
-        if not self.training:
+        if not self.training_code:
             return {}
         project = settings.PROJECT_ROOT.resolve()
         inside = [Path(root).relative_to(project).as_posix() for root in self.package_roots
@@ -132,7 +135,7 @@ _KEYS = {
     "gate", "model_name", "backends", "default_backend", "world_size", "local_world_sizes", "retries",
     "retry_base_delay_seconds", "allowed_models", "package_roots", "operators", "training", "evaluation",
 }  # fmt: skip
-_TRAINING_KEYS = {"entrypoint", "kwargs", "command"}
+_TRAINING_KEYS = {"entrypoint", "kwargs", "command", "launcher"}
 _EVALUATION_KEYS = {"entrypoint"}
 
 _DATASET_KEYS = {"stage", "out", "asset", "suite"}
@@ -298,6 +301,8 @@ def _training_code(source: str, training: Any) -> tuple[str, ...]:
         raise PipelineConfigError(f"{source}: training must be a mapping with keys {', '.join(sorted(_TRAINING_KEYS))}")
     _check_keys(f"{source}: training", training, _TRAINING_KEYS)
     if "entrypoint" not in training and "command" not in training:
+        if training and set(training) <= {"launcher"}:  # gangflow's loop, under the named launcher
+            return ()
         raise PipelineConfigError(f"{source}: training: give exactly one of training.entrypoint (module:function) and "
                                   "training.command; leave the section out for gangflow's own loop")
     try:
@@ -397,6 +402,16 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
     if not isinstance(sizes, list) or not sizes:
         raise PipelineConfigError(f"{source}: local_world_sizes={sizes!r}: must be a non-empty list of integers >= 1")
     default_backend = raw.get("default_backend", "local")
+    training = raw.get("training") or {}
+    if not isinstance(training, Mapping):
+        raise PipelineConfigError(f"{source}: training must be a mapping with keys {', '.join(sorted(_TRAINING_KEYS))}")
+    _check_keys(f"{source}: training", training, _TRAINING_KEYS)
+    launcher = training.get("launcher", "torchrun")
+    if launcher not in LAUNCHERS:
+        raise PipelineConfigError(f"{source}: training.launcher={launcher!r}: accepted values are {', '.join(LAUNCHERS)}")
+    if training_code and launcher != "torchrun":
+        raise PipelineConfigError(f"{source}: training.launcher={launcher!r}: training code of one's own "
+                                  "(training.entrypoint / training.command) runs under launcher 'torchrun' only")
     config = PipelineConfig(
         name=pname,
         dag_id=_string(f"{source}: dag_id", raw.get("dag_id", f"train_{pname}"), _ID_RE, "an Airflow DAG id"),
@@ -419,6 +434,7 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         model_name=_string(f"{source}: model_name", raw.get("model_name", f"gangflow-{pname}")),
         backends=dict(backends),
         default_backend=default_backend,
+        launcher=launcher,
         world_size=_number(f"{source}: world_size", raw.get("world_size", 2), integer=True),
         local_world_sizes=tuple(_number(f"{source}: local_world_sizes[]", n, integer=True) for n in sizes),
         retries=_number(f"{source}: retries", raw.get("retries", 3), integer=True),

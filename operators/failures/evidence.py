@@ -43,6 +43,69 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 RANK_PREFIX = re.compile(r"^\[(?:rank|default)?(\d+)\]:\s?")
 # torchrun's own summary of the first failed worker: the worker's exit code or signal.
 LAUNCHER_EXIT = re.compile(r"failed \(exitcode: (-?\d{1,6})\) local_rank: (\d{1,6})")
+# Open MPI's (mpirun/prterun) summary of the first failed rank: killed by a signal, or a non-zero exit.
+MPIRUN_SIGNAL = re.compile(r"(?:mpirun|prterun) noticed that process rank (\d{1,6}) with PID \d+ on node \S+ exited on\s+signal (\d{1,3})")
+MPIRUN_EXIT = re.compile(r"(?:mpirun|prterun) detected that one or more processes exited with non-zero status.*?"
+                         r"Process name:\s*\[[^\]]*?,(\d{1,6})\]+\s+Exit code:\s+(-?\d{1,6})", re.DOTALL)
+
+
+def parse_mpirun_failure(output: str) -> dict | None:
+    """The first failed rank of Open MPI's summary (`{rank, signal}` or `{rank, exit_code}`), or None."""
+    if m := MPIRUN_SIGNAL.search(output):
+        number = int(m.group(2))
+        return {"rank": int(m.group(1)), "exit_code": -number, "signal": SIGNAL_NAMES.get(number, str(number))}
+    if m := MPIRUN_EXIT.search(output):
+        return {"rank": int(m.group(1)), "exit_code": int(m.group(2))}
+    return None
+
+
+# Ray's own failure types, on its side of a worker (the worker, its node or the object store died);
+# a rank's `RankExitError` only says that the trainer ended with a code (its error record says why).
+RAY_SYSTEM_FAILURES = ("ActorDiedError", "RayActorError", "WorkerCrashedError", "NodeDiedError", "OwnerDiedError",
+                       "ObjectLostError", "ObjectStoreFullError", "OutOfMemoryError", "ActorUnavailableError",
+                       "RaySystemError", "WorkerHealthCheckFailedError", "WorkerHealthCheckTimeoutError")  # fmt: skip
+_RANK_EXIT = re.compile(r"rank (\d{1,6}): the trainer exited with code (-?\d{1,6})")
+
+
+def ray_evidence(result: Mapping, exit_code: int, driver_text: str, rank_tails: Mapping, records: Mapping) -> dict:
+    """Classifier evidence (contract 4) from a Ray Train run (operators.backends.ray): one item per
+    failed worker (Ray's exception, its traceback, the rank's output and the error record it wrote
+    this try); first the rank where Ray itself saw the failure (a worker, node or object store died),
+    else the rank whose record blames the user's code, else the lowest. Without a per-worker failure
+    (the cluster never started, the driver was killed) the driver's own output is the evidence."""
+    failures = result.get("worker_failures") if isinstance(result, Mapping) else None
+    failures = failures if isinstance(failures, Mapping) else {}
+    ranks, ray_system = [], {}
+    for key, failure in failures.items():
+        rank = integer(key)
+        if rank is None or not isinstance(failure, Mapping):
+            continue
+        kind = text(failure.get("type"), 200).rsplit(".", 1)[-1]
+        item: dict[str, Any] = {"rank": rank}
+        ray_system[rank] = kind in RAY_SYSTEM_FAILURES
+        tail = "\n".join(text(line) for line in rank_tails.get(rank, ()))
+        item["log_tail"] = "\n".join(filter(None, [tail, text(failure.get("traceback"), MAX_LOG, tail=True)]))
+        if m := _RANK_EXIT.search(text(failure.get("message"))):
+            item["exit_code"] = int(m.group(2))
+        if rank in records:
+            item["error_file"] = records[rank]
+        ranks.append(item)
+    if not ranks:
+        error = result.get("error") if isinstance(result, Mapping) else None
+        if not isinstance(error, Mapping):
+            return {"exit_code": exit_code, "log_tail": driver_text[-6000:]}
+        # The driver's own failure (the cluster did not start, Ray Train could not place the
+        # workers): gangflow's and Ray's code, not the user's (`source: null`, as the trainer's records say it).
+        record = {"exc_type": text(error.get("type"), 200), "message": text(error.get("message")), "source": None,
+                  "traceback": text(error.get("traceback"), MAX_LOG, tail=True)}  # fmt: skip
+        return {"exit_code": exit_code, "log_tail": driver_text[-6000:], "error_file": record}
+
+    def order(item: dict) -> tuple:
+        record = item.get("error_file") if isinstance(item.get("error_file"), Mapping) else {}
+        return (not ray_system[item["rank"]], record.get("source") != "user", item["rank"])
+
+    ranks.sort(key=order)
+    return {**ranks[0], "ranks": ranks}
 
 
 def text(value: Any, limit: int = MAX_TEXT, *, tail: bool = False) -> str:
@@ -211,8 +274,9 @@ class Evidence:
     rank: int | None = None
     step: int | None = None
     ranks: list[Evidence] = field(default_factory=list)
-    launcher_signal: int | None = None  # from torchrun's "failed (exitcode: -9) local_rank: R"
+    launcher_signal: int | None = None  # from torchrun's "failed (exitcode: -9) local_rank: R" or mpirun's summary
     launcher_rank: int | None = None
+    launcher_line: str = ""  # the launcher's line that says so
 
     @classmethod
     def parse(cls, ev: Any, *, nested: bool = False, log_limit: int = MAX_LOG) -> Evidence:
@@ -231,9 +295,14 @@ class Evidence:
             elif 128 < exit_code <= 128 + 64:
                 signal = exit_code - 128
         launcher_signal = launcher_rank = None
+        launcher_line = ""
         launcher = LAUNCHER_EXIT.search(log_tail)
         if launcher and int(launcher.group(1)) < 0:
             launcher_signal, launcher_rank = -int(launcher.group(1)), int(launcher.group(2))
+            launcher_line = f"torchrun: local_rank {launcher_rank} exit code -{launcher_signal}"
+        elif mpi := MPIRUN_SIGNAL.search(log_tail):
+            launcher_signal, launcher_rank = int(mpi.group(2)), int(mpi.group(1))
+            launcher_line = f"mpirun: rank {launcher_rank} exited on signal {launcher_signal}"
         rank = integer(ev.get("rank"))
         if rank is None and record is not None:
             rank = record.rank
@@ -273,6 +342,7 @@ class Evidence:
             ranks=ranks,
             launcher_signal=launcher_signal,
             launcher_rank=launcher_rank,
+            launcher_line=launcher_line,
         )
 
     @property

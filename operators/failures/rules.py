@@ -14,6 +14,7 @@ from trainer import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
 from trainer import failure_catalogue as catalogue
 from operators.failures.evidence import (
     LAUNCHER_EXIT,
+    MPIRUN_SIGNAL,
     RANK_PREFIX,
     SIGNAL_NAMES,
     Evidence,
@@ -181,7 +182,8 @@ _SINGLE_RANK_WORK = _rx(r"\b\d{1,3}%\|", r"Running tokenizer", r"\bTokeniz\w+", 
 _WRAPPERS = {"ChildFailedError", "SignalException", "SystemExit", "KeyboardInterrupt", "CalledProcessError"}
 # Device memory exhausted, as torch, CUDA, NCCL, XLA/JAX and TensorFlow say it.
 _CUDA_OOM = _rx(
-    r"CUDA out of memory", r"\bOutOfMemoryError\b", r"CUDA error: out of memory", r"CUDA_ERROR_OUT_OF_MEMORY",
+    # (ray.exceptions.OutOfMemoryError is Ray's memory monitor on the host: _HOST_OOM's)
+    r"CUDA out of memory", r"(?<!ray\.exceptions\.)\bOutOfMemoryError\b", r"CUDA error: out of memory", r"CUDA_ERROR_OUT_OF_MEMORY",
     r"Cuda failure '?out of memory", r"Resource exhausted: Out\s+of\s+memory", r"RESOURCE_EXHAUSTED: Out\s+of\s+memory",
     r"Out of memory while trying to allocate", r"Can't allocate \d+ bytes on device", r"\bOOM when allocating tensor",
     r"failed to allocate [\d.]+[KMG]? \(\d+ bytes\) from device",
@@ -194,6 +196,8 @@ _HOST_OOM = _rx(
     r"DataLoader worker (?:\(pid[^)]*\) )?is killed by signal: Killed",
     # Ray's memory monitor kills the job's own workers when the node's memory runs out
     r"exceeds the memory usage threshold", r"Task was killed due to the node running low on memory",
+    # Ray's object store (shared memory) full of the job's own objects
+    r"\bObjectStoreFullError\b",
     # Slurm's cgroup: the job step used more memory than it requested (--mem, --mem-per-cpu)
     r"Detected \d+ oom[-_ ]kill events?", r"Exceeded job memory limit",
 )  # fmt: skip
@@ -657,9 +661,8 @@ def _signal_hit(f: Evidence, number: int, what: str) -> Hit | None:
         how = f"exit code {f.exit_code}" if f.exit_code is not None else "signal"
         return Hit(f"{SIGNAL_NAMES[number]} ({how}){what}")
     if f.signal is None and f.launcher_signal == number:
-        line = _first(LAUNCHER_EXIT, [f.log_tail])
-        how = f"torchrun: local_rank {f.launcher_rank} exit code -{number}"
-        return Hit(f"{SIGNAL_NAMES[number]} ({how}){what}", line[0] if line else "")
+        line = _first(LAUNCHER_EXIT, [f.log_tail]) or _first(MPIRUN_SIGNAL, [f.log_tail])
+        return Hit(f"{SIGNAL_NAMES[number]} ({f.launcher_line}){what}", line[0] if line else "")
     return None
 
 

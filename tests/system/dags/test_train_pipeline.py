@@ -20,6 +20,7 @@ from pipeline_runs import FAST, PROJECT_ROOT, finish, last_line_of_python, pipel
     [
         ({"world_size": 0}, "world_size"),
         ({"backend": "slurm"}, "backend"),
+        ({"launcher": "srun"}, "launcher"),
         ({"learning_rate": -1}, "learning_rate"),
         ({"dataset_version": "v1"}, "dataset_version"),
         ({"max_steps": "many"}, "max_steps"),
@@ -50,6 +51,8 @@ def test_impossible_gang_is_refused_with_a_reason(pipeline_home, tmp_path):
         # JSON Schema counts 2.0 as an integer: admit_gang must not branch to "train_local_2.0".
         ({"world_size": 2.0, "max_steps": 60.0}, ["world_size=2.0: must be an integer", "max_steps=60.0: must be an integer"]),
         ({"world_size": 2, "batch_size": 63}, ["batch_size=63 is not a multiple of world_size=2"]),
+        # a launcher the backend cannot run, named with it (issue 24.4)
+        ({"backend": "ray", "launcher": "mpirun"}, ["backend='ray' with launcher='mpirun' cannot run", "(local)"]),
     ],
 )
 def test_params_the_schema_cannot_refuse_are_refused_before_admission(pipeline_home, tmp_path, conf, needles):

@@ -63,3 +63,19 @@ def test_kill_at_save_on_rank_1_is_retried_once_resumes_and_matches(drill, tmp_p
     weights = _weights(home, pipeline, summary["dag_run_id"])
     assert weights and weights == _weights(home, pipeline, baseline["summary"]["dag_run_id"])
     assert summary["metric"]["value"] == baseline["summary"]["metric"]["value"]
+
+
+@pytest.mark.slow
+def test_the_same_drill_under_mpirun_resumes_and_matches_the_torchrun_baseline(pipeline_home, baseline, tmp_path):
+    """launcher=mpirun (Open MPI, a fresh `python -m trainer` per rank): the same unsynchronised
+    kill of rank 1 is judged infra from mpirun's evidence, retried once, resumed, and the final
+    weights equal the torchrun baseline's bit for bit. The summary names what ran (contract 5)."""
+    conf = {**FAST_RUNS["digits"], "launcher": "mpirun"}
+    summary, output, code = run_pipeline(pipeline_home, conf, tmp_path / "run.log", GANGFLOW_FAULT="kill@save=2,rank=1")
+    assert code == 0, output[-6000:]
+    assert (summary["backend"], summary["launcher"], summary["train_attempts"]) == ("local", "mpirun", 2), summary
+    assert "mpirun -np 2" in output and "noticed that process rank 1" in output, output[-6000:]  # its summary wraps the signal
+    assert "infra failure" in output
+    assert summary["resumed_from_step"] and summary["resumed_from_step"] % conf["checkpoint_every_steps"] == 0, summary
+    weights = _weights(pipeline_home, "digits", summary["dag_run_id"])
+    assert weights and weights == _weights(pipeline_home, "digits", baseline["summary"]["dag_run_id"])

@@ -33,7 +33,7 @@ def test_the_digits_pipeline_keeps_its_dag_id_and_gate():
         ({"dataset": {"stage": "prepare", "out": "data/digits"}}, "dataset.suite is required"),
         ({"backends": {"local": "x:Y"}}, "'local' is built in"),
         ({"backends": {"slurm": "not a path"}}, "backends.slurm='not a path': must be 'module:Class'"),
-        ({"default_backend": "slurm"}, "default_backend='slurm': accepted values are local, kubernetes"),
+        ({"default_backend": "slurm"}, "default_backend='slurm': accepted values are local, kubernetes, ray"),
         ({"trainer_config": "nowhere.yaml"}, "trainer_config="),
         ({"gate": {"floor": "high"}}, "gate.floor='high': must be a finite number"),
     ],
@@ -111,7 +111,7 @@ def test_a_new_pipeline_file_is_a_new_dag_with_its_own_backend_and_gate(tmp_path
     assert shape["dags"] == ["publish_dataset", "publish_third", "train_pipeline", "train_third"]
     assert shape["task"] == "regression"  # from the trainer config it names
     assert "train_slurm" in shape["tasks"] and "train_kubernetes" in shape["tasks"]
-    assert shape["params"]["backend"]["enum"] == ["local", "kubernetes", "slurm"]
+    assert shape["params"]["backend"]["enum"] == ["local", "kubernetes", "ray", "slurm"]
     assert shape["params"]["promotion_floor"]["minimum"] == 0 and "maximum" not in shape["params"]["promotion_floor"]
     assert "exclusiveMaximum" not in shape["params"]["min_improvement"]
     assert (shape["floor"], shape["out"], shape["model"]) == (50.0, "data/third", "gangflow-third")

@@ -36,9 +36,9 @@ def test_dag_shape_schedule_and_pools(tmp_path):
     assert not [d for d in shape["dags"] if not d.startswith(("publish_", "train_"))]  # one pair per pipeline file
     for n in (1, 2, 4, 8):
         assert shape["tasks"][f"train_local_{n}"] == ["gangflow_training", n]
-    assert {"validate_dataset", "admit_gang", "training_result", "evaluate", "promote", "train_kubernetes"} <= set(shape["tasks"])
+    assert {"validate_dataset", "admit_gang", "training_result", "evaluate", "promote", "train_kubernetes", "train_ray"} <= set(shape["tasks"])
     assert shape["params"] == sorted(
-        ["dataset_version", "world_size", "backend", "max_steps", "learning_rate", "batch_size",
+        ["dataset_version", "world_size", "backend", "launcher", "max_steps", "learning_rate", "batch_size",
          "checkpoint_every_steps", "promotion_floor", "min_improvement"]
     )  # fmt: skip
     assert shape["schedule"] == "AssetOrTimeSchedule" and shape["doc"] and "gangflow" in shape["tags"]
