@@ -7,7 +7,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 PIPELINE ?= digits
 
-.PHONY: install browser-deps setup data demo cluster-drill test test-fast ui benchmarks constraints clean
+.PHONY: install browser-deps prometheus-deps setup data demo cluster-drill test test-fast ui benchmarks constraints clean
 
 install: $(STAMP)
 
@@ -39,7 +39,7 @@ cluster-drill: setup
 
 # Every test on 2 pytest-xdist workers; tests that share a session fixture (a prepared state dir)
 # stay on one worker (tests/conftest.py).
-test: install browser-deps
+test: install browser-deps prometheus-deps
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # The UI test drives Debian's chromium headless; install it when missing (root, apt).
@@ -69,3 +69,7 @@ constraints:
 
 clean:
 	rm -rf .gangflow data/digits data/diabetes data/synthetic
+
+# The metrics test runs Debian's Prometheus server on 127.0.0.1; install it when missing (root, apt).
+prometheus-deps:
+	@command -v prometheus >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null; } || echo "prometheus missing: the metrics test will fail; install Debian's prometheus"

@@ -97,6 +97,7 @@ class GangTrainingOperator(BaseOperator):
         self.run_dir = run_dir
         self._backend = None
         self._relay = None
+        self._exporter = None
 
     # -- building the gang -------------------------------------------------------------------
 
@@ -108,7 +109,10 @@ class GangTrainingOperator(BaseOperator):
         if self.dataset:
             manifest = json.loads(self.dataset) if isinstance(self.dataset, str) else self.dataset
             version = str(manifest["version"])  # the backend hands it to the ranks (its data arguments)
-        env = {"GANGFLOW_DAG_ID": dag_id, "GANGFLOW_DAG_RUN_ID": run_id, "GANGFLOW_TRY_NUMBER": str(ti.try_number)}
+        env = {"GANGFLOW_DAG_ID": dag_id, "GANGFLOW_DAG_RUN_ID": run_id, "GANGFLOW_TRY_NUMBER": str(ti.try_number),
+               "GANGFLOW_GANG": gang_name(dag_id, run_id)}
+        if pipeline := pipeline_of(context):  # a label of the gang's metrics and log lines
+            env["GANGFLOW_PIPELINE"] = pipeline
         if (started := try_started_at(ti)) is not None:
             # rank 0 records launch - this as attempt_queue_wait_s (local: the task's own work before
             # torchrun; Kubernetes: admission, scheduling, image pull, container start too)
@@ -116,7 +120,7 @@ class GangTrainingOperator(BaseOperator):
         if mlflow_run_id:
             env |= {"MLFLOW_TRACKING_URI": settings.tracking_uri(), "MLFLOW_RUN_ID": mlflow_run_id}
         return GangSpec(
-            name=gang_name(dag_id, run_id),
+            name=env["GANGFLOW_GANG"],
             run_dir=self.run_dir or str(settings.run_dir(dag_id, run_id)),
             world_size=int(self.world_size),
             config_path=self.config_path or str(settings.trainer_config_path()),
@@ -146,7 +150,13 @@ class GangTrainingOperator(BaseOperator):
             return
         from operators.hooks import mlflow as tracking
 
-        tags = {"gangflow.gang": spec.name, "gangflow.backend": str(self.backend)}
+        from operators.hooks.prometheus import metrics_query
+
+        tags = {"gangflow.gang": spec.name, "gangflow.backend": str(self.backend),
+                # the link to the run's Prometheus series (docs/observability.md)
+                "gangflow.metrics_query": metrics_query(run_id)}
+        if (dashboard := settings.dashboard_url(run_id)) is not None:
+            tags["gangflow.dashboard_url"] = dashboard
         if spec.dataset_version:
             tags["gangflow.dataset_version"] = spec.dataset_version
         client = client or tracking.get_client()
@@ -180,28 +190,41 @@ class GangTrainingOperator(BaseOperator):
         starts, not before, and this process relays the ranks' metrics.jsonl into it and logs
         the final weights (`operators.hooks.mlflow_relay`); the ranks import no MLflow."""
         from operators.hooks.mlflow_relay import TrackingRelay
+        from operators.hooks.prometheus import GangExporter
 
         spec = self.build_spec(context, mlflow_run_id=None)
         self._backend.check_capacity(spec)
         Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
+        labels = {"dag_id": spec.env["GANGFLOW_DAG_ID"], "dag_run_id": spec.env["GANGFLOW_DAG_RUN_ID"],
+                  "pipeline": spec.env.get("GANGFLOW_PIPELINE", ""), "gang": spec.name}
+        self._exporter = exporter = GangExporter.from_settings(labels, log=self.log.info)
+        if exporter is not None:
+            exporter.read_earlier_tries(spec.run_dir)
 
         def open_run():
             client, run_id = self._open_run(context)
             self.tag_lineage(spec, run_id, client)
+            if exporter is not None:  # its series carry the run id: they begin once it is known
+                exporter.begin(mlflow_run_id=run_id, attempt=spec.attempt)
             return client, run_id
 
         # An error that retrying cannot heal stops the gang now (SIGTERM: the ranks commit a
         # checkpoint) rather than after a whole try of training that must fail.
         self._relay = TrackingRelay(spec.run_dir, open_run=open_run, log=self.log.info,
-                                    on_fatal=lambda exc: self._backend.kill()).start()
+                                    on_fatal=lambda exc: self._backend.kill(),
+                                    observers=(exporter.observe,) if exporter is not None else ()).start()
         self.log.info("gang %s: %d ranks, run dir %s, try %d", spec.name, spec.world_size, spec.run_dir, spec.attempt)
         try:
-            result = self._backend.run(spec, self.log.info)
-        except BaseException:
-            self._relay.stop()
-            raise
-        run_id = self._relay.finish(succeeded=result.succeeded, final_dir=Path(spec.run_dir) / "final")
-        return self._finish(spec, result, run_id)
+            try:
+                result = self._backend.run(spec, self.log.info)
+            except BaseException:
+                self._relay.stop()
+                raise
+            run_id = self._relay.finish(succeeded=result.succeeded, final_dir=Path(spec.run_dir) / "final")
+            return self._finish(spec, result, run_id)
+        finally:
+            if exporter is not None:
+                exporter.close()
 
     def execute_complete(self, context, event: dict[str, Any], handle: dict[str, Any], spec: dict[str, Any]):
         backend = get_backend(self.backend, **self.backend_options)
@@ -214,6 +237,8 @@ class GangTrainingOperator(BaseOperator):
             self.log.info("gangflow: try %d started from step 0 (no committed checkpoint)", spec.attempt)
         if not result.succeeded:
             raise self._failure(spec, result)
+        if self._exporter is not None:
+            self._exporter.metrics.ended()
         run_id = run_id or spec.env.get("MLFLOW_RUN_ID")
         if not run_id:
             raise UserError(f"gang {spec.name} finished without an MLflow run: its final weights are not in MLflow")
@@ -235,6 +260,9 @@ class GangTrainingOperator(BaseOperator):
         from trainer.storage import write_json
 
         verdict = classify(result.evidence)
+        if self._exporter is not None:
+            codes = {r["rank"]: r["exit_code"] for r in result.evidence.get("ranks", ()) if isinstance(r.get("rank"), int) and "exit_code" in r}
+            self._exporter.metrics.ended(failure_kind=verdict.kind, exit_codes=codes)
         record = {"attempt": spec.attempt, "exit_code": result.exit_code, "verdict": verdict.to_dict(), "evidence": result.evidence}
         write_json(Path(spec.run_dir) / "failures" / f"try-{spec.attempt}.json", record, indent=2, default=str)
         self.log.error("gangflow: %s failure (%s): %s", verdict.kind, "retryable" if verdict.retryable else "not retryable", verdict.reason)
@@ -253,6 +281,14 @@ def _spec_to_dict(spec: GangSpec) -> dict[str, Any]:
         "overrides": list(spec.overrides), "env": dict(spec.env), "attempt": spec.attempt,
         "dataset_version": spec.dataset_version,
     }  # fmt: skip
+
+
+def pipeline_of(context) -> str | None:
+    """The pipeline the DAG names by its tag (`operators.config.pipelines.pipeline_tag`), or None."""
+    from operators.config.pipelines import tagged_pipeline
+
+    dag = context.get("dag")
+    return tagged_pipeline(getattr(dag, "tags", None) or ()) if dag is not None else None
 
 
 def try_started_at(ti) -> float | None:

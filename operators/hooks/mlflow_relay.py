@@ -37,11 +37,14 @@ class TrackingRelay:
     :param open_run: called once, in the relay's thread: returns (client, run id).
     :param flush_every_s: how often new lines are sent while the gang runs.
     :param log: where the one warning and the final-weights line go (the task log).
+    :param observers: called with each batch of records read, before MLflow gets them (the
+        Prometheus exporter, `operators.hooks.prometheus`); their errors are logged once, never raised.
     """
 
     def __init__(self, run_dir: str | Path, *, open_run: OpenRun, flush_every_s: float = 2.0,
                  log: Callable[[str], None] = print, join_timeout_s: float = 120.0,
-                 on_fatal: Callable[[BaseException], None] | None = None, max_backoff_s: float = 30.0):
+                 on_fatal: Callable[[BaseException], None] | None = None, max_backoff_s: float = 30.0,
+                 observers: tuple[Callable[[list[dict]], None], ...] = ()):
         self.path = Path(run_dir) / METRICS
         self.open_run = open_run
         self.flush_every_s = flush_every_s
@@ -49,6 +52,7 @@ class TrackingRelay:
         self.log = log
         self.on_fatal = on_fatal
         self.max_backoff_s = max_backoff_s
+        self.observers = tuple(observers)
         self.fatal: BaseException | None = None  # an error opening the run that retrying cannot heal
         # Lines of earlier tries are not sent again: the relay starts at the file's current end.
         self.offset = self.path.stat().st_size if self.path.is_file() else 0
@@ -135,6 +139,13 @@ class TrackingRelay:
                 records.append(record)
         if not records:
             return
+        for observe in self.observers:
+            try:
+                observe(records)
+            except Exception as exc:  # noqa: BLE001 - an observer must never fail the task
+                if not self._warned:
+                    self._warned = True
+                    self.log(f"gangflow: warning: {observe!r} failed on metrics records ({type(exc).__name__}: {exc})")
         try:
             log_records(self.client, self.run_id, records)
         except Exception as exc:  # noqa: BLE001 - metrics must never fail the task
