@@ -93,3 +93,14 @@ class GangExporter:
         self.target_file.unlink(missing_ok=True)
         self._server.shutdown()
         self._server.server_close()
+
+
+def publish_promotion(labels: Mapping[str, str], *, mlflow_run_id: str, model_name: str, model_version: str | None,
+                      promoted: bool, log: Callable[[str], None] = print) -> None:
+    """Promote's series (`gangflow_model_version`), served for one linger when `GANGFLOW_METRICS` is on."""
+    exporter = GangExporter.from_settings(labels, log=log)
+    if exporter is None:
+        return
+    exporter.metrics.set_labels(mlflow_run_id=mlflow_run_id)
+    exporter.metrics.promoted(model_name=model_name, model_version=model_version, promoted=promoted)
+    exporter.close()

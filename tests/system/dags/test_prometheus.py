@@ -100,4 +100,6 @@ def test_a_gang_is_scraped_and_its_series_are_found_by_mlflow_run_id(pipeline_ho
     assert len(loss) == 1 and 0 < float(loss[0]["value"][1]) < 10
     ended = _query(prometheus, f'last_over_time(gangflow_gang_running{{mlflow_run_id="{run_id}"}}[10m])')
     assert [float(r["value"][1]) for r in ended] == [0.0]  # the final value was scraped (the linger)
+    model = _query(prometheus, f'last_over_time(gangflow_model_version{{mlflow_run_id="{run_id}"}}[10m])')
+    assert [r["metric"]["model_version"] for r in model] == [summary["model_version"]]  # promote's series
     assert not list((pipeline_home / "prometheus" / "targets").glob("*.json"))  # deregistered

@@ -87,3 +87,26 @@ def test_labels_come_from_the_rank_environment_and_the_registry_is_served():
         server.shutdown()
         server.server_close()
     assert 'gangflow_loss{dag_id="d",dag_run_id="r",gang="g",mlflow_run_id="m",pipeline="p",rank="0"} 1.5' in body
+
+
+def test_rank_zero_in_a_pod_serves_what_it_tracks(tmp_path, monkeypatch):
+    """GANGFLOW_METRICS_PORT (set on Kubernetes pods): rank 0's Tracker serves its records."""
+    import socket
+
+    from trainer.tracking import Tracker
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("GANGFLOW_METRICS_PORT", str(port))
+    monkeypatch.setenv("MLFLOW_RUN_ID", "run-9")
+    monkeypatch.setenv("GANGFLOW_TRY_NUMBER", "2")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    tracker = Tracker(tmp_path, enabled=True)
+    try:
+        tracker.step(12, loss=0.75, samples_per_sec=100.0, step_time_s=0.32)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        tracker.close()
+    assert 'gangflow_step_seconds{' in body and 'mlflow_run_id="run-9"' in body and "} 0.32" in body
+    assert 'gangflow_restarts{dag_id="",dag_run_id="",gang="",mlflow_run_id="run-9",pipeline=""} 1.0' in body
