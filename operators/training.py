@@ -6,7 +6,9 @@ or register your own with `operators.backends.register_backend`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import re
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -15,9 +17,11 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from trainer.console import LOG_FORMAT_ENV, log_format
+
 from operators.config import settings
 from operators.backends import GangResult, GangSpec, get_backend
-from operators.exceptions import GangCapacityError, GangFailure, InfraFailure, UnknownFailure, UserError, UserFailure
+from operators.exceptions import GangCapacityError, GangConfigError, GangFailure, InfraFailure, UnknownFailure, UserError, UserFailure
 
 _FAILURES: dict[str, type[GangFailure]] = {"infra": InfraFailure, "user": UserFailure, "unknown": UnknownFailure}
 
@@ -113,6 +117,11 @@ class GangTrainingOperator(BaseOperator):
                "GANGFLOW_GANG": gang_name(dag_id, run_id)}
         if pipeline := pipeline_of(context):  # a label of the gang's metrics and log lines
             env["GANGFLOW_PIPELINE"] = pipeline
+        if os.environ.get(LOG_FORMAT_ENV):  # the worker's setting reaches every rank, pods included
+            try:
+                env[LOG_FORMAT_ENV] = log_format()
+            except ValueError as exc:
+                raise GangConfigError(str(exc)) from None
         if (started := try_started_at(ti)) is not None:
             # rank 0 records launch - this as attempt_queue_wait_s (local: the task's own work before
             # torchrun; Kubernetes: admission, scheduling, image pull, container start too)
@@ -200,13 +209,22 @@ class GangTrainingOperator(BaseOperator):
         self._exporter = exporter = GangExporter.from_settings(labels, log=self.log.info)
         if exporter is not None:
             exporter.read_earlier_tries(spec.run_dir)
+        opened: list[tuple[Any, str]] = []
 
         def open_run():
+            if opened:
+                return opened[0]
             client, run_id = self._open_run(context)
             self.tag_lineage(spec, run_id, client)
             if exporter is not None:  # its series carry the run id: they begin once it is known
                 exporter.begin(mlflow_run_id=run_id, attempt=spec.attempt)
+            opened.append((client, run_id))
             return client, run_id
+
+        if spec.env.get(LOG_FORMAT_ENV) == "json":
+            # each JSON line carries the run id: the run is opened before the gang starts (the
+            # seconds the relay otherwise overlaps with start-up), as on Kubernetes
+            spec = dataclasses.replace(spec, env={**spec.env, "GANGFLOW_MLFLOW_RUN_ID": open_run()[1]})
 
         # An error that retrying cannot heal stops the gang now (SIGTERM: the ranks commit a
         # checkpoint) rather than after a whole try of training that must fail.

@@ -17,7 +17,7 @@ import traceback
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer import EXIT_CONFIG_ERROR, EXIT_OK, EXIT_USER_ERROR, cli, errors
-from trainer.console import say
+from trainer.console import install_log_format, say
 from trainer.config import load_config
 from trainer.distributed import check_device, detect
 from trainer.errors import ConfigError, UserError
@@ -93,6 +93,11 @@ def _import_dynamo() -> None:
 def exit_code(argv: list[str] | None = None) -> int:
     """`main`, with whatever escapes it turned into the rank's exit code (as `python -m trainer`
     and trainer.launch's forked ranks end)."""
+    try:
+        install_log_format()  # GANGFLOW_LOG_FORMAT=json: every line of this rank as JSON
+    except ValueError as exc:
+        say(f"gangflow: config error: {exc}", stream=sys.stderr)
+        return EXIT_CONFIG_ERROR
     try:
         return main(argv) or EXIT_OK
     except SystemExit as exc:  # argparse errors (2)

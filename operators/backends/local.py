@@ -135,6 +135,8 @@ class LocalBackend(GangBackend):
                 env.pop(key, None)
         cmd = self.command(spec, log_dir)
         log(f"launching gang of {spec.world_size} ranks: {' '.join(cmd)}")
+        log(f"rank logs: {log_dir}/<torchrun run id>/attempt_0/<rank>/stdout.log and stderr.log (and below, "
+            "prefixed [rank N]); one JSON object a line with GANGFLOW_LOG_FORMAT=json")
         # A session of its own, so on_kill can stop torchrun and every rank together.
         self._proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1,

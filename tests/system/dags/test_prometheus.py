@@ -1,11 +1,13 @@
 """A real Prometheus server scrapes a demo DAG run's gang and the series come back by MLflow run id
-through the PromQL HTTP API (issue 26 item 1, docs/observability.md). Debian's `prometheus`
+through the PromQL HTTP API (issue 26 item 1, docs/observability.md); the same run logs its ranks'
+lines as JSON carrying that run id (item 2). Debian's `prometheus`
 (`make prometheus-deps`) started on 127.0.0.1 by the test, with file-based discovery of the
 targets the training task writes under the state dir."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -74,7 +76,8 @@ def _query(url: str, promql: str) -> list[dict]:
 @pytest.mark.slow
 def test_a_gang_is_scraped_and_its_series_are_found_by_mlflow_run_id(pipeline_home, prometheus, tmp_path):
     summary, output, code = run_pipeline(pipeline_home, {**FAST, "max_steps": 40}, tmp_path / "run.log",
-                                         GANGFLOW_METRICS="127.0.0.1:0", GANGFLOW_METRICS_LINGER_S=str(3 * SCRAPE_S))
+                                         GANGFLOW_METRICS="127.0.0.1:0", GANGFLOW_METRICS_LINGER_S=str(3 * SCRAPE_S),
+                                         GANGFLOW_LOG_FORMAT="json")
     assert code == 0, output[-6000:]
     assert "Prometheus metrics of this gang at http://127.0.0.1:" in output
     from mlflow import MlflowClient
@@ -102,4 +105,9 @@ def test_a_gang_is_scraped_and_its_series_are_found_by_mlflow_run_id(pipeline_ho
     assert [float(r["value"][1]) for r in ended] == [0.0]  # the final value was scraped (the linger)
     model = _query(prometheus, f'last_over_time(gangflow_model_version{{mlflow_run_id="{run_id}"}}[10m])')
     assert [r["metric"]["model_version"] for r in model] == [summary["model_version"]]  # promote's series
+    # item 2: the ranks' lines in the task log are JSON with the job and rank, the run id included
+    rank_lines = [json.loads(m.group(1)) for line in output.splitlines() if (m := re.search(r"\[rank \d+\] (\{.*\})", line))]
+    assert 0 in {r["rank"] for r in rank_lines}  # rank 1 prints nothing when all goes well
+    assert {(r["mlflow_run_id"], r["dag_run_id"], r["pipeline"]) for r in rank_lines} == {(run_id, summary["dag_run_id"], "digits")}
+    assert "rank logs: " in output
     assert not list((pipeline_home / "prometheus" / "targets").glob("*.json"))  # deregistered
