@@ -7,7 +7,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 PIPELINE ?= digits
 
-.PHONY: install browser-deps prometheus-deps setup data demo cluster-drill test test-fast ui benchmarks constraints clean
+.PHONY: install browser-deps prometheus-deps setup data demo baseline cluster-drill test test-fast ui benchmarks constraints clean
 
 install: $(STAMP)
 
@@ -30,6 +30,11 @@ data: install
 # under pipelines/); the last line is a JSON summary.
 demo: setup
 	$(BIN)/python -m operators.cli.demo --pipeline $(PIPELINE)
+
+# The platform_baseline DAG once (collective bandwidth, DVC read throughput, step time per topology),
+# compared with the last accepted baseline; the last line is a JSON summary (docs/observability.md).
+baseline: setup
+	$(BIN)/python -m operators.cli.baseline
 
 # One pipeline's DAG (PIPELINE=, as demo) with backend=kubernetes, the rendered pods run as local
 # processes, S3 (moto) and MLflow servers on 127.0.0.1 (docs/kubernetes.md, "The cluster drill");
