@@ -177,11 +177,13 @@ def _make_remote(root: Path, mb: int) -> tuple[str, Path]:
         target.parent.mkdir(parents=True, exist_ok=True)
         path.rename(target)
         listing.append({"md5": md5, "relpath": relpath})
-    body = json.dumps(sorted(listing, key=lambda e: e["relpath"]), separators=(", ", ": ")).encode()
-    version = hashlib.md5(body).hexdigest()
-    target = root / "files" / "md5" / version[:2] / (version[2:] + ".dir")
-    target.write_bytes(body)
-    return version + ".dir", root / "files" / "md5" / files["train.parquet"][1][:2] / files["train.parquet"][1][2:]
+    from trainer.datastore import listing_digest, object_path
+
+    version = listing_digest(listing)
+    target = Path(object_path(str(root), version, ".dir"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(json.dumps(sorted(listing, key=lambda e: e["relpath"])).encode())
+    return version, root / "files" / "md5" / files["train.parquet"][1][:2] / files["train.parquet"][1][2:]
 
 
 def _read_hash(paths: list[Path]) -> None:
