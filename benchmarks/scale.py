@@ -98,14 +98,18 @@ def bench_checkpoints(names: list[str], reps: int, tmp: Path) -> dict:
         nbytes = sum(len(p) for p in parts)
         rows = {"gangflow_total": [], "gangflow_blocked": [], "torch_save": [], "disk_write": [],
                 "gangflow_restore": [], "torch_load": [], "disk_read": []}
+        root = tmp / f"ckpt-{name}"
+        # one Checkpointer per size, its writer process up before the timed saves (as in training,
+        # where it starts beside the resume, long before the first save): a warm-up save first
+        ck = Checkpointer(root, CheckpointConfig(keep_last=2), rank=0, log=lambda m: None)
+        ck.start_writer()
+        ck.save(_state(1000)[0])
+        ck.wait()
         for rep in range(reps):
-            root = tmp / f"ckpt-{name}-{rep}"
-            ck = Checkpointer(root, CheckpointConfig(keep_last=1), rank=0, log=lambda m: None)
-            ck.start_writer()
             arms = ["gangflow", "torch", "disk"] if rep % 2 == 0 else ["disk", "torch", "gangflow"]
             for arm in arms:
                 if arm == "gangflow":
-                    snap.step = snap.state["step"] = rep + 1
+                    snap.step = snap.state["step"] = rep + 2
                     t0 = time.perf_counter()
                     ck.save(snap)
                     blocked = time.perf_counter() - t0
@@ -126,7 +130,7 @@ def bench_checkpoints(names: list[str], reps: int, tmp: Path) -> dict:
             for arm in (["gangflow", "torch", "disk"] if rep % 2 == 0 else ["disk", "torch", "gangflow"]):
                 t0 = time.perf_counter()
                 if arm == "gangflow":
-                    ck.read(rep + 1)
+                    ck.read(rep + 2)
                     rows["gangflow_restore"].append(time.perf_counter() - t0)
                 elif arm == "torch":
                     torch.load(tmp / f"torch-{name}.pt", weights_only=True)
@@ -134,8 +138,8 @@ def bench_checkpoints(names: list[str], reps: int, tmp: Path) -> dict:
                 else:
                     (tmp / f"raw-{name}.bin").read_bytes()
                     rows["disk_read"].append(time.perf_counter() - t0)
-            ck.close()
-            shutil.rmtree(root, ignore_errors=True)
+        ck.close()
+        shutil.rmtree(root, ignore_errors=True)
         for f in tmp.glob(f"*-{name}.*"):
             f.unlink()
         med = {k: statistics.median(v) for k, v in rows.items()}
