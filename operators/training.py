@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import re
+import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,6 +22,7 @@ from trainer.console import LOG_FORMAT_ENV, log_format
 
 from operators.config import settings
 from operators.backends import GangResult, GangSpec, get_backend
+from operators.links import DashboardLink, KubernetesObjectLink, MlflowRunLink
 from operators.exceptions import GangCapacityError, GangConfigError, GangFailure, InfraFailure, UnknownFailure, UserError, UserFailure
 
 _FAILURES: dict[str, type[GangFailure]] = {"infra": InfraFailure, "user": UserFailure, "unknown": UnknownFailure}
@@ -76,6 +78,8 @@ class GangTrainingOperator(BaseOperator):
     template_fields = ("world_size", "dataset", "overrides", "backend", "backend_options", "config_path", "run_dir", "experiment")
     template_fields_renderers = {"overrides": "json", "dataset": "json", "backend_options": "json"}
     ui_color = "#f4a460"
+    # buttons on the task's page, live while the gang runs (operators/links.py)
+    operator_extra_links = (MlflowRunLink(), DashboardLink(), KubernetesObjectLink())
 
     def __init__(
         self,
@@ -150,7 +154,10 @@ class GangTrainingOperator(BaseOperator):
         client = tracking.get_client()
         experiment_id = tracking.ensure_experiment(client, self.experiment)
         ti = context["ti"]
-        return client, tracking.ensure_run(client, experiment_id, dag_id=ti.dag_id, dag_run_id=context["run_id"])
+        run_id = tracking.ensure_run(client, experiment_id, dag_id=ti.dag_id, dag_run_id=context["run_id"])
+        MlflowRunLink().push(ti, settings.mlflow_run_url(experiment_id, run_id))
+        DashboardLink().push(ti, settings.dashboard_url(run_id))
+        return client, run_id
 
     def tag_lineage(self, spec: GangSpec, run_id: str | None = None, client=None) -> None:
         """Lineage on the MLflow run (the registry copies `gangflow.*` run tags onto the version)."""
@@ -186,12 +193,14 @@ class GangTrainingOperator(BaseOperator):
         self.log.info("gang %s: %d ranks, run dir %s, try %d", spec.name, spec.world_size, spec.run_dir, spec.attempt)
         if self._backend.deferrable:
             handle = self._backend.submit(spec)
+            KubernetesObjectLink().push(context["ti"], settings.kubernetes_object_url(
+                str(handle.get("namespace", "")), str(handle.get("kind", "")), str(handle.get("name", ""))))
             self.defer(
                 trigger=self._backend.trigger(handle),
                 method_name="execute_complete",
                 kwargs={"handle": handle, "spec": _spec_to_dict(spec)},
             )
-        result = self._backend.run(spec, self.log.info)
+        result = self._backend.run(spec, ProgressNote(context["ti"], self.log.info))
         return self._finish(spec, result)
 
     def _execute_relayed(self, context):
@@ -234,7 +243,7 @@ class GangTrainingOperator(BaseOperator):
         self.log.info("gang %s: %d ranks, run dir %s, try %d", spec.name, spec.world_size, spec.run_dir, spec.attempt)
         try:
             try:
-                result = self._backend.run(spec, self.log.info)
+                result = self._backend.run(spec, ProgressNote(context["ti"], self.log.info))
             except BaseException:
                 self._relay.stop()
                 raise
@@ -299,6 +308,47 @@ def _spec_to_dict(spec: GangSpec) -> dict[str, Any]:
         "overrides": list(spec.overrides), "env": dict(spec.env), "attempt": spec.attempt,
         "dataset_version": spec.dataset_version,
     }  # fmt: skip
+
+
+_PROGRESS = re.compile(r"gangflow: progress: step (\d+)/(\d+) \((\d+)%\), loss (\S+), (\d+) samples/s, ETA (\S+), "
+                       r"last checkpoint step (\S+)")
+_DONE = re.compile(r"gangflow: done: (\d+) steps on \d+ rank")
+
+
+class ProgressNote:
+    """The gang's log function that also keeps rank 0's latest progress line as the XCom `progress`
+    of the task (`{step, total, percent, loss, samples_per_sec, eta, last_checkpoint_step}`), at most
+    every `every_s`, and `{step, total, percent: 100, done: true}` at rank 0's last line: the task's
+    XCom tab in the UI shows it while the gang runs."""
+
+    def __init__(self, ti: Any, log, *, every_s: float = 5.0):
+        self.ti, self.log, self.every_s = ti, log, every_s
+        self._next = 0.0
+
+    def __call__(self, line: str) -> None:
+        self.log(line)
+        if "gangflow: done: " in line and (done := _DONE.search(line)):  # the last word, never throttled
+            steps = int(done.group(1))
+            self._push({"step": steps, "total": steps, "percent": 100, "done": True})
+            return
+        if "gangflow: progress: " not in line or not (m := _PROGRESS.search(line)):
+            return
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.every_s
+        step, total, percent, loss, rate, eta, ckpt = m.groups()
+        value = {"step": int(step), "total": int(total), "percent": int(percent),
+                 "loss": None if loss == "-" else float(loss.rstrip('",')), "samples_per_sec": int(rate),
+                 "eta": eta.rstrip('",'), "last_checkpoint_step": None if ckpt.rstrip('",}') == "none" else int(ckpt.rstrip('",}'))}
+        self._push(value)
+
+    def _push(self, value: dict) -> None:
+        try:
+            self.ti.xcom_push(key="progress", value=value)
+        except Exception as exc:  # noqa: BLE001 - progress must never fail the gang
+            self.log(f"gangflow: warning: progress not kept in XCom ({type(exc).__name__}: {exc})")
+            self.every_s = float("inf")
 
 
 def pipeline_of(context) -> str | None:

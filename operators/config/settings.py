@@ -166,3 +166,21 @@ def dashboard_url(mlflow_run_id: str) -> str | None:
     if not base:
         return None
     return f"{base}{'&' if '?' in base else '?'}var-mlflow_run_id={mlflow_run_id}"
+
+
+def mlflow_run_url(experiment_id: str, run_id: str) -> str | None:
+    """The MLflow UI's page of a run: `GANGFLOW_MLFLOW_UI_URL`, else the tracking URI when it is the
+    server's http(s) URL; None for a local store without a UI."""
+    base = os.environ.get("GANGFLOW_MLFLOW_UI_URL", "").strip() or tracking_uri()
+    if not base.startswith(("http://", "https://")):
+        return None
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def kubernetes_object_url(namespace: str, kind: str, name: str) -> str | None:
+    """`GANGFLOW_KUBERNETES_URL` with {namespace}, {kind} and {name} filled in (your cluster console's
+    page of an object), or None when unset."""
+    template = os.environ.get("GANGFLOW_KUBERNETES_URL", "").strip()
+    if not template:
+        return None
+    return template.format(namespace=namespace, kind=kind.lower(), name=name)

@@ -31,6 +31,8 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 DAG_ID = "train_pipeline"
+MLFLOW_UI_URL = "http://127.0.0.1:5000"
+DASHBOARD_URL = "http://127.0.0.1:3000/d/gangflow-gangs/gangflow"
 
 
 @dataclass
@@ -41,6 +43,8 @@ class AirflowUI:
     home: Path
     log: Path
     password: str
+    mlflow_ui_url: str = MLFLOW_UI_URL  # what the training task's links point to (GANGFLOW_MLFLOW_UI_URL)
+    dashboard_url: str = DASHBOARD_URL  # (GANGFLOW_DASHBOARD_URL)
     _token: str = field(default="", repr=False)
 
     def api(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
@@ -85,6 +89,10 @@ class AirflowUI:
 
     def xcom(self, run_id: str, task_id: str, key: str = "return_value"):
         return self.get(f"dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{task_id}/xcomEntries/{key}")["value"]
+
+    def links(self, run_id: str, task_id: str) -> dict:
+        """The task's extra links as the API gives them: {name: url}."""
+        return self.get(f"dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{task_id}/links")
 
     def wait_finished(self, run_id: str, timeout_s: float) -> dict:
         """Poll the run until it succeeds or fails; returns the run as the API gives it."""
@@ -132,7 +140,9 @@ def airflow_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowUI]:
         # The environment `make ui` would see for this state dir, nothing from the outer shell.
         for key in [k for k in os.environ if k.startswith(("AIRFLOW", "MLFLOW", "GANGFLOW"))]:
             mp.delenv(key)
-        for key, value in pipeline_env(home).items():
+        # URLs the training task's extra links point to (never opened: the test checks the links)
+        links = {"GANGFLOW_MLFLOW_UI_URL": MLFLOW_UI_URL, "GANGFLOW_DASHBOARD_URL": DASHBOARD_URL}
+        for key, value in pipeline_env(home, **links).items():
             mp.setenv(key, value)
         proc, url = ui.start(ui.free_port(), log)
     try:
