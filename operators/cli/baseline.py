@@ -12,32 +12,23 @@ import argparse
 import json
 import sys
 
-from operators.config import embedded, settings
+from operators.cli.demo import parse_with_conf, run_dag
+from operators.config import embedded
 
 DAG_ID = "platform_baseline"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--conf", default="{}", help="DAG run conf (Params) as JSON")
-    args = parser.parse_args(argv)
-    try:
-        conf = json.loads(args.conf)
-    except ValueError as exc:
-        parser.error(f"--conf: not valid JSON ({exc})")
+    _, conf = parse_with_conf(argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter), argv)
     embedded.apply()  # before anything imports Airflow: it binds its config at import
-    from airflow.dag_processing.dagbag import DagBag
     from airflow.models.xcom import XComModel
     from airflow.sdk.exceptions import ParamValidationError
     from airflow.utils.session import create_session
 
     from operators.callbacks import read_failure
 
-    bag = DagBag(dag_folder=str(settings.PROJECT_ROOT / "dags" / "platform_baseline.py"))
-    if DAG_ID not in bag.dags:
-        raise SystemExit(f"DAG {DAG_ID!r} did not load: {bag.import_errors}")
     try:
-        dag_run = bag.dags[DAG_ID].test(run_conf=conf or None)
+        dag_run = run_dag(conf, DAG_ID, "platform_baseline.py")
     except ParamValidationError as exc:
         print(json.dumps({"state": "failed", "failure": {"kind": "user", "reason": str(exc)}}), flush=True)
         return 2

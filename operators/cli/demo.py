@@ -19,10 +19,11 @@ from operators.config import settings
 DAG_ID = "train_pipeline"  # the digits pipeline's
 
 
-def run_dag(conf: dict, dag_id: str = DAG_ID):
+def run_dag(conf: dict, dag_id: str = DAG_ID, dag_file: str = "train_pipeline.py"):
+    """`dag.test()` of DAG `dag_id` from `dags/<dag_file>` (after `embedded.apply()`)."""
     from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=str(settings.PROJECT_ROOT / "dags" / "train_pipeline.py"))
+    bag = DagBag(dag_folder=str(settings.PROJECT_ROOT / "dags" / dag_file))
     if dag_id not in bag.dags:
         raise SystemExit(f"DAG {dag_id!r} did not load: {bag.import_errors}")
     return bag.dags[dag_id].test(run_conf=conf or None)
@@ -76,15 +77,21 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pipeline", default="digits", help="the pipeline to run: a file pipelines/<name>.yaml (default digits)")
+def parse_with_conf(parser: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, dict]:
+    """`parser` with a `--conf` option (the DAG run's Params as JSON): (args, conf)."""
     parser.add_argument("--conf", default="{}", help="DAG run conf (Params) as JSON, e.g. '{\"world_size\": 1}'")
     args = parser.parse_args(argv)
     try:
         conf = json.loads(args.conf)
     except ValueError as exc:
         parser.error(f"--conf: not valid JSON ({exc})")
+    return args, conf
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pipeline", default="digits", help="the pipeline to run: a file pipelines/<name>.yaml (default digits)")
+    args, conf = parse_with_conf(parser, argv)
     embedded.apply()  # before anything imports Airflow: it binds its config at import
     from operators.config.pipelines import PipelineConfigError, pipeline
 
