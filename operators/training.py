@@ -106,6 +106,7 @@ class GangTrainingOperator(BaseOperator):
         self._backend = None
         self._relay = None
         self._exporter = None
+        self.link_urls: dict[str, str] = {}  # the extra links' URLs, by link key (operators/links.py)
 
     # -- building the gang -------------------------------------------------------------------
 
@@ -155,8 +156,8 @@ class GangTrainingOperator(BaseOperator):
         experiment_id = tracking.ensure_experiment(client, self.experiment)
         ti = context["ti"]
         run_id = tracking.ensure_run(client, experiment_id, dag_id=ti.dag_id, dag_run_id=context["run_id"])
-        MlflowRunLink().push(ti, settings.mlflow_run_url(experiment_id, run_id))
-        DashboardLink().push(ti, settings.dashboard_url(run_id))
+        MlflowRunLink().push(self, ti, settings.mlflow_run_url(experiment_id, run_id))
+        DashboardLink().push(self, ti, settings.dashboard_url(run_id))
         return client, run_id
 
     def tag_lineage(self, spec: GangSpec, run_id: str | None = None, client=None) -> None:
@@ -193,12 +194,12 @@ class GangTrainingOperator(BaseOperator):
         self.log.info("gang %s: %d ranks, run dir %s, try %d", spec.name, spec.world_size, spec.run_dir, spec.attempt)
         if self._backend.deferrable:
             handle = self._backend.submit(spec)
-            KubernetesObjectLink().push(context["ti"], settings.kubernetes_object_url(
+            KubernetesObjectLink().push(self, context["ti"], settings.kubernetes_object_url(
                 str(handle.get("namespace", "")), str(handle.get("kind", "")), str(handle.get("name", ""))))
             self.defer(
                 trigger=self._backend.trigger(handle),
                 method_name="execute_complete",
-                kwargs={"handle": handle, "spec": _spec_to_dict(spec)},
+                kwargs={"handle": handle, "spec": _spec_to_dict(spec), "links": dict(self.link_urls)},
             )
         result = self._backend.run(spec, ProgressNote(context["ti"], self.log.info))
         return self._finish(spec, result)
@@ -253,7 +254,9 @@ class GangTrainingOperator(BaseOperator):
             if exporter is not None:
                 exporter.close()
 
-    def execute_complete(self, context, event: dict[str, Any], handle: dict[str, Any], spec: dict[str, Any]):
+    def execute_complete(self, context, event: dict[str, Any], handle: dict[str, Any], spec: dict[str, Any],
+                         links: dict[str, str] | None = None):
+        self.link_urls.update(links or {})  # this process is new: the URLs learnt before the deferral
         backend = get_backend(self.backend, **self.backend_options)
         return self._finish(GangSpec(**spec), backend.collect(handle, event))
 

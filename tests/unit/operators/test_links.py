@@ -44,17 +44,21 @@ def test_the_task_has_the_three_links_and_pushes_their_urls(monkeypatch):
     names = [link.name for link in GangTrainingOperator.operator_extra_links]
     assert names == ["MLflow run", "Dashboard", "Kubernetes object"]
     ti = _TI()
+    op = GangTrainingOperator(task_id="train", world_size=1)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/x.db")
     monkeypatch.delenv("GANGFLOW_MLFLOW_UI_URL", raising=False)
-    MlflowRunLink().push(ti, settings.mlflow_run_url("1", "abc"))  # a local store has no UI: no link
+    MlflowRunLink().push(op, ti, settings.mlflow_run_url("1", "abc"))  # a local store has no UI: no link
     assert ti.pushed == []
     monkeypatch.setenv("GANGFLOW_MLFLOW_UI_URL", "http://127.0.0.1:5000/")
-    MlflowRunLink().push(ti, settings.mlflow_run_url("1", "abc"))
+    MlflowRunLink().push(op, ti, settings.mlflow_run_url("1", "abc"))
     monkeypatch.setenv("GANGFLOW_KUBERNETES_URL", "https://console.example/k8s/ns/{namespace}/{kind}/{name}")
-    KubernetesObjectLink().push(ti, settings.kubernetes_object_url("team-a", "JobSet", "train-pipeline-0123456789"))
-    DashboardLink().push(ti, None)
+    KubernetesObjectLink().push(op, ti, settings.kubernetes_object_url("team-a", "JobSet", "train-pipeline-0123456789"))
+    DashboardLink().push(op, ti, None)
     assert ti.pushed == [("_link_MlflowRunLink", "http://127.0.0.1:5000/#/experiments/1/runs/abc"),
                          ("_link_KubernetesObjectLink", "https://console.example/k8s/ns/team-a/jobset/train-pipeline-0123456789")]
+    # what the task runner stores at the end of the try: the same URLs, "" for a link never known
+    assert [link.get_link(op, ti_key=None) for link in op.operator_extra_links] == [
+        "http://127.0.0.1:5000/#/experiments/1/runs/abc", "", "https://console.example/k8s/ns/team-a/jobset/train-pipeline-0123456789"]
 
 
 def test_the_last_line_sets_done_even_within_the_throttle():
