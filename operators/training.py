@@ -216,7 +216,13 @@ class GangTrainingOperator(BaseOperator):
         Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
         labels = {"dag_id": spec.env["GANGFLOW_DAG_ID"], "dag_run_id": spec.env["GANGFLOW_DAG_RUN_ID"],
                   "pipeline": spec.env.get("GANGFLOW_PIPELINE", ""), "gang": spec.name}
-        self._exporter = exporter = GangExporter.from_settings(labels, log=self.log.info)
+        try:
+            self._exporter = exporter = GangExporter.from_settings(labels, log=self.log.info)
+        except ValueError as exc:  # GANGFLOW_METRICS / _LINGER_S: a setting to fix, not to retry
+            raise GangConfigError(str(exc)) from None
+        except OSError as exc:  # the port is taken: metrics never stop a gang
+            self.log.warning("gangflow: no Prometheus metrics for this gang (%s: %s)", type(exc).__name__, exc)
+            self._exporter = exporter = None
         if exporter is not None:
             exporter.read_earlier_tries(spec.run_dir)
         opened: list[tuple[Any, str]] = []

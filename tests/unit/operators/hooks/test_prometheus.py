@@ -56,3 +56,13 @@ def test_the_link_back_selects_the_runs_series(monkeypatch):
     assert metrics_query("abc") == '{__name__=~"gangflow_.+",mlflow_run_id="abc"}'
     monkeypatch.setenv("GANGFLOW_DASHBOARD_URL", "https://grafana.example/d/gangflow-gangs/gangflow?orgId=1")
     assert settings.dashboard_url("abc") == "https://grafana.example/d/gangflow-gangs/gangflow?orgId=1&var-mlflow_run_id=abc"
+
+
+def test_a_taken_port_is_an_oserror_the_task_turns_into_a_warning(tmp_path):
+    first = GangExporter(LABELS, address=("127.0.0.1", 0), targets_dir=tmp_path, log=lambda m: None)
+    try:
+        port = int(first.url.rsplit(":", 1)[1].split("/")[0])
+        with pytest.raises(OSError):
+            GangExporter({**LABELS, "gang": "other"}, address=("127.0.0.1", port), targets_dir=tmp_path, log=lambda m: None)
+    finally:
+        first.close()
