@@ -7,7 +7,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 PIPELINE ?= digits
 
-.PHONY: install browser-deps setup data demo cluster-drill test test-fast ui benchmarks constraints clean
+.PHONY: install browser-deps prometheus-deps setup data demo baseline cluster-drill test test-fast ui benchmarks constraints clean
 
 install: $(STAMP)
 
@@ -34,6 +34,11 @@ demo: install
 	$(BIN)/python -m operators.cli.setup --pipeline $(PIPELINE)
 	$(BIN)/python -m operators.cli.demo --pipeline $(PIPELINE) $(if $(BACKEND),--backend $(BACKEND)) $(if $(LAUNCHER),--launcher $(LAUNCHER))
 
+# The platform_baseline DAG once (collective bandwidth, DVC read throughput, step time per topology),
+# compared with the last accepted baseline; the last line is a JSON summary (docs/observability.md).
+baseline: setup
+	$(BIN)/python -m operators.cli.baseline
+
 # One pipeline's DAG (PIPELINE=, as demo) with backend=kubernetes, the rendered pods run as local
 # processes, S3 (moto) and MLflow servers on 127.0.0.1 (docs/kubernetes.md, "The cluster drill");
 # honours GANGFLOW_FAULT.
@@ -42,7 +47,7 @@ cluster-drill: setup
 
 # Every test on 2 pytest-xdist workers; tests that share a session fixture (a prepared state dir)
 # stay on one worker (tests/conftest.py).
-test: install browser-deps
+test: install browser-deps prometheus-deps
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # The UI test drives Debian's chromium headless; install it when missing (root, apt).
@@ -73,3 +78,7 @@ constraints:
 
 clean:
 	rm -rf .gangflow data/digits data/diabetes data/corpus data/synthetic
+
+# The metrics test runs Debian's Prometheus server on 127.0.0.1; install it when missing (root, apt).
+prometheus-deps:
+	@command -v prometheus >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null; } || echo "prometheus missing: the metrics test will fail; install Debian's prometheus"

@@ -303,10 +303,21 @@ class PromoteModelOperator(BaseOperator):
             final_dir = download_model(client, str(self.model_uri), Path(tmp) / "candidate")
             test_path = fetch_test_split(manifest, Path(tmp) / "data")
             result = self._promote(context, client, gate, final_dir, test_path, manifest)
+        self.publish_metrics(context, result)
         from operators.hooks.mlflow import end_run
 
         end_run(client, str(self.mlflow_run_id), succeeded=True)  # the DAG run's last step: its MLflow run ends
         return result
+
+    def publish_metrics(self, context: Context, result: Mapping[str, Any]) -> None:
+        """The version promote registered, as a Prometheus series of the run (docs/observability.md)."""
+        from operators.hooks.prometheus import publish_promotion
+        from operators.training import gang_name, pipeline_of
+
+        dag_id, run_id = context["ti"].dag_id, context["run_id"]
+        labels = {"dag_id": dag_id, "dag_run_id": run_id, "pipeline": pipeline_of(context) or "", "gang": gang_name(dag_id, run_id)}
+        publish_promotion(labels, mlflow_run_id=str(self.mlflow_run_id), model_name=str(result["model_name"]),
+                          model_version=result["model_version"], promoted=bool(result["promoted"]), log=log.info)
 
     def _promote(self, context: Context, client: MlflowClient, gate: PromotionGate, final_dir: Path,
                  test_path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:

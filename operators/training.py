@@ -6,8 +6,11 @@ or register your own with `operators.backends.register_backend`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import re
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -15,11 +18,14 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from trainer.console import LOG_FORMAT_ENV, log_format
+
 from operators import failure_context
 from operators.config import settings
 from operators.backends import GangResult, GangSpec, check_combination, get_backend
 from operators.backends.base import user_code_args
-from operators.exceptions import GangCapacityError, GangFailure, InfraFailure, UnknownFailure, UserError, UserFailure
+from operators.links import DashboardLink, KubernetesObjectLink, MlflowRunLink
+from operators.exceptions import GangCapacityError, GangConfigError, GangFailure, InfraFailure, UnknownFailure, UserError, UserFailure
 
 _FAILURES: dict[str, type[GangFailure]] = {"infra": InfraFailure, "user": UserFailure, "unknown": UnknownFailure}
 
@@ -88,6 +94,8 @@ class GangTrainingOperator(BaseOperator):
     )  # fmt: skip
     template_fields_renderers = {"overrides": "json", "dataset": "json", "backend_options": "json"}
     ui_color = "#f4a460"
+    # buttons on the task's page, live while the gang runs (operators/links.py)
+    operator_extra_links = (MlflowRunLink(), DashboardLink(), KubernetesObjectLink())
 
     def __init__(
         self,
@@ -126,6 +134,8 @@ class GangTrainingOperator(BaseOperator):
         self.run_dir = run_dir
         self._backend = None
         self._relay = None
+        self._exporter = None
+        self.link_urls: dict[str, str] = {}  # the extra links' URLs, by link key (operators/links.py)
 
     # -- building the gang -------------------------------------------------------------------
 
@@ -137,7 +147,15 @@ class GangTrainingOperator(BaseOperator):
         if self.dataset:
             manifest = json.loads(self.dataset) if isinstance(self.dataset, str) else self.dataset
             version = str(manifest["version"])  # the backend hands it to the ranks (its data arguments)
-        env = {"GANGFLOW_DAG_ID": dag_id, "GANGFLOW_DAG_RUN_ID": run_id, "GANGFLOW_TRY_NUMBER": str(ti.try_number)}
+        env = {"GANGFLOW_DAG_ID": dag_id, "GANGFLOW_DAG_RUN_ID": run_id, "GANGFLOW_TRY_NUMBER": str(ti.try_number),
+               "GANGFLOW_GANG": gang_name(dag_id, run_id)}
+        if pipeline := pipeline_of(context):  # a label of the gang's metrics and log lines
+            env["GANGFLOW_PIPELINE"] = pipeline
+        if os.environ.get(LOG_FORMAT_ENV):  # the worker's setting reaches every rank, pods included
+            try:
+                env[LOG_FORMAT_ENV] = log_format()
+            except ValueError as exc:
+                raise GangConfigError(str(exc)) from None
         if (started := try_started_at(ti)) is not None:
             # rank 0 records launch - this as attempt_queue_wait_s (local: the task's own work before
             # torchrun; Kubernetes: admission, scheduling, image pull, container start too)
@@ -145,7 +163,7 @@ class GangTrainingOperator(BaseOperator):
         if mlflow_run_id:
             env |= {"MLFLOW_TRACKING_URI": settings.tracking_uri(), "MLFLOW_RUN_ID": mlflow_run_id}
         return GangSpec(
-            name=gang_name(dag_id, run_id),
+            name=env["GANGFLOW_GANG"],
             run_dir=self.run_dir or str(settings.run_dir(dag_id, run_id)),
             world_size=int(self.world_size),
             config_path=self.config_path or str(settings.trainer_config_path()),
@@ -169,7 +187,10 @@ class GangTrainingOperator(BaseOperator):
         client = tracking.get_client()
         experiment_id = tracking.ensure_experiment(client, self.experiment)
         ti = context["ti"]
-        return client, tracking.ensure_run(client, experiment_id, dag_id=ti.dag_id, dag_run_id=context["run_id"])
+        run_id = tracking.ensure_run(client, experiment_id, dag_id=ti.dag_id, dag_run_id=context["run_id"])
+        MlflowRunLink().push(self, ti, settings.mlflow_run_url(experiment_id, run_id))
+        DashboardLink().push(self, ti, settings.dashboard_url(run_id))
+        return client, run_id
 
     def tag_lineage(self, spec: GangSpec, run_id: str | None = None, client=None) -> None:
         """Lineage on the MLflow run (the registry copies `gangflow.*` run tags onto the version)."""
@@ -178,7 +199,13 @@ class GangTrainingOperator(BaseOperator):
             return
         from operators.hooks import mlflow as tracking
 
-        tags = {"gangflow.gang": spec.name, "gangflow.backend": str(self.backend), "gangflow.launcher": spec.launcher}
+        from operators.hooks.prometheus import metrics_query
+
+        tags = {"gangflow.gang": spec.name, "gangflow.backend": str(self.backend), "gangflow.launcher": spec.launcher,
+                # the link to the run's Prometheus series (docs/observability.md)
+                "gangflow.metrics_query": metrics_query(run_id)}
+        if (dashboard := settings.dashboard_url(run_id)) is not None:
+            tags["gangflow.dashboard_url"] = dashboard
         if spec.dataset_version:
             tags["gangflow.dataset_version"] = spec.dataset_version
         identity = _training_identity(spec)
@@ -204,12 +231,14 @@ class GangTrainingOperator(BaseOperator):
         self.log.info("gang %s: %d ranks, run dir %s, try %d", spec.name, spec.world_size, spec.run_dir, spec.attempt)
         if self._backend.deferrable:
             handle = self._backend.submit(spec)
+            KubernetesObjectLink().push(self, context["ti"], settings.kubernetes_object_url(
+                str(handle.get("namespace", "")), str(handle.get("kind", "")), str(handle.get("name", ""))))
             self.defer(
                 trigger=self._backend.trigger(handle),
                 method_name="execute_complete",
-                kwargs={"handle": handle, "spec": _spec_to_dict(spec)},
+                kwargs={"handle": handle, "spec": _spec_to_dict(spec), "links": dict(self.link_urls)},
             )
-        result = self._backend.run(spec, self.log.info)
+        result = self._backend.run(spec, ProgressNote(context["ti"], self.log.info))
         return self._finish(spec, result)
 
     def _execute_relayed(self, context):
@@ -217,31 +246,61 @@ class GangTrainingOperator(BaseOperator):
         starts, not before, and this process relays the ranks' metrics.jsonl into it and logs
         the final weights (`operators.hooks.mlflow_relay`); the ranks import no MLflow."""
         from operators.hooks.mlflow_relay import TrackingRelay
+        from operators.hooks.prometheus import GangExporter
 
         spec = self.build_spec(context, mlflow_run_id=None)
         self._backend.check_capacity(spec)
         Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
+        labels = {"dag_id": spec.env["GANGFLOW_DAG_ID"], "dag_run_id": spec.env["GANGFLOW_DAG_RUN_ID"],
+                  "pipeline": spec.env.get("GANGFLOW_PIPELINE", ""), "gang": spec.name}
+        try:
+            self._exporter = exporter = GangExporter.from_settings(labels, log=self.log.info)
+        except ValueError as exc:  # GANGFLOW_METRICS / _LINGER_S: a setting to fix, not to retry
+            raise GangConfigError(str(exc)) from None
+        except OSError as exc:  # the port is taken: metrics never stop a gang
+            self.log.warning("gangflow: no Prometheus metrics for this gang (%s: %s)", type(exc).__name__, exc)
+            self._exporter = exporter = None
+        if exporter is not None:
+            exporter.read_earlier_tries(spec.run_dir)
+        opened: list[tuple[Any, str]] = []
 
         def open_run():
+            if opened:
+                return opened[0]
             client, run_id = self._open_run(context)
             self.tag_lineage(spec, run_id, client)
+            if exporter is not None:  # its series carry the run id: they begin once it is known
+                exporter.begin(mlflow_run_id=run_id, attempt=spec.attempt)
+            opened.append((client, run_id))
             return client, run_id
+
+        if spec.env.get(LOG_FORMAT_ENV) == "json":
+            # each JSON line carries the run id: the run is opened before the gang starts (the
+            # seconds the relay otherwise overlaps with start-up), as on Kubernetes
+            spec = dataclasses.replace(spec, env={**spec.env, "GANGFLOW_MLFLOW_RUN_ID": open_run()[1]})
 
         # An error that retrying cannot heal stops the gang now (SIGTERM: the ranks commit a
         # checkpoint) rather than after a whole try of training that must fail.
         self._relay = TrackingRelay(spec.run_dir, open_run=open_run, log=self.log.info,
-                                    on_fatal=lambda exc: self._backend.kill(), log_final=self.log_final_model).start()
+                                    on_fatal=lambda exc: self._backend.kill(), log_final=self.log_final_model,
+                                    observers=(exporter.observe,) if exporter is not None else ()).start()
         self.log.info("gang %s: %d ranks, run dir %s, try %d", spec.name, spec.world_size, spec.run_dir, spec.attempt)
         try:
-            result = self._backend.run(spec, self.log.info)
-        except BaseException:
-            self._relay.stop()
-            raise
-        run_id = self._relay.finish(succeeded=result.succeeded, final_dir=Path(spec.run_dir) / "final")
-        return self._finish(spec, result, run_id, self._relay.model_uri)
+            try:
+                result = self._backend.run(spec, ProgressNote(context["ti"], self.log.info))
+            except BaseException:
+                self._relay.stop()
+                raise
+            run_id = self._relay.finish(succeeded=result.succeeded, final_dir=Path(spec.run_dir) / "final")
+            return self._finish(spec, result, run_id, self._relay.model_uri)
+        finally:
+            if exporter is not None:
+                exporter.close()
 
-    def execute_complete(self, context, event: dict[str, Any], handle: dict[str, Any], spec: dict[str, Any]):
+    def execute_complete(self, context, event: dict[str, Any], handle: dict[str, Any], spec: dict[str, Any],
+                         links: dict[str, str] | None = None):
         self._airflow_context = context
+        self.link_urls.update(links or {})  # this process is new: the URLs learnt before the deferral
         backend = get_backend(self.backend, **self.backend_options)
         return self._finish(GangSpec(**spec), backend.collect(handle, event))
 
@@ -275,6 +334,8 @@ class GangTrainingOperator(BaseOperator):
             self.log.info("gangflow: try %d started from step 0 (no committed checkpoint)", spec.attempt)
         if not result.succeeded:
             raise self._failure(spec, result, run_id)
+        if self._exporter is not None:
+            self._exporter.metrics.ended()
         run_id = run_id or spec.env.get("MLFLOW_RUN_ID")
         self._tag_reached_step(run_id, _final_steps(spec))
         if not run_id:
@@ -306,6 +367,9 @@ class GangTrainingOperator(BaseOperator):
                              node, "; ".join(verdict.context), self.backend)
         failed_at = failure_context.failed_step(result.evidence)
         self._tag_reached_step(run_id, failed_at - 1 if failed_at else None)  # the steps before it passed
+        if self._exporter is not None:
+            codes = {r["rank"]: r["exit_code"] for r in result.evidence.get("ranks", ()) if isinstance(r.get("rank"), int) and "exit_code" in r}
+            self._exporter.metrics.ended(failure_kind=verdict.kind, exit_codes=codes)
         record = {"attempt": spec.attempt, "exit_code": result.exit_code, "verdict": verdict.to_dict(),
                   "evidence": result.evidence, "context": context}  # fmt: skip
         write_json(Path(spec.run_dir) / "failures" / f"try-{spec.attempt}.json", record, indent=2, default=str)
@@ -397,6 +461,55 @@ def _spec_to_dict(spec: GangSpec) -> dict[str, Any]:
         "dataset_version": spec.dataset_version, "user_code": list(spec.user_code),
         "package_roots": list(spec.package_roots), "launcher": spec.launcher,
     }  # fmt: skip
+
+
+_PROGRESS = re.compile(r"gangflow: progress: step (\d+)/(\d+) \((\d+)%\), loss (\S+), (\d+) samples/s, ETA (\S+), "
+                       r"last checkpoint step (\S+)")
+_DONE = re.compile(r"gangflow: done: (\d+) steps on \d+ rank")
+
+
+class ProgressNote:
+    """The gang's log function that also keeps rank 0's latest progress line as the XCom `progress`
+    of the task (`{step, total, percent, loss, samples_per_sec, eta, last_checkpoint_step}`), at most
+    every `every_s`, and `{step, total, percent: 100, done: true}` at rank 0's last line: the task's
+    XCom tab in the UI shows it while the gang runs."""
+
+    def __init__(self, ti: Any, log, *, every_s: float = 5.0):
+        self.ti, self.log, self.every_s = ti, log, every_s
+        self._next = 0.0
+
+    def __call__(self, line: str) -> None:
+        self.log(line)
+        if "gangflow: done: " in line and (done := _DONE.search(line)):  # the last word, never throttled
+            steps = int(done.group(1))
+            self._push({"step": steps, "total": steps, "percent": 100, "done": True})
+            return
+        if "gangflow: progress: " not in line or not (m := _PROGRESS.search(line)):
+            return
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.every_s
+        step, total, percent, loss, rate, eta, ckpt = m.groups()
+        value = {"step": int(step), "total": int(total), "percent": int(percent),
+                 "loss": None if loss == "-" else float(loss.rstrip('",')), "samples_per_sec": int(rate),
+                 "eta": eta.rstrip('",'), "last_checkpoint_step": None if ckpt.rstrip('",}') == "none" else int(ckpt.rstrip('",}'))}
+        self._push(value)
+
+    def _push(self, value: dict) -> None:
+        try:
+            self.ti.xcom_push(key="progress", value=value)
+        except Exception as exc:  # noqa: BLE001 - progress must never fail the gang
+            self.log(f"gangflow: warning: progress not kept in XCom ({type(exc).__name__}: {exc})")
+            self.every_s = float("inf")
+
+
+def pipeline_of(context) -> str | None:
+    """The pipeline the DAG names by its tag (`operators.config.pipelines.pipeline_tag`), or None."""
+    from operators.config.pipelines import tagged_pipeline
+
+    dag = context.get("dag")
+    return tagged_pipeline(getattr(dag, "tags", None) or ()) if dag is not None else None
 
 
 def try_started_at(ti) -> float | None:

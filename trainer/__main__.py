@@ -18,7 +18,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer import EXIT_CONFIG_ERROR, EXIT_OK, EXIT_USER_ERROR, cli, errors
 from trainer.urls import credentials_refusal, has_credentials
-from trainer.console import say
+from trainer.console import install_log_format, say
 from trainer.config import load_config
 from trainer.distributed import check_device, detect
 from trainer.errors import ConfigError, UserError
@@ -97,6 +97,11 @@ def _import_dynamo() -> None:
 def exit_code(argv: list[str] | None = None, entry=None) -> int:
     """`main` (or `entry`: trainer.user's), with whatever escapes it turned into the rank's exit
     code (as `python -m trainer` and trainer.launch's forked ranks end)."""
+    try:
+        install_log_format()  # GANGFLOW_LOG_FORMAT=json: every line of this rank as JSON
+    except ValueError as exc:
+        say(f"gangflow: config error: {exc}", stream=sys.stderr)
+        return EXIT_CONFIG_ERROR
     try:
         return (entry or main)(argv) or EXIT_OK
     except SystemExit as exc:  # argparse errors (2)

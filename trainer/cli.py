@@ -79,6 +79,11 @@ environment:
   TMPDIR                    rank-local scratch (the fetched dataset version)
   GANGFLOW_TERMINATION_LOG  where to write the Kubernetes termination message
                             (default /dev/termination-log when it exists)
+  GANGFLOW_LOG_FORMAT       text (default) or json: every line of the rank as one JSON object with
+                            rank, gang, dag_id, dag_run_id, pipeline, mlflow_run_id (from
+                            GANGFLOW_GANG, GANGFLOW_DAG_ID, GANGFLOW_DAG_RUN_ID, GANGFLOW_PIPELINE,
+                            MLFLOW_RUN_ID or GANGFLOW_MLFLOW_RUN_ID)
+  GANGFLOW_METRICS_PORT     rank 0 serves Prometheus metrics on this port (Kubernetes pods)
   MLFLOW_TRACKING_URI       MLflow tracking URI (when tracking.mlflow_uri is empty)
   MLFLOW_RUN_ID             log into this existing MLflow run
   TORCHELASTIC_ERROR_FILE   set by torchrun: the error file written on an exception

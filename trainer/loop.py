@@ -258,7 +258,8 @@ class Trainer:
         loss = self.d.mean(loss)
         self._progress.loss = loss
         self.tracker.step(self.step, loss=loss, lr=self.scheduler.get_last_lr()[0],
-                          samples_per_sec=steps * self.global_batch / elapsed, epoch=self.epoch)
+                          samples_per_sec=steps * self.global_batch / elapsed, epoch=self.epoch,
+                          step_time_s=round(elapsed / max(steps, 1), 6))
 
     # --- checkpoints ----------------------------------------------------------------------------
 
@@ -300,6 +301,7 @@ class Trainer:
             self.log("gangflow: starting from step 0")
             self.tracker.event("start", 0, world_size=d.world_size)
             return
+        restore_t0 = time.perf_counter()
         try:
             loaded = self.ckpt.read(step)
         except CorruptCheckpoint as exc:
@@ -321,7 +323,8 @@ class Trainer:
             self.log(f"gangflow: checkpoint step-{step} was written by {state['world_size']} ranks; continuing on "
                      f"{d.world_size} (global batch {self.global_batch} and sample order unchanged)")
         self.log(f"gangflow: resuming from checkpoint step-{step} ({loaded.path})")
-        self.tracker.event("resume", step, world_size=d.world_size, checkpoint_world_size=state["world_size"])
+        self.tracker.event("resume", step, world_size=d.world_size, checkpoint_world_size=state["world_size"],
+                           restore_s=round(time.perf_counter() - restore_t0, 4))
 
     def check_identity(self, step: int, path: Any, saved: Any) -> None:
         """Refuse to resume a checkpoint made with another config or other data (every rank)."""

@@ -197,6 +197,7 @@ class Tracker:
                  flush_every_s: float = 5.0, params: dict[str, Any] | None = None, tags: dict[str, str] | None = None):
         self.enabled = enabled
         self.mlflow: MlflowSink | None = None
+        self.exporter = None
         self.uri = ""
         self._lock = threading.Lock()
         self._fh = None
@@ -212,6 +213,7 @@ class Tracker:
                 self._lines = self.store.read_bytes(METRICS).decode().splitlines(keepends=True)
             except FileNotFoundError:
                 self._lines = []
+        self.exporter = _pod_exporter()
         self.uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
         if self.uri:
             try:
@@ -240,6 +242,8 @@ class Tracker:
                     self._sync()
         if self.mlflow is not None:
             self.mlflow.add(record)
+        if self.exporter is not None:
+            self.exporter.observe(record)
 
     def _sync(self) -> None:
         """Rewrite metrics.jsonl on object storage (under the lock)."""
@@ -288,6 +292,27 @@ class Tracker:
         if self._lines is not None:
             with self._lock:
                 self._sync()
+
+
+def _pod_exporter():
+    """Rank 0's Prometheus exporter when `GANGFLOW_METRICS_PORT` is set (a Kubernetes pod: the
+    chart's PodMonitor scrapes the port; a local gang is exported by its training task instead)."""
+    port = os.environ.get("GANGFLOW_METRICS_PORT", "")
+    if not port:
+        return None
+    from trainer.prometheus import GangMetrics, labels_from_env, serve
+
+    try:
+        metrics = GangMetrics(labels_from_env())
+        serve(metrics, "0.0.0.0", int(port))
+    except (OSError, ValueError) as exc:  # metrics must never stop training
+        say(f"gangflow: warning: no Prometheus metrics on port {port} ({type(exc).__name__}: {exc})", stream=sys.stderr)
+        return None
+    try:
+        metrics.started(int(os.environ.get("GANGFLOW_TRY_NUMBER", "1")))
+    except ValueError:
+        pass
+    return metrics
 
 
 def _process_start(pid: int | str = "self") -> float | None:

@@ -24,7 +24,7 @@ from operators.exceptions import (
     KubernetesRequestError,
 )
 from operators.kubernetes import status as st
-from operators.kubernetes.builders import ATTEMPT_LABEL, CONTAINER, GANG_LABEL, TRAINJOB_NODE, GangPlan, build_gang, dataset_version
+from operators.kubernetes.builders import ATTEMPT_LABEL, CONTAINER, GANG_LABEL, TRAINJOB_NODE, GangPlan, build_gang, dataset_version, pod_selector
 from operators.hooks.kubernetes import GangApi, open_api, run_sync
 from operators.kubernetes.runtime import (
     RUNTIME_CONFIGMAP,
@@ -272,6 +272,9 @@ class KubernetesBackend(GangBackend):
                 return await self._submit(api, plan, runtime)
 
         self._handle = run_sync(go)
+        self._log(f"rank logs: kubectl logs -n {self._handle.get('namespace', plan.namespace)} --prefix --tail=-1 "
+                  f"-l {pod_selector(spec)} (one JSON object a line with GANGFLOW_LOG_FORMAT=json; "
+                  "Loki and other collectors: filter on gang and rank)")
         self.tag_lineage(spec, self._handle, runtime)
         return self._handle
 

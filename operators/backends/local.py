@@ -242,6 +242,9 @@ class LocalBackend(GangBackend):
         launched_at = time.time()
         cmd = self.mpirun_command(spec, env) if mpi else self.command(spec, log_dir)
         log(f"launching gang of {spec.world_size} ranks: {redact_url(' '.join(cmd))}")
+        if not mpi:
+            log(f"rank logs: {log_dir}/<torchrun run id>/attempt_0/<rank>/stdout.log and stderr.log (and below, "
+                "prefixed [rank N]); one JSON object a line with GANGFLOW_LOG_FORMAT=json")
         # A session of its own, so on_kill can stop torchrun and every rank together.
         self._proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1,

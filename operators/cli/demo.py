@@ -57,10 +57,11 @@ def quiet_waits():
         logger.removeFilter(once)
 
 
-def run_dag(conf: dict, dag_id: str = DAG_ID):
+def run_dag(conf: dict, dag_id: str = DAG_ID, dag_file: str = "train_pipeline.py"):
+    """`dag.test()` of DAG `dag_id` from `dags/<dag_file>` (after `embedded.apply()`)."""
     from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=str(settings.PROJECT_ROOT / "dags" / "train_pipeline.py"))
+    bag = DagBag(dag_folder=str(settings.PROJECT_ROOT / "dags" / dag_file))
     if dag_id not in bag.dags:
         raise SystemExit(f"DAG {dag_id!r} did not load: {bag.import_errors}")
     with quiet_waits():
@@ -135,6 +136,17 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
     return summary
 
 
+def parse_with_conf(parser: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, dict]:
+    """`parser` with a `--conf` option (the DAG run's Params as JSON): (args, conf)."""
+    parser.add_argument("--conf", default="{}", help="DAG run conf (Params) as JSON, e.g. '{\"world_size\": 1}'")
+    args = parser.parse_args(argv)
+    try:
+        conf = json.loads(args.conf)
+    except ValueError as exc:
+        parser.error(f"--conf: not valid JSON ({exc})")
+    return args, conf
+
+
 STAGES = ("validate_dataset", "admit_gang", "train", "evaluate", "promote")
 
 
@@ -176,8 +188,9 @@ def account(summary: dict) -> list[str]:
 def failed_summary(config, kind: str, reason: str, conf: dict | None = None) -> dict:
     """The summary of a run that ended before the DAG's own outcome could be read (contract 5's keys)."""
     conf = conf or {}
-    return {"backend": conf.get("backend", config.default_backend), "launcher": conf.get("launcher", config.launcher),
-            "resumed_from_step": None,"state": "failed", "pipeline": config.name, "dag_run_id": None, "dataset_version": config.dataset_version or None,
+    return {"state": "failed", "pipeline": config.name, "dag_run_id": None, "dataset_version": config.dataset_version or None,
+            "backend": conf.get("backend", config.default_backend), "launcher": conf.get("launcher", config.launcher),
+            "resumed_from_step": None,
             "metric": {**config.metric.as_dict(), "value": None}, "accuracy": None, "tracking_uri": redact_url(settings.tracking_uri()),
             "model_name": config.model_name, "model_version": None, "promoted": False, "promotion_reason": None,
             "train_attempts": 0, "failure": {"kind": kind, "reason": reason, "task_id": None}}  # fmt: skip
@@ -220,17 +233,12 @@ def _child_env(roots: list[str]) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pipeline", default="digits", help="the pipeline to run: a file pipelines/<name>.yaml (default digits)")
-    parser.add_argument("--conf", default="{}", help="DAG run conf (Params) as JSON, e.g. '{\"world_size\": 1}'")
     parser.add_argument("--backend", help="the backend Param (local, ray, ...; default: the pipeline file's)")
     parser.add_argument("--launcher", help="the launcher Param (torchrun, mpirun; default: the pipeline file's)")
     parser.add_argument("--airflow-log", type=Path, default=None,
                         help="where Airflow's own lines go (default: <state dir>/logs/demo-<pipeline>-<time>.log)")
     parser.add_argument("--summary-file", type=Path, help=argparse.SUPPRESS)  # set: run here (the supervisor's child)
-    args = parser.parse_args(argv)
-    try:
-        conf = json.loads(args.conf)
-    except ValueError as exc:
-        parser.error(f"--conf: not valid JSON ({exc})")
+    args, conf = parse_with_conf(parser, argv)
     conf |= {key: value for key, value in (("backend", args.backend), ("launcher", args.launcher)) if value}
     if args.summary_file:
         return _run_here(args.pipeline, conf, args.summary_file)

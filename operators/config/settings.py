@@ -124,3 +124,63 @@ TRAINING_POOL = "gangflow_training"
 def pool_slots() -> int:
     """Slots of the training pool: `GANGFLOW_POOL_SLOTS`, else this machine's cores."""
     return int(os.environ.get("GANGFLOW_POOL_SLOTS") or os.cpu_count() or 1)
+
+
+#: `GANGFLOW_METRICS`: where a local training task serves its gang's Prometheus metrics,
+#: `HOST:PORT` (port 0: a free one), or `off` (the default). docs/observability.md.
+METRICS_ENV = "GANGFLOW_METRICS"
+
+
+def metrics_address() -> tuple[str, int] | None:
+    """(host, port) of the gang exporter, or None when `GANGFLOW_METRICS` is unset or `off`."""
+    value = os.environ.get(METRICS_ENV, "").strip()
+    if value in ("", "off"):
+        return None
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{METRICS_ENV}={value!r}: accepted values are off or HOST:PORT (e.g. 127.0.0.1:0, port 0 for a free one)")
+    return host, int(port)
+
+
+def metrics_linger_s() -> float:
+    """`GANGFLOW_METRICS_LINGER_S` (default 15): how long the exporter stays up after the gang
+    ended, so a scrape at that interval sees its final values (exit codes, failure kind)."""
+    value = os.environ.get("GANGFLOW_METRICS_LINGER_S", "15")
+    try:
+        linger = float(value)
+    except ValueError:
+        linger = -1.0
+    if not 0 <= linger <= 600:
+        raise ValueError(f"GANGFLOW_METRICS_LINGER_S={value!r}: accepted values are seconds from 0 to 600")
+    return linger
+
+
+def metrics_targets_dir() -> Path:
+    """Where exporters write their Prometheus `file_sd_configs` target files (one per gang)."""
+    return state_dir() / "prometheus" / "targets"
+
+
+def dashboard_url(mlflow_run_id: str) -> str | None:
+    """The Grafana dashboard of one run (`GANGFLOW_DASHBOARD_URL`, the chart's dashboard URL), or None."""
+    base = os.environ.get("GANGFLOW_DASHBOARD_URL", "").strip()
+    if not base:
+        return None
+    return f"{base}{'&' if '?' in base else '?'}var-mlflow_run_id={mlflow_run_id}"
+
+
+def mlflow_run_url(experiment_id: str, run_id: str) -> str | None:
+    """The MLflow UI's page of a run: `GANGFLOW_MLFLOW_UI_URL`, else the tracking URI when it is the
+    server's http(s) URL; None for a local store without a UI."""
+    base = os.environ.get("GANGFLOW_MLFLOW_UI_URL", "").strip() or tracking_uri()
+    if not base.startswith(("http://", "https://")):
+        return None
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def kubernetes_object_url(namespace: str, kind: str, name: str) -> str | None:
+    """`GANGFLOW_KUBERNETES_URL` with {namespace}, {kind} and {name} filled in (your cluster console's
+    page of an object), or None when unset."""
+    template = os.environ.get("GANGFLOW_KUBERNETES_URL", "").strip()
+    if not template:
+        return None
+    return template.format(namespace=namespace, kind=kind.lower(), name=name)

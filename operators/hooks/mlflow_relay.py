@@ -42,12 +42,15 @@ class TrackingRelay:
     :param log_final: `(client, run id, final dir) -> model id`: logs `final/` as the run's one MLflow
         LoggedModel (the training task passes `operators.registry.versions.log_final_model`); without
         it `final/` is logged as run artifacts under `final`.
+    :param observers: called with each batch of records read, before MLflow gets them (the
+        Prometheus exporter, `operators.hooks.prometheus`); their errors are logged once, never raised.
     """
 
     def __init__(self, run_dir: str | Path, *, open_run: OpenRun, flush_every_s: float = 2.0,
                  log: Callable[[str], None] = print, join_timeout_s: float = 120.0,
                  on_fatal: Callable[[BaseException], None] | None = None, max_backoff_s: float = 30.0,
-                 log_final: Callable[[Any, str, Path], str] | None = None):
+                 log_final: Callable[[Any, str, Path], str] | None = None,
+                 observers: tuple[Callable[[list[dict]], None], ...] = ()):
         self.path = Path(run_dir) / METRICS
         self.log_final = log_final
         self.model_uri: str | None = None  # where finish() logged the final weights
@@ -57,6 +60,7 @@ class TrackingRelay:
         self.log = log
         self.on_fatal = on_fatal
         self.max_backoff_s = max_backoff_s
+        self.observers = tuple(observers)
         self.fatal: BaseException | None = None  # an error opening the run that retrying cannot heal
         # Lines of earlier tries are not sent again: the relay starts at the file's current end.
         self.offset = self.path.stat().st_size if self.path.is_file() else 0
@@ -143,6 +147,13 @@ class TrackingRelay:
                 records.append(record)
         if not records:
             return
+        for observe in self.observers:
+            try:
+                observe(records)
+            except Exception as exc:  # noqa: BLE001 - an observer must never fail the task
+                if not self._warned:
+                    self._warned = True
+                    self.log(f"gangflow: warning: {observe!r} failed on metrics records ({type(exc).__name__}: {exc})")
         try:
             log_records(self.client, self.run_id, records)
         except Exception as exc:  # noqa: BLE001 - metrics must never fail the task

@@ -53,7 +53,9 @@ USER_EXIT_CODES = (EXIT_USER_ERROR, EXIT_CONFIG_ERROR)
 # (the runtime's wins; the worker's may be a sqlite path or carry credentials), GANGFLOW_FAULT /
 # GANGFLOW_ALLOW_FAULTS (fault injection is for drills, never a real cluster), paths.
 FORWARDED_ENV = ("GANGFLOW_DAG_ID", "GANGFLOW_DAG_RUN_ID", "GANGFLOW_TRY_NUMBER", "GANGFLOW_TRY_STARTED_AT", "MLFLOW_RUN_ID",
-                 "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")
+                 "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "GANGFLOW_PIPELINE", "GANGFLOW_LOG_FORMAT")
+# Where rank 0 serves Prometheus metrics: the chart's scrape configuration keeps pods with it.
+METRICS_PORT_ANNOTATION = "gangflow.io/metrics-port"
 # Overrides that name the worker's copy of the data: dropped when the rank fetches a version.
 WORKER_DATA_KEYS = ("data.train_path", "data.test_path")
 OBJECT_STORE_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
@@ -289,6 +291,8 @@ def _env(spec: GangSpec, runtime: RuntimeDefaults) -> list[k8s.V1EnvVar]:
         values["MLFLOW_TRACKING_URI"] = runtime.mlflow_tracking_uri
     if runtime.dataset.endpoint_url:  # fsspec/s3fs, boto3 and DVC read the standard variable
         values["AWS_ENDPOINT_URL"] = runtime.dataset.endpoint_url
+    if runtime.metrics_port:  # rank 0 serves its metrics (trainer.prometheus)
+        values["GANGFLOW_METRICS_PORT"] = str(runtime.metrics_port)
     values["GANGFLOW_TERMINATION_LOG"] = TERMINATION_LOG  # the trainer's error record -> terminationMessagePath
     env = [k8s.V1EnvVar(name=k, value=v) for k, v in values.items()]
     if runtime.dataset.credentials_secret:
@@ -375,11 +379,14 @@ def _tolerations(runtime: RuntimeDefaults) -> list[k8s.V1Toleration]:
     ]
 
 
-def _topology_annotations(runtime: RuntimeDefaults) -> dict[str, str]:
+def _pod_annotations(runtime: RuntimeDefaults) -> dict[str, str]:
+    out = {}
+    if runtime.metrics_port:  # only rank 0's process serves it: other pods' scrapes fail, which says nothing
+        out[METRICS_PORT_ANNOTATION] = str(runtime.metrics_port)
     if runtime.scheduler != "kueue" or runtime.topology is None:
-        return {}
+        return out
     key = KUEUE_REQUIRED_TOPOLOGY if runtime.topology.mode == "required" else KUEUE_PREFERRED_TOPOLOGY
-    return {key: runtime.topology.level}
+    return {**out, key: runtime.topology.level}
 
 
 def _topology_affinity(spec: GangSpec, runtime: RuntimeDefaults) -> k8s.V1Affinity | None:
@@ -409,7 +416,8 @@ def build_container(spec: GangSpec, runtime: RuntimeDefaults, *, args: list[str]
         args=args,
         env=_env(spec, runtime),
         resources=_resources(runtime),
-        ports=[k8s.V1ContainerPort(name="c10d", container_port=runtime.rendezvous_port, protocol="TCP")],
+        ports=[k8s.V1ContainerPort(name="c10d", container_port=runtime.rendezvous_port, protocol="TCP")]
+        + ([k8s.V1ContainerPort(name="metrics", container_port=runtime.metrics_port, protocol="TCP")] if runtime.metrics_port else []),
         volume_mounts=mounts,
         security_context=container_security_context(),
         termination_message_path=TERMINATION_LOG,
@@ -420,7 +428,7 @@ def build_container(spec: GangSpec, runtime: RuntimeDefaults, *, args: list[str]
 def build_pod_template(spec: GangSpec, runtime: RuntimeDefaults, *, args: list[str]) -> k8s.V1PodTemplateSpec:
     """The hardened pod every rank runs (JobSet and Volcano paths)."""
     volumes, _ = _volumes(runtime)
-    annotations = _topology_annotations(runtime)
+    annotations = _pod_annotations(runtime)
     return k8s.V1PodTemplateSpec(
         metadata=k8s.V1ObjectMeta(labels=pod_labels(spec), annotations=annotations or None),
         spec=k8s.V1PodSpec(
@@ -546,7 +554,7 @@ def build_trainjob(spec: GangSpec, runtime: RuntimeDefaults, namespace: str) -> 
     pods = pod_count(spec, runtime)
     name = gang_object_name(spec.name, spec.attempt, "TrainJob", pods)
     volumes, mounts = _volumes(runtime)
-    annotations = _topology_annotations(runtime)
+    annotations = _pod_annotations(runtime)
     resources = _resources(runtime)
     body = m.TrainJob(
         metadata=_object_meta(name, namespace, spec, runtime),

@@ -242,6 +242,7 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "dataset": ("dataset", Dataset),
     "procsPerPod": ("procs_per_pod", None),
     "rendezvousPort": ("rendezvous_port", None),
+    "metricsPort": ("metrics_port", None),
     "admissionTimeoutSeconds": ("admission_timeout_seconds", None),
     "startupTimeoutSeconds": ("startup_timeout_seconds", None),
     # gangflow additions beyond the chart's first cut (documented in docs/kubernetes.md)
@@ -287,6 +288,9 @@ class RuntimeDefaults:
     mlflow_secret_ref: SecretRef | None = None
     dataset: Dataset = field(default_factory=Dataset)
     rendezvous_port: int = 29500
+    # rank 0 serves Prometheus metrics here (GANGFLOW_METRICS_PORT; 0: off); the chart's scrape
+    # configuration finds the pods by their gangflow.io/metrics-port annotation
+    metrics_port: int = 9400
     admission_timeout_seconds: int = 3600
     startup_timeout_seconds: int = 900
     training_runtime: str = "torch-distributed"
@@ -373,6 +377,10 @@ class RuntimeDefaults:
             if self.resources.gpu and self.procs_per_pod != self.resources.gpu:
                 _fail("procsPerPod", self.procs_per_pod, f"with resources.gpu={self.resources.gpu} the pod runs one process per GPU; leave procsPerPod unset (it is for CPU pods)")
         _check_int("rendezvousPort", self.rendezvous_port, 1024, 65535)
+        if self.metrics_port != 0:
+            _check_int("metricsPort", self.metrics_port, 1024, 65535)
+            if self.metrics_port == self.rendezvous_port:
+                _fail("metricsPort", self.metrics_port, "must differ from rendezvousPort (or be 0: no metrics)")
         _check_int("admissionTimeoutSeconds", self.admission_timeout_seconds, 1)
         _check_int("startupTimeoutSeconds", self.startup_timeout_seconds, 1)
         if not isinstance(self.training_runtime, str) or not _DNS_SUBDOMAIN.match(self.training_runtime):

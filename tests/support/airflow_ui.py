@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 DAG_ID = "train_pipeline"
+MLFLOW_UI_URL = "http://127.0.0.1:5000"
+DASHBOARD_URL = "http://127.0.0.1:3000/d/gangflow-gangs/gangflow"
 
 
 @dataclass
@@ -24,6 +26,8 @@ class AirflowUI:
     home: Path
     log: Path
     password: str
+    mlflow_ui_url: str = MLFLOW_UI_URL  # what the training task's links point to (GANGFLOW_MLFLOW_UI_URL)
+    dashboard_url: str = DASHBOARD_URL  # (GANGFLOW_DASHBOARD_URL)
     _token: str = field(default="", repr=False)
 
     def api(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
@@ -65,6 +69,10 @@ class AirflowUI:
     def task_states(self, run_id: str) -> dict[str, tuple[str | None, int]]:
         tis = self.get(f"dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances")["task_instances"]
         return {ti["task_id"]: (ti["state"], ti["try_number"]) for ti in tis}
+
+    def links(self, run_id: str, task_id: str) -> dict:
+        """The task's extra links as the API gives them: {name: url}."""
+        return self.get(f"dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{task_id}/links")
 
     def xcom(self, run_id: str, task_id: str, key: str = "return_value"):
         return self.get(f"dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{task_id}/xcomEntries/{key}")["value"]

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from airflow_ui import DAG_ID, AirflowUI, wait_for
+from airflow_ui import DAG_ID, DASHBOARD_URL, MLFLOW_UI_URL, AirflowUI, wait_for
 from pipeline_runs import pipeline_env, setup_state
 
 CHROMIUM = os.environ.get("GANGFLOW_CHROMIUM", "/usr/bin/chromium")
@@ -40,7 +40,9 @@ def airflow_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowUI]:
         # The environment `make ui` would see for this state dir, nothing from the outer shell.
         for key in [k for k in os.environ if k.startswith(("AIRFLOW", "MLFLOW", "GANGFLOW"))]:
             mp.delenv(key)
-        for key, value in pipeline_env(home).items():
+        # URLs the training task's extra links point to (never opened: the test checks the links)
+        links = {"GANGFLOW_MLFLOW_UI_URL": MLFLOW_UI_URL, "GANGFLOW_DASHBOARD_URL": DASHBOARD_URL}
+        for key, value in pipeline_env(home, **links).items():
             mp.setenv(key, value)
         proc, url = ui.start(ui.free_port(), log)
     try:

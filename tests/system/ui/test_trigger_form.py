@@ -140,6 +140,20 @@ def test_trigger_form_runs_the_pipeline(airflow_ui, page: Page):
     expect(page.get_by_text(f'"model_version": "{decision["model_version"]}"')).to_be_visible()
     page.shots("promote-xcom")
 
+    # issue 26 item 3: the training task's progress (XCom) and its links to the MLflow run and the dashboard
+    training = airflow_ui.xcom(run_id, "train_local_1")
+    assert airflow_ui.xcom(run_id, "train_local_1", "progress") == {"step": 40, "total": 40, "percent": 100, "done": True}
+    links = airflow_ui.links(run_id, "train_local_1")
+    assert links["MLflow run"].startswith(f"{airflow_ui.mlflow_ui_url}/#/experiments/") and links["MLflow run"].endswith(training["mlflow_run_id"])
+    assert links["Dashboard"] == f"{airflow_ui.dashboard_url}?var-mlflow_run_id={training['mlflow_run_id']}"
+    page.goto(airflow_ui.page_url("runs", run_id, "tasks", "train_local_1"))
+    for name in ("MLflow run", "Dashboard"):
+        expect(page.get_by_text(name, exact=True).first).to_be_visible()
+    page.shots("training-links")
+    page.goto(airflow_ui.page_url("runs", run_id, "tasks", "train_local_1", "xcom"))
+    expect(page.get_by_text("progress", exact=True).first).to_be_visible()
+    page.shots("training-progress-xcom")
+
     from mlflow import MlflowClient
 
     registered = MlflowClient(f"sqlite:///{airflow_ui.home / 'mlflow.db'}").get_model_version(

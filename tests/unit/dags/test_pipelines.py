@@ -108,7 +108,7 @@ def test_a_new_pipeline_file_is_a_new_dag_with_its_own_backend_and_gate(tmp_path
                           env=pipeline_env(tmp_path / "home", GANGFLOW_PIPELINES=str(tmp_path)))  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     shape = json.loads(done.stdout.strip().splitlines()[-1])
-    assert shape["dags"] == ["publish_dataset", "publish_third", "train_pipeline", "train_third"]
+    assert shape["dags"] == ["platform_baseline", "publish_dataset", "publish_third", "train_pipeline", "train_third"]
     assert shape["task"] == "regression"  # from the trainer config it names
     assert "train_slurm" in shape["tasks"] and "train_kubernetes" in shape["tasks"]
     assert shape["params"]["backend"]["enum"] == ["local", "kubernetes", "ray", "slurm"]
@@ -117,7 +117,7 @@ def test_a_new_pipeline_file_is_a_new_dag_with_its_own_backend_and_gate(tmp_path
     assert (shape["floor"], shape["out"], shape["model"]) == (50.0, "data/third", "gangflow-third")
     # Each DAG names its pipeline (a tag): `make demo` reads it from there, not back from the dag_id.
     assert shape["pipelines"] == {"publish_dataset": "digits", "publish_third": "third", "train_pipeline": "digits",
-                                  "train_third": "third"}
+                                  "train_third": "third", "platform_baseline": None}  # the platform's, no pipeline's
 
 
 def test_admission_picks_a_registered_backends_task(monkeypatch):

@@ -33,7 +33,8 @@ def test_dag_shape_schedule_and_pools(tmp_path):
     )
     shape = json.loads(last_line_of_python(code, tmp_path))
     assert {"publish_dataset", "publish_diabetes", "train_diabetes", "train_pipeline"} <= set(shape["dags"])
-    assert not [d for d in shape["dags"] if not d.startswith(("publish_", "train_"))]  # one pair per pipeline file
+    # one pair per pipeline file, and the platform's baseline
+    assert not [d for d in shape["dags"] if not d.startswith(("publish_", "train_")) and d != "platform_baseline"]
     for n in (1, 2, 4, 8):
         assert shape["tasks"][f"train_local_{n}"] == ["gangflow_training", n]
     assert {"validate_dataset", "admit_gang", "training_result", "evaluate", "promote", "train_kubernetes", "train_ray"} <= set(shape["tasks"])
@@ -42,3 +43,21 @@ def test_dag_shape_schedule_and_pools(tmp_path):
          "checkpoint_every_steps", "promotion_floor", "min_improvement"]
     )  # fmt: skip
     assert shape["schedule"] == "AssetOrTimeSchedule" and shape["doc"] and "gangflow" in shape["tags"]
+
+
+def test_platform_baseline_runs_on_the_runtime_asset_with_one_measurement_at_a_time(tmp_path):
+    code = (
+        "import json\n"
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        "bag = DagBag(dag_folder='dags')\n"
+        "assert not bag.import_errors, bag.import_errors\n"
+        "dag = bag.dags['platform_baseline']\n"
+        "print(json.dumps({'up': {t.task_id: sorted(t.upstream_task_ids) for t in dag.tasks}, 'schedule': type(dag.timetable).__name__,\n"
+        "  'assets': repr(dag.timetable.asset_condition),\n"
+        "  'params': sorted(dag.params.keys())}))"
+    )
+    shape = json.loads(last_line_of_python(code, tmp_path))
+    assert shape["up"] == {"collectives": [], "storage": ["collectives"], "step_time": ["storage"],
+                           "record": ["collectives", "step_time", "storage"], "check": ["record"]}
+    assert shape["schedule"] == "AssetTriggeredTimetable" and "gangflow-runtime" in shape["assets"]
+    assert shape["params"] == ["pipelines", "step_time_steps", "threshold", "world_size"]

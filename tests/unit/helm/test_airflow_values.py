@@ -108,7 +108,7 @@ def test_the_gang_task_id_is_the_dags(airflow_values, project_root):
 
 def test_mlflow_uri_is_the_gangflow_charts_service(airflow_values, render):
     (env,) = [e for e in airflow_values["env"] if e["name"] == "MLFLOW_TRACKING_URI"]
-    runtime_maps = [o for o in render() if o["kind"] == "ConfigMap"]
+    runtime_maps = [o for o in render() if o["kind"] == "ConfigMap" and "runtime.yaml" in o["data"]]
     runtime = yaml.safe_load(runtime_maps[0]["data"]["runtime.yaml"])
     assert env["value"] == runtime["mlflowTrackingUri"]
 

@@ -17,8 +17,10 @@ ALL_OFF = {
     "networkPolicy": {"enabled": False},
     "mlflow": {"enabled": False},
     "runtime": {"enabled": False},
+    "metrics": {"scrapeConfig": {"enabled": False}, "dashboard": {"enabled": False}},
     "training": {"serviceAccount": {"create": False}, "checkpoint": {"createPvc": False}},
 }
+METRICS_OFF = ALL_OFF["metrics"]
 
 TWO_TEAMS = [{"name": "vision", "namespace": "team-vision"}, {"name": "nlp", "namespace": "team-nlp"}]
 
@@ -89,7 +91,7 @@ def test_defaults_render_the_expected_objects(render):
         "Role": 1, "RoleBinding": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "ServiceAccount": 2,
         "ResourceFlavor": 1, "ClusterQueue": 1, "LocalQueue": 1, "WorkloadPriorityClass": 3,
         "PriorityClass": 2, "NetworkPolicy": 2, "Deployment": 1, "Service": 1,
-        "ConfigMap": 1, "PersistentVolumeClaim": 1,
+        "ConfigMap": 3, "PersistentVolumeClaim": 1,  # runtime, scrape configuration, dashboard
     }
 
 
@@ -105,7 +107,7 @@ def test_all_toggles_off_render_nothing(render):
     ({"priorityClasses": {"enabled": False}, "training": {"priorityClassName": ""}}, {"PriorityClass"}),
     ({"networkPolicy": {"enabled": False}}, {"NetworkPolicy"}),
     ({"mlflow": {"enabled": False}}, {"Deployment", "Service"}),
-    ({"runtime": {"enabled": False}}, {"ConfigMap"}),
+    ({"runtime": {"enabled": False}, "metrics": METRICS_OFF}, {"ConfigMap"}),
 ])
 def test_each_toggle_removes_its_objects(render, toggle, kinds):
     before = {o["kind"] for o in render()}
@@ -143,9 +145,9 @@ def test_kueue_objects_follow_values(render, kinds):
     assert [level["nodeLabel"] for level in topology["spec"]["levels"]] == [
         "cloud.example.com/block", "kubernetes.io/hostname"]
     assert {f["spec"]["topologyName"] for f in kinds(objects, "ResourceFlavor")} == {"gangflow"}
-    # Per-team objects land in every team namespace.
+    # Per-team objects land in every team namespace (MLflow's and the metrics ConfigMaps: the release's).
     for kind in ("Role", "RoleBinding", "ConfigMap", "NetworkPolicy", "PersistentVolumeClaim"):
-        per_team = [o for o in kinds(objects, kind) if o["metadata"]["labels"].get("app.kubernetes.io/component") != "mlflow"]
+        per_team = [o for o in kinds(objects, kind) if o["metadata"]["labels"].get("app.kubernetes.io/component") not in ("mlflow", "metrics")]
         assert {o["metadata"]["namespace"] for o in per_team} == {"team-vision", "team-nlp"}, kind
     training_sas = [o for o in kinds(objects, "ServiceAccount") if o["metadata"]["name"] == "gangflow-training"]
     assert {o["metadata"]["namespace"] for o in training_sas} == {"team-vision", "team-nlp"}

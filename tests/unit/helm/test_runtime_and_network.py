@@ -17,7 +17,7 @@ CONTRACT_KEYS = {
 }
 OFF_BY_DEFAULT = {"topology", "exclusivePlacement", "mlflowSecretRef"}
 # Keys the backend reads beyond the contract (operators/kubernetes/runtime.py): pod identity of the ranks.
-BACKEND_EXTRAS = {"trainingRuntime", "runAsUser", "runAsGroup", "fsGroup"}
+BACKEND_EXTRAS = {"trainingRuntime", "runAsUser", "runAsGroup", "fsGroup", "metricsPort"}
 TRAINING_LABELS = {"app.kubernetes.io/name": "gangflow", "app.kubernetes.io/component": "training"}
 
 
@@ -125,11 +125,15 @@ def netpol(objects):
     return policy["spec"]
 
 
-def test_training_ingress_only_from_other_ranks(render):
+def test_training_ingress_only_from_other_ranks_and_prometheus(render):
     spec = netpol(render())
     assert spec["podSelector"] == {"matchLabels": TRAINING_LABELS}
     assert spec["policyTypes"] == ["Ingress", "Egress"]
-    (rule,) = spec["ingress"]
+    (rule, prometheus) = spec["ingress"]
+    # Prometheus, on the metrics port only (tests/unit/helm/test_metrics.py)
+    assert prometheus == {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+                          "ports": [{"protocol": "TCP", "port": 9400}]}
     assert rule["from"] == [{"podSelector": {"matchLabels": TRAINING_LABELS}}]  # same namespace only
     assert rule["ports"] == [{"protocol": "TCP", "port": 1024, "endPort": 65535}]
     assert 1024 <= 29500 <= 65535  # rendezvous port inside the collective range

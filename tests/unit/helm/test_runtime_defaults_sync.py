@@ -40,7 +40,7 @@ def test_values_yaml_training_section_matches(project_root):
     training = yaml.safe_load((project_root / "helm" / "gangflow" / "values.yaml").read_text())["training"]
     defaults = default_runtime_mapping()
     for key in ("shmSize", "ncclEnv", "nodeSelector", "tolerations", "terminationGracePeriodSeconds", "rendezvousPort",
-                "admissionTimeoutSeconds", "startupTimeoutSeconds", "trainingRuntime", "runAsUser", "runAsGroup", "fsGroup", "api"):
+                "admissionTimeoutSeconds", "startupTimeoutSeconds", "trainingRuntime", "runAsUser", "runAsGroup", "fsGroup", "api", "metricsPort"):
         assert training[key] == defaults[key], key
     assert {k: str(v) if k != "gpu" else v for k, v in training["resources"].items()} == defaults["resources"]
     assert (training["procsPerPod"] or None) == RuntimeDefaults.__dataclass_fields__["procs_per_pod"].default

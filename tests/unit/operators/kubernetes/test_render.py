@@ -122,7 +122,8 @@ def test_render_trainjob_validates(crd_registry):
     assert tj["spec"]["trainer"]["numNodes"] == 4
     assert tj["spec"]["runtimeRef"] == {"name": "torch-distributed", "kind": "ClusterTrainingRuntime", "apiGroup": "trainer.kubeflow.org"}
     patch = tj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
-    assert patch["metadata"]["annotations"] == {"kueue.x-k8s.io/podset-required-topology": "cloud.google.com/gke-nodepool"}
+    assert patch["metadata"]["annotations"] == {"kueue.x-k8s.io/podset-required-topology": "cloud.google.com/gke-nodepool",
+                                                "gangflow.io/metrics-port": "9400"}
     assert patch["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
     assert patch["spec"]["securityContext"]["runAsNonRoot"] is True
 
@@ -145,7 +146,8 @@ def test_kueue_topology_priority_and_exclusive_placement(crd_registry):
     assert js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
     assert js["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "training-high"
     template = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
-    assert template["metadata"]["annotations"] == {"kueue.x-k8s.io/podset-preferred-topology": "cloud.google.com/gke-nodepool"}
+    assert template["metadata"]["annotations"] == {"kueue.x-k8s.io/podset-preferred-topology": "cloud.google.com/gke-nodepool",
+                                                   "gangflow.io/metrics-port": "9400"}
     spec = template["spec"]
     assert spec["priorityClassName"] == "gangflow-training"
     assert spec["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}

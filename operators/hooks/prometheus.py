@@ -1,0 +1,106 @@
+"""The training task's Prometheus exporter for a local gang (`GangExporter`), docs/observability.md.
+
+While the gang runs the task serves `trainer.prometheus.GangMetrics` on `GANGFLOW_METRICS`
+(HOST:PORT) and writes a Prometheus `file_sd_configs` target file for it under the state dir
+(`prometheus/targets/<gang>.json`), removed when the exporter closes. The relay feeds it the
+ranks' metrics.jsonl lines; the task adds how the gang ended (failure kind, per-rank exit codes).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from operators.config import settings
+from trainer.prometheus import GangMetrics, serve
+from trainer.storage import write_json
+from trainer.tracking import METRICS
+
+
+def metrics_query(mlflow_run_id: str) -> str:
+    """The PromQL selector of one run's series: the link the MLflow run carries back."""
+    return f'{{__name__=~"gangflow_.+",mlflow_run_id="{mlflow_run_id}"}}'
+
+
+class GangExporter:
+    """Serve one gang's metrics from this process; `close()` lingers, then stops and deregisters."""
+
+    def __init__(self, labels: Mapping[str, str], *, address: tuple[str, int], targets_dir: Path,
+                 linger_s: float = 0.0, log: Callable[[str], None] = print):
+        self.metrics = GangMetrics(labels)
+        self.linger_s = linger_s
+        self.log = log
+        self._server, (host, port) = serve(self.metrics, *address)
+        self.url = f"http://{host}:{port}/metrics"
+        name = self.metrics.labels.get("gang") or f"gang-{port}"
+        self.target_file = Path(targets_dir) / f"{name}.json"
+        self._closed = threading.Event()
+        self._earlier: list[dict] = []
+        self._write_target(f"{host}:{port}")
+        log(f"gangflow: Prometheus metrics of this gang at {self.url} (scrape target in {self.target_file})")
+
+    @classmethod
+    def from_settings(cls, labels: Mapping[str, str], *, log: Callable[[str], None] = print) -> GangExporter | None:
+        """The exporter `GANGFLOW_METRICS` asks for, or None when it is off."""
+        address = settings.metrics_address()
+        if address is None:
+            return None
+        return cls(labels, address=address, targets_dir=settings.metrics_targets_dir(),
+                   linger_s=settings.metrics_linger_s(), log=log)
+
+    def _write_target(self, target: str) -> None:
+        # No target labels: the series carry the gang's own, and a target label of the same name
+        # would rename theirs to exported_<name>.
+        write_json(self.target_file, [{"targets": [target], "labels": {}}])
+
+    def read_earlier_tries(self, run_dir: str | Path) -> None:
+        """Keep the preemptions of earlier tries of this run dir (the relay reads only this try's
+        lines); call before the relay starts. They are counted at `begin`."""
+        try:
+            lines = (Path(run_dir) / METRICS).read_text(errors="replace").splitlines()
+        except OSError:
+            return
+        for line in lines:
+            if '"preempted"' in line:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and record.get("event") == "preempted":
+                    self._earlier.append(record)
+
+    def begin(self, *, mlflow_run_id: str, attempt: int) -> None:
+        """The MLflow run is open: the series start, labelled with its id."""
+        self.metrics.set_labels(mlflow_run_id=mlflow_run_id)
+        self.metrics.started(attempt)
+        self.observe(self._earlier)
+
+    def observe(self, records: Iterable[Mapping[str, Any]]) -> None:
+        for record in records:
+            self.metrics.observe(record)
+
+    def close(self) -> None:
+        """Stay up `linger_s` (a scrape sees the final values), then stop and remove the target file."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        if self.linger_s > 0:
+            self.log(f"gangflow: metrics stay at {self.url} for {self.linger_s:g}s (GANGFLOW_METRICS_LINGER_S)")
+            threading.Event().wait(self.linger_s)
+        self.target_file.unlink(missing_ok=True)
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def publish_promotion(labels: Mapping[str, str], *, mlflow_run_id: str, model_name: str, model_version: str | None,
+                      promoted: bool, log: Callable[[str], None] = print) -> None:
+    """Promote's series (`gangflow_model_version`), served for one linger when `GANGFLOW_METRICS` is on."""
+    exporter = GangExporter.from_settings(labels, log=log)
+    if exporter is None:
+        return
+    exporter.metrics.set_labels(mlflow_run_id=mlflow_run_id)
+    exporter.metrics.promoted(model_name=model_name, model_version=model_version, promoted=promoted)
+    exporter.close()

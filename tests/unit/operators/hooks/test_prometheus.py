@@ -1,0 +1,68 @@
+"""The training task's exporter (operators/hooks/prometheus.py) and its settings: a scrape target
+file while it serves, gone once it closed; preemptions of earlier tries counted; bad settings refused
+naming the variable. The real Prometheus scrape is tests/system/dags/test_prometheus.py."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from operators.config import settings
+from operators.hooks.prometheus import GangExporter, metrics_query
+
+LABELS = {"dag_id": "d", "dag_run_id": "r", "pipeline": "digits", "gang": "d-0123456789"}
+
+
+def test_the_exporter_registers_a_target_serves_and_deregisters(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"event": "preempted", "step": 7}) + "\n{torn\n")
+    exporter = GangExporter(LABELS, address=("127.0.0.1", 0), targets_dir=tmp_path / "targets", log=lambda m: None)
+    exporter.read_earlier_tries(run_dir)
+    exporter.begin(mlflow_run_id="run-1", attempt=2)
+    exporter.observe([{"step": 3, "loss": 2.0}])
+    [target] = json.loads(exporter.target_file.read_text())
+    assert exporter.url == f"http://{target['targets'][0]}/metrics" and target["labels"] == {}
+    body = urllib.request.urlopen(exporter.url, timeout=10).read().decode()
+    assert 'gangflow_preemptions_total{dag_id="d",dag_run_id="r",gang="d-0123456789",mlflow_run_id="run-1",pipeline="digits"} 1.0' in body
+    assert 'gangflow_restarts{dag_id="d",dag_run_id="r",gang="d-0123456789",mlflow_run_id="run-1",pipeline="digits"} 1.0' in body
+    assert 'gangflow_loss{' in body and 'rank="0"} 2.0' in body
+    exporter.close()
+    assert not exporter.target_file.exists()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(exporter.url, timeout=2)
+
+
+@pytest.mark.parametrize("value", ["9400", "host:port", "127.0.0.1:70000", ":1"])
+def test_a_bad_metrics_address_is_refused_naming_the_variable(monkeypatch, value):
+    monkeypatch.setenv("GANGFLOW_METRICS", value)
+    with pytest.raises(ValueError, match="GANGFLOW_METRICS=.*accepted values are off or HOST:PORT"):
+        settings.metrics_address()
+
+
+def test_metrics_are_off_unless_asked_and_the_linger_is_bounded(monkeypatch):
+    monkeypatch.delenv("GANGFLOW_METRICS", raising=False)
+    assert settings.metrics_address() is None and GangExporter.from_settings(LABELS) is None
+    monkeypatch.setenv("GANGFLOW_METRICS", "127.0.0.1:0")
+    assert settings.metrics_address() == ("127.0.0.1", 0)
+    monkeypatch.setenv("GANGFLOW_METRICS_LINGER_S", "-1")
+    with pytest.raises(ValueError, match="GANGFLOW_METRICS_LINGER_S='-1': accepted values are seconds from 0 to 600"):
+        settings.metrics_linger_s()
+
+
+def test_the_link_back_selects_the_runs_series(monkeypatch):
+    assert metrics_query("abc") == '{__name__=~"gangflow_.+",mlflow_run_id="abc"}'
+    monkeypatch.setenv("GANGFLOW_DASHBOARD_URL", "https://grafana.example/d/gangflow-gangs/gangflow?orgId=1")
+    assert settings.dashboard_url("abc") == "https://grafana.example/d/gangflow-gangs/gangflow?orgId=1&var-mlflow_run_id=abc"
+
+
+def test_a_taken_port_is_an_oserror_the_task_turns_into_a_warning(tmp_path):
+    first = GangExporter(LABELS, address=("127.0.0.1", 0), targets_dir=tmp_path, log=lambda m: None)
+    try:
+        port = int(first.url.rsplit(":", 1)[1].split("/")[0])
+        with pytest.raises(OSError):
+            GangExporter({**LABELS, "gang": "other"}, address=("127.0.0.1", port), targets_dir=tmp_path, log=lambda m: None)
+    finally:
+        first.close()

@@ -1,0 +1,30 @@
+"""The baseline's comparison (operators/baseline.py): direction per figure, the threshold, and the
+first baseline with nothing to compare with. The DAG twice: tests/system/dags/test_baseline.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from operators.baseline import compare, higher_is_better, regression_message
+
+
+def test_directions():
+    assert higher_is_better("allreduce_busbw_gbps_r2_1mb") and higher_is_better("storage_read_mbps")
+    assert not higher_is_better("step_time_ms_digits_r2")
+
+
+def test_only_figures_worse_beyond_the_threshold_regress():
+    accepted = {"allreduce_busbw_gbps_r2_1mb": 10.0, "storage_read_mbps": 100.0, "step_time_ms_digits_r1": 10.0, "gone": 1.0}
+    now = {"allreduce_busbw_gbps_r2_1mb": 7.0, "storage_read_mbps": 80.0, "step_time_ms_digits_r1": 13.0, "new": 5.0}
+    result = compare(now, accepted, threshold=0.25, accepted_run="r1")
+    assert result.compared_with == "r1"
+    assert [(r["figure"], r["worse_by"]) for r in result.regressions] == [("allreduce_busbw_gbps_r2_1mb", 0.3),
+                                                                         ("step_time_ms_digits_r1", 0.3)]
+    summary = {"regressions": result.regressions, "threshold": 0.25, "compared_with": "r1"}
+    assert regression_message(summary).startswith("2 figure(s) regressed beyond 25% against accepted baseline r1: allreduce_busbw_gbps_r2_1mb 7 vs 10")
+
+
+def test_better_figures_and_the_first_baseline_do_not_regress():
+    assert compare({"step_time_ms_x_r1": 5.0}, {"step_time_ms_x_r1": 10.0}, threshold=0.1).regressions == []
+    first = compare({"step_time_ms_x_r1": 5.0}, None, threshold=0.1)
+    assert (first.compared_with, first.regressions) == (None, [])
