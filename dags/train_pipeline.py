@@ -218,7 +218,7 @@ def build_pipeline_dag(p: PipelineConfig):
             "train.batch_size": "{{ params.batch_size }}",
             "checkpoint.every_steps": "{{ params.checkpoint_every_steps }}",
         }
-        user_code = p.training_kwargs()  # training code of one's own (the pipeline's `training:`), if any
+        user_code = p.training_kwargs()  # the package roots and training code of one's own (`training:`), if any
         gangs = [
             classes["train"](
                 task_id=f"train_local_{n}", world_size=n, backend="local", pool=settings.TRAINING_POOL, pool_slots=n,

@@ -101,15 +101,17 @@ class PipelineConfig:
     training: Mapping[str, Any] | None = None  # the `training:` section as written
 
     def training_kwargs(self) -> dict[str, Any]:
-        """GangTrainingOperator's arguments for the pipeline's own training code ({} for gangflow's loop).
-        The ranks get the package roots inside the project, relative to it (a pod has them below /app)."""
-        if not self.training_code:
-            return {}
+        """GangTrainingOperator's arguments for the pipeline's own training code and package roots
+        ({} for gangflow's loop without any). The ranks get the package roots inside the project,
+        relative to it (a pod has them below /app)."""
         project = settings.PROJECT_ROOT.resolve()
-        inside = [Path(root).relative_to(project).as_posix() for root in self.package_roots
-                  if Path(root).is_relative_to(project)]
-        return {"entrypoint": self.training.get("entrypoint"), "entrypoint_kwargs": self.training.get("kwargs"),
-                "command": self.training.get("command"), "package_roots": tuple(inside)}
+        inside = tuple(Path(root).relative_to(project).as_posix() for root in self.package_roots
+                       if Path(root).is_relative_to(project))
+        kwargs: dict[str, Any] = {"package_roots": inside} if inside else {}
+        if self.training_code:
+            kwargs |= {"entrypoint": self.training.get("entrypoint"), "entrypoint_kwargs": self.training.get("kwargs"),
+                       "command": self.training.get("command")}
+        return kwargs
 
     @property
     def dataset_asset_uri(self) -> str:

@@ -226,3 +226,31 @@ def make_dvc_remote(root: Path, files: dict[str, bytes]) -> str:
 @pytest.fixture(scope="session")
 def make_remote():
     return make_dvc_remote
+
+
+@pytest.fixture()
+def runtime_env(tmp_path, monkeypatch):
+    """Make `trainer.runtime.Run`s of one rank, run dir tmp_path/run; closes them and restores
+    SIGTERM's handler afterwards."""
+    import signal
+
+    from trainer import runtime
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GANGFLOW_FAULT", "GANGFLOW_ALLOW_FAULTS", "MLFLOW_TRACKING_URI",
+                "MLFLOW_RUN_ID", runtime.ENV_DATA_REMOTE, runtime.ENV_DATA_VERSION):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv(runtime.ENV_RUN_DIR, str(tmp_path / "run"))
+    monkeypatch.setenv(runtime.ENV_CODE, "tests:train")
+    monkeypatch.setenv(runtime.ENV_PROGRESS, "0")
+    previous = signal.getsignal(signal.SIGTERM)
+    runs: list[runtime.Run] = []
+
+    def make(**kwargs) -> runtime.Run:
+        run = runtime.Run(device="cpu", **kwargs)
+        runs.append(run)
+        return run
+
+    yield make
+    for run in runs:
+        run.close(status=None)
+    signal.signal(signal.SIGTERM, previous)

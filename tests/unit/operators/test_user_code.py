@@ -46,6 +46,8 @@ def test_an_entrypoint_and_a_command_become_trainer_user_targets():
     assert _parse(training={"command": ["python", "examples/digits_cnn/train.py", "-v"]}).training_code == (
         "--script", "examples/digits_cnn/train.py", "--", "-v")
     assert _parse().training_code == () and _parse().training_kwargs() == {}
+    # gangflow's loop with a model factory in the user's package: the ranks (and pods) get its root too
+    assert _parse(package_roots=["examples"]).training_kwargs() == {"package_roots": ("examples",)}
 
 
 @pytest.mark.parametrize(("change", "needle"), [

@@ -27,29 +27,14 @@ pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate
 
 
 @pytest.fixture()
-def env(tmp_path, monkeypatch):
-    """Make `Run`s of one rank on tmp_path/run; closes them and restores SIGTERM's handler."""
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GANGFLOW_FAULT", "GANGFLOW_ALLOW_FAULTS", "MLFLOW_TRACKING_URI",
-                "MLFLOW_RUN_ID", runtime.ENV_DATA_REMOTE, runtime.ENV_DATA_VERSION):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv(runtime.ENV_RUN_DIR, str(tmp_path / "run"))
+def env(runtime_env, tmp_path, monkeypatch):
+    """Make `Run`s of one rank on tmp_path/run (tests/support/trainer_fixtures.py), keep_last 2,
+    scratch under tmp_path."""
     monkeypatch.setenv(runtime.ENV_CODE, "tests:integrations")
-    monkeypatch.setenv(runtime.ENV_PROGRESS, "0")
     monkeypatch.setenv(runtime.ENV_KEEP_LAST, "2")
     monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
     (tmp_path / "scratch").mkdir()
-    previous = signal.getsignal(signal.SIGTERM)
-    runs: list[runtime.Run] = []
-
-    def make() -> runtime.Run:
-        run = runtime.Run(device="cpu")
-        runs.append(run)
-        return run
-
-    yield make
-    for run in runs:
-        run.close(status=None)
-    signal.signal(signal.SIGTERM, previous)
+    return lambda: runtime_env()
 
 
 @pytest.fixture()

@@ -20,26 +20,9 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture()
-def env(tmp_path, monkeypatch):
-    """A rank of one, its run dir under tmp_path; SIGTERM's handler restored afterwards."""
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GANGFLOW_FAULT", "GANGFLOW_ALLOW_FAULTS", "MLFLOW_TRACKING_URI",
-                "MLFLOW_RUN_ID", runtime.ENV_DATA_REMOTE, runtime.ENV_DATA_VERSION):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv(runtime.ENV_RUN_DIR, str(tmp_path / "run"))
-    monkeypatch.setenv(runtime.ENV_CODE, "tests:train")
-    monkeypatch.setenv(runtime.ENV_PROGRESS, "0")
-    previous = signal.getsignal(signal.SIGTERM)
-    runs: list[runtime.Run] = []
-
-    def make(**kwargs) -> runtime.Run:
-        run = runtime.Run(device="cpu", **kwargs)
-        runs.append(run)
-        return run
-
-    yield make
-    for run in runs:
-        run.close(status=None)
-    signal.signal(signal.SIGTERM, previous)
+def env(runtime_env):
+    """A rank of one, its run dir under tmp_path (tests/support/trainer_fixtures.py)."""
+    return runtime_env
 
 
 def committed(tmp_path) -> list[str]:
