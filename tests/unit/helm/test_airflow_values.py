@@ -31,6 +31,8 @@ OFFICIAL_CHART_KEYS = {
     # serviceAccount has automountServiceAccountToken; airflowLocalSettings is a templated string)
     "triggerer.serviceAccount.automountServiceAccountToken", "airflowLocalSettings",
     "scheduler", "scheduler.extraInitContainers",  # list of Kubernetes Containers (templated)
+    # chart/values.yaml: "Extra volumes for workers, including pod_template_file" (lists of Volumes/VolumeMounts)
+    "workers.extraVolumes", "workers.extraVolumeMounts",
 }
 # Below these paths the official chart takes free-form content (airflow.cfg options, ResourceRequirements).
 FREE_FORM = ("config.core.", "workers.resources.")
@@ -129,3 +131,14 @@ def test_scheduler_init_container_creates_the_training_pool(airflow_values, vali
     container["image"] = f"{images['repository']}@{images['digest']}"
     validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "scheduler"},
               "spec": {"initContainers": [container], "containers": [{"name": "scheduler", "image": container["image"]}]}})
+
+
+def test_every_task_pod_reads_the_same_registry_key_from_a_secret(airflow_values):
+    """Models are signed by the training task and checked by evaluate/promote (docs/registry.md):
+    every task pod mounts one Secret's key read-only and names it by GANGFLOW_REGISTRY_KEY_FILE."""
+    env = {item["name"]: item["value"] for item in airflow_values["env"]}
+    (volume,) = [v for v in airflow_values["workers"]["extraVolumes"] if v["name"] == "registry-key"]
+    (mount,) = [m for m in airflow_values["workers"]["extraVolumeMounts"] if m["name"] == "registry-key"]
+    assert volume["secret"]["secretName"] == "gangflow-registry-key" and mount["readOnly"] is True
+    path = f"{mount['mountPath']}/{volume['secret']['items'][0]['path']}"
+    assert env["GANGFLOW_REGISTRY_KEY_FILE"] == path
