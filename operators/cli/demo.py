@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run_here(args.pipeline, conf, args.summary_file)
     embedded.apply()
     from operators.config.pipelines import PipelineConfigError, pipeline
-    from operators.utils.processes import stop_tree
+    from operators.utils.processes import stop_tree, tagged_env
 
     try:
         config = pipeline(args.pipeline)
@@ -262,16 +262,17 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, _stop_signal)
     command = [sys.executable, "-m", "operators.cli.demo", "--pipeline", config.name, "--conf", json.dumps(conf),
                "--summary-file", str(summary_file)]
+    env = tagged_env(_child_env(list(config.package_roots)))  # stop_tree finds every process of the run by it
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                cwd=settings.PROJECT_ROOT, env=_child_env(list(config.package_roots)))  # fmt: skip
+                                cwd=settings.PROJECT_ROOT, env=env)  # fmt: skip
     try:
         code = proc.wait()
     except KeyboardInterrupt as stop:
         for signum in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not orphan the run
             signal.signal(signum, signal.SIG_IGN)
         print(f"gangflow demo: {stop} received, stopping the run ...", file=sys.stderr, flush=True)
-        stop_tree(proc, grace=5)
+        stop_tree(proc, grace=5, env=env)
         summary = failed_summary(config, "interrupted", f"stopped by {stop} (the run and its gang were ended)", conf)
         code = 128 + (signal.SIGTERM if str(stop) == "SIGTERM" else signal.SIGINT)
     else:

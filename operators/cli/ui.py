@@ -24,7 +24,7 @@ from pathlib import Path
 from operators.config import embedded
 
 from operators.config import settings
-from operators.utils.processes import stop_tree
+from operators.utils.processes import stop_tree, tagged_env
 
 # Components `wait_healthy` waits for (the triggerer is not needed to run train_pipeline).
 REQUIRED_COMPONENTS = ("metadatabase", "scheduler", "dag_processor")
@@ -165,12 +165,14 @@ def start(
     # off, so every server binds 127.0.0.1), then this venv's.
     shim = airflow_shim(settings.state_dir() / "bin")
     env["PATH"] = os.pathsep.join([str(shim.parent), str(Path(sys.executable).parent), env.get("PATH", "")])
+    env = tagged_env(env)  # `stop` finds every process standalone started by it
     out = open(log_path, "ab") if log_path else None
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "airflow", "standalone"], env=env, start_new_session=True,
             cwd=settings.PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT if out else None,
         )  # fmt: skip
+        proc.tree_env = env  # for `stop`
     finally:
         if out:
             out.close()  # the child holds its own copy
@@ -180,7 +182,7 @@ def start(
 def stop(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
     """Stop standalone and everything it started: its process group, and descendants that left
     the group (e.g. a training task's torchrun runs in a session of its own)."""
-    stop_tree(proc, timeout_s)
+    stop_tree(proc, timeout_s, env=getattr(proc, "tree_env", None))
 
 
 def _raise_keyboard_interrupt(signum, frame):

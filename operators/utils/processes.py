@@ -44,9 +44,23 @@ def stop_group_nowait(proc: subprocess.Popen, grace: float) -> threading.Timer:
     return timer
 
 
-def stop_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
+#: Set (by `tagged_env`) in the environment of a tree `stop_tree` must end whole: every process
+#: started below it inherits the tag, also one started after the tree was last looked at.
+TREE_TAG_ENV = "GANGFLOW_PROCESS_TREE"
+
+
+def tagged_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` with a fresh `TREE_TAG_ENV` tag, for the root of a tree `stop_tree` will end."""
+    import uuid
+
+    return {**env, TREE_TAG_ENV: uuid.uuid4().hex}
+
+
+def stop_tree(proc: subprocess.Popen, grace: float = 10.0, env: dict[str, str] | None = None) -> None:
     """`stop_group`, then SIGKILL every descendant that left the group (a gang's torchrun runs in a
-    session of its own): what `make ui` and `make demo` do when stopped."""
+    session of its own) and, with the `env` the tree was started with (`tagged_env`), every process
+    carrying its tag (one spawned meanwhile, e.g. a retry's new gang): what `make ui` and `make
+    demo` do when stopped."""
     import psutil  # not needed by stop_group's callers
 
     try:
@@ -54,10 +68,28 @@ def stop_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
     except psutil.NoSuchProcess:
         descendants = []
     stop_group(proc, grace)
-    alive = [p for p in descendants if p.is_running()]
-    for p in alive:
+    tag = (env or {}).get(TREE_TAG_ENV)
+    for _ in range(3 if tag else 1):  # a process forking as it dies leaves a child: look again
+        alive = [p for p in descendants if p.is_running()] + (_tagged(tag) if tag else [])
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=10)
+        if not alive:
+            break
+
+
+def _tagged(tag: str) -> list:
+    """The processes (of this user) whose environment carries `TREE_TAG_ENV=tag`."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
         try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=10)
+            if p.pid != os.getpid() and p.environ().get(TREE_TAG_ENV) == tag:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return found

@@ -71,8 +71,8 @@ class AirflowUI:
         return {ti["task_id"]: (ti["state"], ti["try_number"]) for ti in tis}
 
     def links(self, run_id: str, task_id: str) -> dict:
-        """The task's extra links as the API gives them: {name: url}."""
-        return self.get(f"dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{task_id}/links")
+        """The task's extra links as the API gives them (`extra_links`): {name: url}."""
+        return self.get(f"dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{task_id}/links")["extra_links"]
 
     def xcom(self, run_id: str, task_id: str, key: str = "return_value"):
         return self.get(f"dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{task_id}/xcomEntries/{key}")["value"]

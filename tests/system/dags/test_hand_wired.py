@@ -41,5 +41,5 @@ def test_the_guides_hand_wired_dag_runs_end_to_end(pipeline_home, tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["state"].endswith("success"), (result, done.stderr[-4000:])
-    assert str(result["model_uri"]).startswith("runs:/") and result["accuracy"] > 0.8
+    assert str(result["model_uri"]).startswith("models:/") and result["accuracy"] > 0.8
     assert result["promoted"] in (True, False)  # decided by the gate, pushed under its own key

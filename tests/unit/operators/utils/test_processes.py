@@ -9,7 +9,9 @@ import time
 
 import psutil
 
-from operators.utils.processes import stop_group, stop_group_nowait
+import os
+
+from operators.utils.processes import stop_group, stop_group_nowait, stop_tree, tagged_env
 
 # A leader whose child ignores SIGTERM and outlives it: only the group SIGKILL stops the child.
 CODE = """
@@ -68,3 +70,26 @@ def test_stop_group_nowait_timer_can_be_called_off():
     time.sleep(0.6)
     assert proc.poll() is None  # SIGTERM ignored, SIGKILL called off
     stop_group(proc, grace=0.1)
+
+
+# A leader that, when told to stop, starts a new worker in a session of its own and exits (as a
+# task that retries while being stopped starts a new gang): no snapshot of its tree holds it.
+RESPAWN = """
+import signal, subprocess, sys, time
+def respawn(*_):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    print(child.pid, flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, respawn)
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+def test_stop_tree_ends_a_process_the_tree_started_while_it_was_being_stopped():
+    env = tagged_env(dict(os.environ))
+    proc = subprocess.Popen([sys.executable, "-c", RESPAWN], stdout=subprocess.PIPE, text=True, start_new_session=True, env=env)
+    assert proc.stdout.readline().strip() == "up"
+    stop_tree(proc, grace=5.0, env=env)
+    late = int(proc.stdout.readline())
+    assert not psutil.pid_exists(late) or psutil.Process(late).status() == psutil.STATUS_ZOMBIE
