@@ -146,9 +146,12 @@ def test_trigger_form_runs_the_pipeline(airflow_ui, page: Page):
     links = airflow_ui.links(run_id, "train_local_1")
     assert links["MLflow run"].startswith(f"{airflow_ui.mlflow_ui_url}/#/experiments/") and links["MLflow run"].endswith(training["mlflow_run_id"])
     assert links["Dashboard"] == f"{airflow_ui.dashboard_url}?var-mlflow_run_id={training['mlflow_run_id']}"
-    page.goto(airflow_ui.page_url("runs", run_id, "tasks", "train_local_1"))
-    for name in ("MLflow run", "Dashboard"):
-        expect(page.get_by_text(name, exact=True).first).to_be_visible()
+    # Airflow 3's task page shows extra links (as links named by the operator link) on its Details tab
+    page.goto(airflow_ui.page_url("runs", run_id, "tasks", "train_local_1", "details"))
+    for name, url in (("MLflow run", links["MLflow run"]), ("Dashboard", links["Dashboard"])):
+        link = page.get_by_role("link", name=name, exact=True).first
+        expect(link).to_be_visible(timeout=60_000)
+        expect(link).to_have_attribute("href", url)
     page.shots("training-links")
     page.goto(airflow_ui.page_url("runs", run_id, "tasks", "train_local_1", "xcom"))
     expect(page.get_by_text("progress", exact=True).first).to_be_visible()
