@@ -20,6 +20,7 @@ class Preemption:
         self.grace_s = grace_s
         self.requested = False
         self.received_at: float | None = None
+        self._watchdog: threading.Timer | None = None
 
     def install(self) -> None:
         # Only the main thread may set a handler; a launcher that runs the trainer in a thread of
@@ -32,9 +33,16 @@ class Preemption:
             return
         self.requested = True
         self.received_at = time.monotonic()
-        timer = threading.Timer(self.grace_s, self._expire)
-        timer.daemon = True
-        timer.start()
+        self._watchdog = threading.Timer(self.grace_s, self._expire)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def disarm(self) -> None:
+        """Call off the watchdog: for a process that goes on after its trainer (a test, an
+        in-process run); a rank exits instead."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
 
     def _expire(self) -> None:
         os.write(2, f"gangflow: grace period of {self.grace_s:g}s after SIGTERM exceeded; exiting "

@@ -253,4 +253,6 @@ def runtime_env(tmp_path, monkeypatch):
     yield make
     for run in runs:
         run.close(status=None)
+        # A SIGTERM a test sent armed the rank's exit watchdog: it would end this worker process.
+        run.preemption.disarm()
     signal.signal(signal.SIGTERM, previous)
