@@ -19,8 +19,14 @@ from trainer import metrics
 ROOT = Path(__file__).resolve().parents[3]
 
 
+# A rank's variables an in-process test (Lightning's DDP setup) may have left in this worker's
+# environment: a trainer started with them waits, silently, for peers that never come.
+RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+             "OMPI_", "TORCHELASTIC_")
+
+
 def trainer_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GANGFLOW", "MLFLOW", "AWS_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GANGFLOW", "MLFLOW", "AWS_")) and not k.startswith(RANK_VARS)}
     return env | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "GANGFLOW_ALLOWED_MODELS": "trainer.models:regressor"}
 
 
