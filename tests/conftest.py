@@ -44,3 +44,17 @@ def crds_dir() -> Path:
     if not any(CRDS_DIR.glob("*.yaml")):
         pytest.fail(f"vendored upstream CRDs missing under {CRDS_DIR}: restore them from git or run operators/kubernetes/crds/refresh.py")
     return CRDS_DIR
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Every test leaves os.environ as it found it: code under test writes to it (trainer.distributed
+    exports RANK/WORLD_SIZE; trainer.user its runtime variables), and monkeypatch restores only the keys
+    it touched, so a leaked RANK made a later test's trainer wait silently for peers that never come."""
+    import os
+
+    before = dict(os.environ)
+    yield
+    if os.environ != before:
+        os.environ.clear()
+        os.environ.update(before)

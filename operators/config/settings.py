@@ -143,8 +143,8 @@ def metrics_address() -> tuple[str, int] | None:
 
 
 def metrics_linger_s() -> float:
-    """`GANGFLOW_METRICS_LINGER_S` (default 15): how long the exporter stays up after the gang
-    ended, so a scrape at that interval sees its final values (exit codes, failure kind)."""
+    """`GANGFLOW_METRICS_LINGER_S` (default 15): how long at most the exporter waits, after the gang
+    ended, for a scrape to read its final values (exit codes, failure kind)."""
     value = os.environ.get("GANGFLOW_METRICS_LINGER_S", "15")
     try:
         linger = float(value)

@@ -25,12 +25,35 @@ def metrics_query(mlflow_run_id: str) -> str:
     return f'{{__name__=~"gangflow_.+",mlflow_run_id="{mlflow_run_id}"}}'
 
 
+class _ScrapeCounter:
+    """A collector of no series that counts the scrapes of its registry."""
+
+    def __init__(self) -> None:
+        self.scrapes = 0
+        self.scraped = threading.Condition()
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> list:
+        with self.scraped:
+            self.scrapes += 1
+            self.scraped.notify_all()
+        return []
+
+    def wait_for_one_more(self, seen: int, timeout: float) -> bool:
+        with self.scraped:
+            return self.scraped.wait_for(lambda: self.scrapes > seen, timeout)
+
+
 class GangExporter:
     """Serve one gang's metrics from this process; `close()` lingers, then stops and deregisters."""
 
     def __init__(self, labels: Mapping[str, str], *, address: tuple[str, int], targets_dir: Path,
                  linger_s: float = 0.0, log: Callable[[str], None] = print):
         self.metrics = GangMetrics(labels)
+        self._scrapes = _ScrapeCounter()
+        self.metrics.registry.register(self._scrapes)
         self.linger_s = linger_s
         self.log = log
         self._server, (host, port) = serve(self.metrics, *address)
@@ -83,13 +106,15 @@ class GangExporter:
             self.metrics.observe(record)
 
     def close(self) -> None:
-        """Stay up `linger_s` (a scrape sees the final values), then stop and remove the target file."""
+        """Stay up until one scrape has read the final values, at most `linger_s`; then stop and
+        remove the target file."""
         if self._closed.is_set():
             return
         self._closed.set()
         if self.linger_s > 0:
-            self.log(f"gangflow: metrics stay at {self.url} for {self.linger_s:g}s (GANGFLOW_METRICS_LINGER_S)")
-            threading.Event().wait(self.linger_s)
+            seen = self._scrapes.scrapes
+            self.log(f"gangflow: metrics stay at {self.url} until the next scrape, at most {self.linger_s:g}s (GANGFLOW_METRICS_LINGER_S)")
+            self._scrapes.wait_for_one_more(seen, self.linger_s)
         self.target_file.unlink(missing_ok=True)
         self._server.shutdown()
         self._server.server_close()

@@ -76,7 +76,7 @@ def _query(url: str, promql: str) -> list[dict]:
 @pytest.mark.slow
 def test_a_gang_is_scraped_and_its_series_are_found_by_mlflow_run_id(pipeline_home, prometheus, tmp_path):
     summary, output, code = run_pipeline(pipeline_home, {**FAST, "max_steps": 40}, tmp_path / "run.log",
-                                         GANGFLOW_METRICS="127.0.0.1:0", GANGFLOW_METRICS_LINGER_S=str(5 * SCRAPE_S),
+                                         GANGFLOW_METRICS="127.0.0.1:0", GANGFLOW_METRICS_LINGER_S="60",
                                          GANGFLOW_LOG_FORMAT="json")
     assert code == 0, output[-6000:]
     assert "Prometheus metrics of this gang at http://127.0.0.1:" in output

@@ -5,6 +5,8 @@ naming the variable. The real Prometheus scrape is tests/system/dags/test_promet
 from __future__ import annotations
 
 import json
+import threading
+import time
 import urllib.request
 
 import pytest
@@ -66,3 +68,29 @@ def test_a_taken_port_is_an_oserror_the_task_turns_into_a_warning(tmp_path):
             GangExporter({**LABELS, "gang": "other"}, address=("127.0.0.1", port), targets_dir=tmp_path, log=lambda m: None)
     finally:
         first.close()
+
+
+def test_close_lingers_until_a_scrape_reads_the_final_values_and_no_longer(tmp_path):
+    exporter = GangExporter(LABELS, address=("127.0.0.1", 0), targets_dir=tmp_path, linger_s=30, log=lambda m: None)
+    exporter.metrics.set_labels(mlflow_run_id="r1")
+    exporter.metrics.promoted(model_name="m", model_version="3", promoted=True)
+    bodies: list[str] = []
+
+    def scrape_later():
+        time.sleep(0.5)
+        bodies.append(urllib.request.urlopen(exporter.url, timeout=10).read().decode())
+
+    scraper = threading.Thread(target=scrape_later)
+    started = time.monotonic()
+    scraper.start()
+    exporter.close()  # returns after that scrape, well before the 30 s linger
+    waited = time.monotonic() - started
+    scraper.join()
+    assert 0.4 < waited < 10, waited
+    assert 'model_version="3"' in bodies[0]
+    assert not exporter.target_file.exists()
+
+    quiet = GangExporter({**LABELS, "gang": "quiet"}, address=("127.0.0.1", 0), targets_dir=tmp_path, linger_s=0.3, log=lambda m: None)
+    started = time.monotonic()
+    quiet.close()  # nobody scrapes: the linger bounds the wait
+    assert 0.25 < time.monotonic() - started < 5
