@@ -82,14 +82,32 @@ def stop_tree(proc: subprocess.Popen, grace: float = 10.0, env: dict[str, str] |
 
 
 def _tagged(tag: str) -> list:
-    """The processes (of this user) whose environment carries `TREE_TAG_ENV=tag`."""
+    """The processes whose environment carries `TREE_TAG_ENV=tag`."""
     import psutil
 
     found = []
-    for p in psutil.process_iter():
+    for pid in pids_with_env(TREE_TAG_ENV, tag):
         try:
-            if p.pid != os.getpid() and p.environ().get(TREE_TAG_ENV) == tag:
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            found.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
             continue
+    return found
+
+
+def pids_with_env(name: str, value: str, *, prefix: bool = False) -> list[int]:
+    """PIDs, other than this process, whose environment has `name=value` (with `prefix`, a value
+    starting with `value`), read from Linux /proc: how a tree is found once its processes left
+    their group or session."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                items = fh.read().split(b"\0")
+        except OSError:  # gone, or another user's
+            continue
+        if any(item.startswith(needle) if prefix else item == needle for item in items):
+            found.append(int(entry))
     return found

@@ -27,6 +27,7 @@ from typing import Any
 from operators.cli.drill.api_double import InMemoryKubernetesApi
 from operators.cli.drill.image import Image
 from operators.cli.drill.pods import ContainerConfigError, Rewrites, differences, expand_argv, process_env, resolve_env
+from operators.utils.processes import pids_with_env
 
 JS = ("jobset.x-k8s.io", "jobsets")
 KQ = ("kueue.x-k8s.io", "workloads")
@@ -47,19 +48,8 @@ def _suffix() -> str:
 
 
 def processes_with_marker(marker: str) -> list[int]:
-    """PIDs whose environment has `GANGFLOW_DRILL_POD=<marker>...` (Linux /proc)."""
-    needle = f"{POD_MARKER}={marker}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                if any(item.startswith(needle) for item in fh.read().split(b"\0")):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
+    """PIDs whose environment has `GANGFLOW_DRILL_POD=<marker>...`."""
+    return pids_with_env(POD_MARKER, marker, prefix=True)
 
 
 def kill_marked(marker: str, sig: int = signal.SIGKILL) -> int:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
 
 import psutil
-
-import os
 
 from operators.utils.processes import stop_group, stop_group_nowait, stop_tree, tagged_env
 
@@ -93,3 +92,20 @@ def test_stop_tree_ends_a_process_the_tree_started_while_it_was_being_stopped():
     stop_tree(proc, grace=5.0, env=env)
     late = int(proc.stdout.readline())
     assert not psutil.pid_exists(late) or psutil.Process(late).status() == psutil.STATUS_ZOMBIE
+
+
+def test_pids_with_env_finds_a_process_by_exact_value_or_prefix():
+    from operators.utils.processes import pids_with_env
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env={**os.environ, "GANGFLOW_PROBE": "drill-7/pod-0"})
+    try:
+        deadline = time.monotonic() + 10
+        while proc.pid not in pids_with_env("GANGFLOW_PROBE", "drill-7/", prefix=True) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.pid in pids_with_env("GANGFLOW_PROBE", "drill-7/", prefix=True)
+        assert proc.pid in pids_with_env("GANGFLOW_PROBE", "drill-7/pod-0")
+        assert proc.pid not in pids_with_env("GANGFLOW_PROBE", "drill-7/")  # exact: not a prefix
+        assert os.getpid() not in pids_with_env("PATH", os.environ["PATH"])
+    finally:
+        proc.kill()
+        proc.wait()
