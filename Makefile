@@ -48,7 +48,7 @@ cluster-drill: setup
 # Every test on 2 pytest-xdist workers; tests that share a session fixture (a prepared state dir)
 # stay on one worker (tests/conftest.py).
 test: install browser-deps prometheus-deps
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=30
 
 # The UI test drives Debian's chromium headless; install it when missing (root, apt).
 browser-deps:

@@ -15,9 +15,23 @@ CRDS_DIR = PROJECT_ROOT / "operators" / "kubernetes" / "crds"
 
 # Under pytest-xdist (`make test`: `-n 2 --dist loadfile`) a worker builds every session fixture it uses
 # for itself: tests sharing one that prepares a state dir stay on one worker. A folder of these counts as
-# one file (dags: pipeline_home and the baselines; drill: drill_home; ui: the Airflow it starts). (The
-# xdist_group marks of --dist loadgroup are lost under pytest 9: xdist 3.8 renames item._nodeid.)
+# one file (drill: drill_home; ui: the Airflow it starts). The DAG runs, the longest folder, are two such
+# groups side by side, each with a state dir of its own (pipeline_home: about a minute to set up); no
+# test there reads what a test of the other group left. (The xdist_group marks of --dist loadgroup are
+# lost under pytest 9: xdist 3.8 renames item._nodeid.)
 ONE_WORKER_FOLDERS = ("tests/system/dags/", "tests/system/drill/", "tests/system/ui/")
+SECOND_DAG_GROUP = ("test_baseline.py", "test_byo_pipeline.py", "test_demo_cli.py", "test_framework_pipelines.py",
+                    "test_prometheus.py")
+
+
+def worker_scope(path: str) -> str:
+    """The scheduling unit of a test file: its folder when that is one of ONE_WORKER_FOLDERS."""
+    folder = next((folder for folder in ONE_WORKER_FOLDERS if path.startswith(folder)), None)
+    if folder is None:
+        return path
+    if folder == "tests/system/dags/" and path.removeprefix(folder).split("::")[0] in SECOND_DAG_GROUP:
+        return folder + "(second group)"
+    return folder
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -26,10 +40,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    # Collection order, not xdist's default of most tests first: tests/system (the long DAG runs and
+    # drills) then tests/unit, so the short unit files fill the end instead of a DAG group.
+    config.option.loadscopereorder = False
+
     class LoadFileOrFolder(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = super()._split_scope(nodeid)
-            return next((folder for folder in ONE_WORKER_FOLDERS if path.startswith(folder)), path)
+            return worker_scope(super()._split_scope(nodeid))
 
     return LoadFileOrFolder(config, log)
 

@@ -1,4 +1,4 @@
-"""One promote task in a process of its own, for the champion race test (tests/unit/operators/test_promotion.py).
+"""One promote task in a process of its own, for the champion race test (tests/system/operators/test_promotion_race.py).
 
 Both racers wait at a barrier once they have decided (so each decided against the same old
 champion), then move the alias; the slower one's alias write is made slower still, so without a

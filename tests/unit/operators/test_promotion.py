@@ -1,124 +1,33 @@
 """PromoteModelOperator against a real MLflow on a temporary SQLite store, with small models
-trained here on the real digits split (bad ~0.25, ok ~0.9, good ~0.96 accuracy)."""
+trained here on the real digits split (tests/support/promotion_candidates.py). Two promotions
+racing from separate processes: tests/system/operators/test_promotion_race.py."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-import torch
-from safetensors.torch import save_file
+from promotion_candidates import (DATASET_VERSION, FACTORY, TEST_SPLIT, TRAIN_SPLIT, make, manifest,  # noqa: F401 (fixtures)
+                                  weights)
 
-from operators import evaluation
-
-from operators.registry import lineage
-from operators.registry import versions as registry
-
-from operators.hooks import mlflow as tracking
 from operators.exceptions import RegistryUnavailable, UserError
 from operators.promotion import PromoteModelOperator
+from operators.registry import lineage
+from operators.registry import versions as registry
 from trainer.datastore import file_md5
 
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.usefixtures("digits")  # data/digits, built when missing (a fresh clone)
-TEST_SPLIT = PROJECT_ROOT / "data" / "digits" / "test.parquet"
-TRAIN_SPLIT = PROJECT_ROOT / "data" / "digits" / "train.parquet"
 
 
 @pytest.fixture(autouse=True)
 def _allow_test_model(monkeypatch):
-    """This module's factory is allowed the way a deployment allows one (the env var)."""
-    monkeypatch.setenv("GANGFLOW_ALLOWED_MODELS", f"{__name__}:tiny_mlp")
+    """The candidates' factory is allowed the way a deployment allows one (the env var)."""
+    monkeypatch.setenv("GANGFLOW_ALLOWED_MODELS", FACTORY)
 
 
 RESULT_KEYS = {"promoted", "reason", "model_name", "model_version", "candidate_accuracy", "champion_version",
                "champion_accuracy"}
-
-
-def tiny_mlp(hidden: int = 16, num_classes: int = 10) -> torch.nn.Module:
-    """The test model factory named in the model cards below (`<this module>:tiny_mlp`)."""
-    return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, num_classes))
-
-
-def write_final_dir(run_dir: Path, state_dict: dict, factory: str | None = None) -> Path:
-    """A run's `final/` as the trainer leaves it (trainer/export.py's card layout)."""
-    final = run_dir / "final"
-    final.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in state_dict.items()}, str(final / "model.safetensors"))
-    card = {"format": "gangflow-model-card/1",
-            "model": {"factory": factory or f"{__name__}:tiny_mlp", "kwargs": {"hidden": 16}},
-            "data": {"train_md5": file_md5(TRAIN_SPLIT)}}
-    (final / "model_card.json").write_text(json.dumps(card))
-    return final
-
-
-@pytest.fixture(scope="module")
-def weights():
-    """State dicts after 5 (bad), 40 (ok) and 200 (good) full-batch Adam steps, one training."""
-    torch.set_num_threads(1)
-    x, y = (torch.from_numpy(a) for a in evaluation.load_test_arrays(TRAIN_SPLIT))
-    torch.manual_seed(0)
-    model = tiny_mlp()
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    snaps = {}
-    for step in range(1, 201):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        if step in (5, 40, 200):
-            snaps[{5: "bad", 40: "ok", 200: "good"}[step]] = {k: v.clone() for k, v in model.state_dict().items()}
-    return snaps
-
-
-DATASET_VERSION = "d82dc74b3a3f4e8b3b51d13271f59bb3"
-
-
-def manifest(test_split: Path = TEST_SPLIT) -> dict:
-    """The validate task's manifest as promote reads it (the worker's DVC cache holds the file)."""
-    return {"version": DATASET_VERSION, "test_path": str(test_split), "test_md5": file_md5(test_split)}
-
-
-class Candidate:
-    """A training run as the DAG leaves it: final/ logged as its MLflow run's model
-    (`models:/<model_id>`, as the training task does), and the evaluate task's metrics."""
-
-    def __init__(self, client, tmp: Path, label: str, state_dict: dict, *, factory: str | None = None):
-        self.dag_run_id = f"manual__{label}"
-        self.run_dir = tmp / label
-        write_final_dir(self.run_dir, state_dict, factory)
-        exp = tracking.ensure_experiment(client, "gangflow")
-        self.mlflow_run_id = tracking.ensure_run(client, exp, dag_id="gangflow_train", dag_run_id=self.dag_run_id)
-        # What the training task does after the gang: final/ logged once, as the run's LoggedModel.
-        self.model_id = registry.log_final_model(client, self.mlflow_run_id, self.run_dir / "final",
-                                                 allowed_models=[factory or f"{__name__}:tiny_mlp"])
-        self.model_uri = f"models:/{self.model_id}"
-        loadable = factory is None or factory.startswith("model_cards:")
-        self.metrics = evaluation.evaluate_final_dir(self.run_dir / "final", TEST_SPLIT) if loadable else None
-
-    def operator(self, name: str, **kwargs) -> PromoteModelOperator:
-        args = dict(task_id="promote", model_name=name, model_uri=self.model_uri, dataset=manifest(),
-                    mlflow_run_id=self.mlflow_run_id, candidate_metrics=self.metrics, floor=0.5,
-                    lineage={"train_try_number": 1})
-        return PromoteModelOperator(**(args | kwargs))
-
-    def context(self, try_number: int = 1) -> dict:
-        ti = SimpleNamespace(dag_id="gangflow_train", run_id=self.dag_run_id, try_number=try_number)
-        return {"ti": ti, "run_id": self.dag_run_id}
-
-    def promote(self, name: str, try_number: int = 1, **kwargs) -> dict:
-        result = self.operator(name, **kwargs).execute(self.context(try_number))
-        json.dumps(result)  # XCom-serialisable
-        return result
-
-
-@pytest.fixture
-def make(client, weights, tmp_path):
-    def _make(label: str, which: str, client=client, **kwargs) -> Candidate:
-        return Candidate(client, tmp_path, label, weights[which], **kwargs)
-
-    return _make
 
 
 def test_template_fields_cover_every_argument():
@@ -254,7 +163,7 @@ def test_promote_registers_the_model_training_logged_and_logs_nothing_again(clie
         # Allowed by the pipeline (allowed_models), not by the worker's environment: MLflow's own
         # validation load of a serving input (Model.log) was refused and warned about that.
         monkeypatch.delenv("GANGFLOW_ALLOWED_MODELS")
-        allowed = [f"{__name__}:tiny_mlp"]
+        allowed = [FACTORY]
         result = cand.promote("digits-once", allowed_models=allowed)
         legacy.model_uri = f"runs:/{legacy.mlflow_run_id}/final"
         client.log_artifacts(legacy.mlflow_run_id, str(legacy.run_dir / "final"), "final")
@@ -308,7 +217,7 @@ def test_subclass_gates_on_macro_f1(client, make):
 def test_champion_that_cannot_be_evaluated_fails_the_task(client, make, monkeypatch):
     name = "digits-broken-champion"
     # An allowed factory whose module is gone (removed after the champion was promoted).
-    monkeypatch.setenv("GANGFLOW_ALLOWED_MODELS", f"{__name__}:tiny_mlp,gangflow_no_such_module:mlp")
+    monkeypatch.setenv("GANGFLOW_ALLOWED_MODELS", f"{FACTORY},gangflow_no_such_module:mlp")
     broken = make("broken", "ok", factory="gangflow_no_such_module:mlp")
     # Register and crown it directly (as if the factory was removed after it was promoted).
     version = registry.register_version(client, name, run_id=broken.mlflow_run_id,
@@ -371,68 +280,6 @@ def test_unreachable_registry_is_retryable(make, monkeypatch):
     with pytest.raises(RegistryUnavailable, match=r"http://127\.0\.0\.1:9") as info:
         cand.promote("digits-offline", tracking_uri="http://127.0.0.1:9")
     assert info.value.retryable
-
-
-def test_two_promotions_racing_from_separate_processes_leave_the_better_champion(client, make, home, monkeypatch):
-    """12.4: the champion alias moves by compare-and-set. Two promote tasks in two processes on
-    the real SQLite store both decide against the same old champion; the worse one's alias
-    write comes last. The better model must end as champion, and the loser says why."""
-    _race(client, make, home, monkeypatch, "digits-race")
-
-
-def test_two_promotions_racing_through_an_mlflow_server_leave_the_better_champion(make, home, monkeypatch,
-                                                                                    tmp_path):
-    """Issue 28.6: the same race through `mlflow server` on 127.0.0.1 (no flock reaches it): the
-    champion lock is a registered model whose creation the server makes atomic."""
-    from operators.cli.drill.servers import MlflowServer
-
-    server = MlflowServer(tmp_path / "mlflow-server").start()
-    try:
-        _race(tracking.get_client(server.url), make, home, monkeypatch, "digits-server-race", tracking_uri=server.url)
-    finally:
-        server.stop()
-
-
-def _race(client, make, home, monkeypatch, name, tracking_uri=None):
-    import multiprocessing
-
-    import promotion_race
-
-    factory = "model_cards:tiny_mlp"  # the same module, importable by name in a fresh process
-    monkeypatch.setenv("GANGFLOW_ALLOWED_MODELS", factory)
-
-    def candidate(label, which):
-        return make(label, which, factory=factory, client=client)
-
-    candidate("race-bad", "bad").promote(name, floor=0.0, tracking_uri=tracking_uri)  # the old champion both beat
-    racers = {"better": candidate("race-good", "good"), "worse": candidate("race-ok", "ok")}
-    ctx = multiprocessing.get_context("spawn")
-    barrier, out = ctx.Barrier(2), ctx.Queue()
-    delays = {"better": (0.0, 0.5), "worse": (0.3, 3.0)}  # (start after the barrier, alias write)
-    procs = []
-    for label, cand in racers.items():
-        args = {"home": str(home), "allowed": factory, "name": name, "model_uri": cand.model_uri,
-                "dataset": manifest(), "run_id": cand.mlflow_run_id, "metrics": cand.metrics, "label": label,
-                "start_delay_s": delays[label][0], "set_delay_s": delays[label][1], "tracking_uri": tracking_uri}
-        procs.append(ctx.Process(target=promotion_race.promote, args=(args, barrier, out)))
-    for p in procs:
-        p.start()
-    results = dict(out.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-    results = {k: json.loads(v) for k, v in results.items()}
-    assert "error" not in results["better"] and "error" not in results["worse"], results
-
-    champion = registry.current_champion(client, name)
-    better = results["better"]
-    assert better["promoted"] is True and str(champion.version) == better["model_version"], results
-    # The loser found the alias moved, decided again against the new champion, and says why.
-    worse = results["worse"]
-    assert worse["promoted"] is False, results
-    assert worse["champion_version"] == better["model_version"]
-    assert f"does not beat champion v{better['model_version']}" in worse["reason"]
-    tags = client.get_model_version(name, worse["model_version"]).tags
-    assert tags["gangflow.decision"] == "rejected" and tags["gangflow.champion_version"] == better["model_version"]
 
 
 def test_move_champion_is_a_compare_and_set(client, make):
