@@ -94,6 +94,28 @@ def record_node_failure(node: str, *, gang: str, kind: str, now: float | None = 
         log.warning("gangflow: cannot record the failure on node %s in %s: %s", node, path, exc)
 
 
+def nodes_to_avoid(run_dir: str | Path, attempt: int) -> tuple[str, ...]:
+    """The nodes the verdicts of this run's earlier tries named (`exclude_nodes` in
+    `failures/try-N.json`, N < attempt), oldest first, each once."""
+    nodes: list[str] = []
+    for earlier in range(1, attempt):
+        record = _read_record(Path(run_dir) / "failures" / f"try-{earlier}.json")
+        verdict = record.get("verdict") if isinstance(record.get("verdict"), dict) else {}
+        named = verdict.get("exclude_nodes") if isinstance(verdict.get("exclude_nodes"), list) else []
+        nodes += [n for n in named if isinstance(n, str) and _NODE_NAME.match(n) and n not in nodes]
+    return tuple(nodes)
+
+
+def _read_record(path: Path) -> dict:
+    try:
+        if path.is_symlink() or path.stat().st_size > 4 << 20:  # a run dir is not trusted: no link, bounded
+            return {}
+        data = json.loads(path.read_text(errors="replace"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def failed_step(evidence: Mapping[str, Any]) -> int | None:
     """The furthest step any rank was at when the gang failed (the evidence's `step`s)."""
     steps = [evidence.get("step"), *(r.get("step") for r in evidence.get("ranks") or [] if isinstance(r, Mapping))]

@@ -162,9 +162,10 @@ class GangTrainingOperator(BaseOperator):
             env["GANGFLOW_TRY_STARTED_AT"] = f"{started:.3f}"
         if mlflow_run_id:
             env |= {"MLFLOW_TRACKING_URI": settings.tracking_uri(), "MLFLOW_RUN_ID": mlflow_run_id}
+        run_dir = self.run_dir or str(settings.run_dir(dag_id, run_id))
         return GangSpec(
             name=env["GANGFLOW_GANG"],
-            run_dir=self.run_dir or str(settings.run_dir(dag_id, run_id)),
+            run_dir=run_dir,
             world_size=int(self.world_size),
             config_path=self.config_path or str(settings.trainer_config_path()),
             overrides=tuple(format_override(k, v) for k, v in sorted(overrides.items())),
@@ -174,6 +175,7 @@ class GangTrainingOperator(BaseOperator):
             user_code=self.user_code,
             package_roots=self.package_roots,
             launcher=self.launcher,
+            avoid_nodes=failure_context.nodes_to_avoid(run_dir, ti.try_number),
         )
 
     def mlflow_run(self, context) -> str | None:
@@ -362,9 +364,12 @@ class GangTrainingOperator(BaseOperator):
         if context.get("node"):
             failure_context.record_node_failure(context["node"], gang=spec.name, kind=verdict.kind)
         for node in verdict.exclude_nodes:
-            # Neither backend pins or avoids nodes today: the suspect node is named for the operator.
-            self.log.warning("gangflow: node %s is suspect (%s); backend %s cannot exclude it from the retry: noted",
-                             node, "; ".join(verdict.context), self.backend)
+            if self.backend == "kubernetes":  # GangSpec.avoid_nodes of the next try
+                self.log.warning("gangflow: node %s is suspect (%s); the retry's pods will not be placed on it",
+                                 node, "; ".join(verdict.context))
+            else:  # one machine: nothing to place elsewhere, the suspect node is named for the operator
+                self.log.warning("gangflow: node %s is suspect (%s); backend %s cannot exclude it from the retry: noted",
+                                 node, "; ".join(verdict.context), self.backend)
         failed_at = failure_context.failed_step(result.evidence)
         self._tag_reached_step(run_id, failed_at - 1 if failed_at else None)  # the steps before it passed
         if self._exporter is not None:
@@ -455,12 +460,12 @@ def _final_steps(spec: GangSpec) -> int | None:
 
 
 def _spec_to_dict(spec: GangSpec) -> dict[str, Any]:
-    return {
-        "name": spec.name, "run_dir": spec.run_dir, "world_size": spec.world_size, "config_path": spec.config_path,
-        "overrides": list(spec.overrides), "env": dict(spec.env), "attempt": spec.attempt,
-        "dataset_version": spec.dataset_version, "user_code": list(spec.user_code),
-        "package_roots": list(spec.package_roots), "launcher": spec.launcher,
-    }  # fmt: skip
+    """The spec as the deferral's JSON kwargs (`GangSpec(**d)` rebuilds it): every field, tuples as lists."""
+    out: dict[str, Any] = {}
+    for item in dataclasses.fields(spec):
+        value = getattr(spec, item.name)
+        out[item.name] = list(value) if isinstance(value, tuple) else dict(value) if isinstance(value, Mapping) else value
+    return out
 
 
 _PROGRESS = re.compile(r"gangflow: progress: step (\d+)/(\d+) \((\d+)%\), loss (\S+), (\d+) samples/s, ETA (\S+), "

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from trainer.urls import credentials_refusal, has_credentials
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")  # a Kubernetes node name
 ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _PYTHONS = ("python", "python3")
@@ -99,9 +100,16 @@ class GangSpec:
     # Folders (relative to the project / the image's /app) put on the ranks' PYTHONPATH for it.
     package_roots: tuple[str, ...] = ()
     launcher: str = "torchrun"  # one of LAUNCHERS
+    # Nodes an earlier try's verdict named suspect (contract 4's `exclude_nodes`): a backend that
+    # places pods keeps this try off them (Kubernetes: node affinity); the others have one node.
+    avoid_nodes: tuple[str, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "overrides", tuple(self.overrides))
+        object.__setattr__(self, "avoid_nodes", tuple(self.avoid_nodes))
+        for node in self.avoid_nodes:
+            if not isinstance(node, str) or not _NODE.match(node):
+                raise ValueError(f"avoid_nodes item {node!r}: must be a node name (letters, digits, '.', '_', '-')")
         object.__setattr__(self, "user_code", tuple(self.user_code))
         object.__setattr__(self, "package_roots", tuple(self.package_roots))
         for root in self.package_roots:

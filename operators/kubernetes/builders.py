@@ -389,21 +389,29 @@ def _pod_annotations(runtime: RuntimeDefaults) -> dict[str, str]:
     return {**out, key: runtime.topology.level}
 
 
-def _topology_affinity(spec: GangSpec, runtime: RuntimeDefaults) -> k8s.V1Affinity | None:
-    """Volcano path: keep ranks in one topology domain with plain pod affinity."""
-    if runtime.scheduler != "volcano" or runtime.topology is None:
-        return None
-    term = k8s.V1PodAffinityTerm(
-        label_selector=k8s.V1LabelSelector(match_labels={GANG_LABEL: spec.name, ATTEMPT_LABEL: str(spec.attempt)}),
-        topology_key=runtime.topology.level,
-    )
-    if runtime.topology.mode == "required":
-        return k8s.V1Affinity(pod_affinity=k8s.V1PodAffinity(required_during_scheduling_ignored_during_execution=[term]))
-    return k8s.V1Affinity(
-        pod_affinity=k8s.V1PodAffinity(
-            preferred_during_scheduling_ignored_during_execution=[k8s.V1WeightedPodAffinityTerm(weight=100, pod_affinity_term=term)]
+def _affinity(spec: GangSpec, runtime: RuntimeDefaults) -> k8s.V1Affinity | None:
+    """Off the nodes an earlier try's verdict named suspect (`spec.avoid_nodes`) and, on the
+    Volcano path, the ranks in one topology domain (plain pod affinity)."""
+    node_affinity = None
+    if spec.avoid_nodes:
+        away = k8s.V1NodeSelectorTerm(match_fields=[
+            k8s.V1NodeSelectorRequirement(key="metadata.name", operator="NotIn", values=list(spec.avoid_nodes))])
+        node_affinity = k8s.V1NodeAffinity(
+            required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(node_selector_terms=[away]))
+    pod_affinity = None
+    if runtime.scheduler == "volcano" and runtime.topology is not None:
+        term = k8s.V1PodAffinityTerm(
+            label_selector=k8s.V1LabelSelector(match_labels={GANG_LABEL: spec.name, ATTEMPT_LABEL: str(spec.attempt)}),
+            topology_key=runtime.topology.level,
         )
-    )
+        if runtime.topology.mode == "required":
+            pod_affinity = k8s.V1PodAffinity(required_during_scheduling_ignored_during_execution=[term])
+        else:
+            pod_affinity = k8s.V1PodAffinity(preferred_during_scheduling_ignored_during_execution=[
+                k8s.V1WeightedPodAffinityTerm(weight=100, pod_affinity_term=term)])
+    if node_affinity is None and pod_affinity is None:
+        return None
+    return k8s.V1Affinity(node_affinity=node_affinity, pod_affinity=pod_affinity)
 
 
 def build_container(spec: GangSpec, runtime: RuntimeDefaults, *, args: list[str], name: str = CONTAINER) -> k8s.V1Container:
@@ -441,7 +449,7 @@ def build_pod_template(spec: GangSpec, runtime: RuntimeDefaults, *, args: list[s
             priority_class_name=runtime.priority_class_name,
             node_selector=dict(runtime.node_selector) or None,
             tolerations=_tolerations(runtime) or None,
-            affinity=_topology_affinity(spec, runtime),
+            affinity=_affinity(spec, runtime),
             containers=[build_container(spec, runtime, args=args)],
             volumes=volumes,
         ),
@@ -598,6 +606,7 @@ def build_trainjob(spec: GangSpec, runtime: RuntimeDefaults, namespace: str) -> 
                                                         tolerations=_tolerations(runtime),
                                                         volumes=volumes,
                                                         termination_grace_period_seconds=runtime.termination_grace_period_seconds,
+                                                        affinity=_affinity(spec, runtime),
                                                     ),
                                                 )
                                             )

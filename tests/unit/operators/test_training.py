@@ -140,3 +140,29 @@ def test_an_explicit_tracking_uri_with_credentials_is_refused():
         get_client(f"https://bob:{SECRET}@mlflow.example.com")
     assert "tracking_uri=" in str(info.value) and "must not carry credentials" in str(info.value)
     assert SECRET not in str(info.value)
+
+
+def test_a_node_the_verdict_names_suspect_is_avoided_by_the_kubernetes_retry(worker_manifest, tmp_path):
+    """Issue 28.7: try 1 fails on a node where another gang failed in the last hour; its verdict
+    names the node (failures/try-1.json) and try 2's spec carries it as `avoid_nodes` (the
+    Kubernetes builders turn it into a node affinity: tests/unit/operators/kubernetes/test_render.py)."""
+    from operators import failure_context
+    from operators.backends import GangSpec
+    from operators.training import _spec_to_dict
+
+    failure_context.record_node_failure("gpu-node-3", gang="someone-else", kind="infra")
+    op = GangTrainingOperator(task_id="train_k8s_2", world_size=2, dataset=worker_manifest, backend="kubernetes",
+                              run_dir=str(tmp_path / "run"))
+    first = op.build_spec(_context(1), mlflow_run_id=None)
+    assert first.avoid_nodes == ()
+    evidence = {"exit_code": -11, "step": 40, "node": "gpu-node-3", "log_tail": "Segmentation fault (core dumped)"}
+    failure = op._failure(first, GangResult(succeeded=False, exit_code=-11, evidence=evidence))
+    assert failure.verdict.exclude_nodes == ("gpu-node-3",), failure.verdict
+    second = op.build_spec(_context(2), mlflow_run_id=None)
+    assert second.avoid_nodes == ("gpu-node-3",)
+    assert GangSpec(**json.loads(json.dumps(_spec_to_dict(second)))) == second  # through the deferral
+    # a record that is not the operator's, or a link in its place, names nothing
+    (tmp_path / "run" / "failures" / "try-2.json").symlink_to(tmp_path / "run" / "failures" / "try-1.json")
+    assert op.build_spec(_context(3), mlflow_run_id=None).avoid_nodes == ("gpu-node-3",)
+    (tmp_path / "run" / "failures" / "try-1.json").write_text("[not, a, record")
+    assert op.build_spec(_context(2), mlflow_run_id=None).avoid_nodes == ()

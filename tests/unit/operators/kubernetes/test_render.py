@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -283,3 +284,35 @@ def test_cli_validate(tmp_path, crds_dir, capsys):
         main(["validate", str(bad), "--crds", str(crds_dir)])
     assert exc.value.code == 1
     assert "'backoffLimitt' was unexpected" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("scheduler,api", [("kueue", "jobset"), ("kueue", "trainjob"), ("volcano", "jobset")])
+def test_a_retry_keeps_off_the_nodes_an_earlier_verdict_named(scheduler, api, crd_registry):
+    """Issue 28.7: `GangSpec.avoid_nodes` becomes a required node affinity on every rank's pod
+    (matchFields metadata.name NotIn), beside Volcano's topology affinity, schema-valid."""
+    mapping = {"scheduler": scheduler, "api": api}
+    if scheduler == "volcano":
+        mapping["topology"] = {"level": "kubernetes.io/hostname"}
+    runtime = RuntimeDefaults.from_mapping(merge_runtime(example_runtime_mapping(), mapping))
+    spec = GangSpec(name="run-1", run_dir="/local/ignored", world_size=2, overrides=(f"data.version={VERSION}",),
+                    attempt=2, avoid_nodes=("gpu-node-7", "gpu-node-9"))
+    plan = build_gang(spec, runtime)
+    validate_object(plan.body, crd_registry)
+    body = plan.body
+    if body["kind"] == "JobSet":
+        pod = body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    elif body["kind"] == "TrainJob":
+        pod = body["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    else:
+        pod = body["spec"]["tasks"][0]["template"]["spec"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["gpu-node-7", "gpu-node-9"]}]}]
+    assert ("podAffinity" in pod["affinity"]) == (scheduler == "volcano")
+    # a first try places anywhere
+    first = build_gang(GangSpec(name="run-1", run_dir="/x", world_size=2, overrides=(f"data.version={VERSION}",)), runtime).body
+    assert "nodeAffinity" not in json.dumps(first)
+
+
+def test_avoid_nodes_takes_node_names_only():
+    with pytest.raises(ValueError, match="avoid_nodes item '../etc': must be a node name"):
+        GangSpec(name="run-1", run_dir="/x", world_size=1, avoid_nodes=("../etc",))
