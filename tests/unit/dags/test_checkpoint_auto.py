@@ -47,4 +47,5 @@ def test_training_code_of_ones_own_refuses_auto_when_the_pipeline_is_read(tmp_pa
     roots = [str(PROJECT_ROOT / "examples")]
     with pytest.raises(PipelineConfigError) as caught:
         parse_pipeline(CNN | {"trainer_config": _auto_trainer(tmp_path), "package_roots": roots}, source="pipelines/x.yaml")
-    assert "checkpoint.every_steps='auto'" in str(caught.value) and "pipelines/x.yaml" in str(caught.value)
+    message = str(caught.value)
+    assert "checkpoint.every_steps='auto'" in message and "pipelines/x.yaml" in message and "training code of one's own" in message
