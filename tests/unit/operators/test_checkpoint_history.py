@@ -93,3 +93,16 @@ def test_the_gang_gets_the_history_as_one_environment_value(client, experiment, 
                        experiment="ckpt-history", log=lines.append) == {}
     assert any("no checkpoint history" in line for line in lines), lines
     assert HISTORY_ENV not in env or json.loads(env[HISTORY_ENV])
+
+
+def test_the_training_task_hands_the_history_to_its_gang(client, experiment):
+    from types import SimpleNamespace
+
+    from operators.training import GangTrainingOperator
+
+    context = {"ti": SimpleNamespace(dag_id=DAG, try_number=2), "run_id": "r3"}
+    auto = GangTrainingOperator(task_id="t", world_size=2, experiment="ckpt-history", overrides={"checkpoint.every_steps": "auto"})
+    inputs = IntervalInputs.from_env(auto.build_spec(context, mlflow_run_id=None).env)
+    assert inputs.cost_s == pytest.approx(0.3) and inputs.mtbf_s == pytest.approx(650.0)
+    fixed = GangTrainingOperator(task_id="t", world_size=2, experiment="ckpt-history", overrides={"checkpoint.every_steps": 100})
+    assert HISTORY_ENV not in fixed.build_spec(context, mlflow_run_id=None).env
