@@ -106,3 +106,12 @@ def test_the_training_task_hands_the_history_to_its_gang(client, experiment):
     assert inputs.cost_s == pytest.approx(0.3) and inputs.mtbf_s == pytest.approx(650.0)
     fixed = GangTrainingOperator(task_id="t", world_size=2, experiment="ckpt-history", overrides={"checkpoint.every_steps": 100})
     assert HISTORY_ENV not in fixed.build_spec(context, mlflow_run_id=None).env
+
+
+def test_kubernetes_pods_get_the_history_too():
+    from types import SimpleNamespace
+
+    from operators.kubernetes.builders import forwarded_env
+
+    value = IntervalInputs(cost_s=0.3, cost_source="mlflow: x", mtbf_s=650.0, mtbf_source="history: y").to_env()
+    assert forwarded_env(SimpleNamespace(env={HISTORY_ENV: value, "GANGFLOW_FAULT": "kill@step=1"}), None) == {HISTORY_ENV: value}
