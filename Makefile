@@ -65,6 +65,7 @@ benchmarks: setup
 	$(BIN)/python benchmarks/trainer.py
 	$(BIN)/python benchmarks/pipeline.py
 	$(BIN)/python benchmarks/goodput.py
+	$(BIN)/python benchmarks/checkpoint_interval.py
 	$(BIN)/python benchmarks/validation.py
 	$(BIN)/python benchmarks/restart.py
 	$(BIN)/python benchmarks/classifier.py

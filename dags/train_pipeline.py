@@ -90,6 +90,11 @@ def build_params(p: PipelineConfig) -> dict[str, Param]:
         "checkpoint_every_steps": Param(
             p.checkpoint_every_steps, type="integer", minimum=1, maximum=10_000_000,
             title="Checkpoint every N steps", description="A retry resumes from the last checkpoint: at most this many steps are lost.",
+        ) if p.checkpoint_every_steps != "auto" else Param(  # the pipeline's trainer config chooses it (Young/Daly)
+            "auto", type="string", pattern=r"^(auto|[1-9][0-9]{0,7})$",
+            title="Checkpoint every N steps",
+            description="auto: chosen by Young/Daly from the measured save cost and this pipeline's failure rate "
+            "(docs/pipeline.md); or an integer: at most this many steps are lost to a retry.",
         ),
         "promotion_floor": Param(
             p.promotion_floor, type="number", **bounded, **NOT_NAN,

@@ -20,7 +20,7 @@ from airflow.sdk import BaseOperator
 
 from trainer.console import LOG_FORMAT_ENV, log_format
 
-from operators import failure_context
+from operators import checkpoint_history, failure_context
 from operators.config import settings
 from operators.backends import GangResult, GangSpec, check_combination, get_backend
 from operators.backends.base import user_code_args
@@ -163,11 +163,15 @@ class GangTrainingOperator(BaseOperator):
         if mlflow_run_id:
             env |= {"MLFLOW_TRACKING_URI": settings.tracking_uri(), "MLFLOW_RUN_ID": mlflow_run_id}
         run_dir = self.run_dir or str(settings.run_dir(dag_id, run_id))
+        config_path = self.config_path or str(settings.trainer_config_path())
+        # checkpoint.every_steps: auto: the save cost and MTBF this pipeline saw, for the ranks
+        env |= checkpoint_history.gang_env(config_path=config_path, overrides=overrides, dag_id=dag_id,
+                                           experiment=self.experiment, log=self.log.info)
         return GangSpec(
             name=env["GANGFLOW_GANG"],
             run_dir=run_dir,
             world_size=int(self.world_size),
-            config_path=self.config_path or str(settings.trainer_config_path()),
+            config_path=config_path,
             overrides=tuple(format_override(k, v) for k, v in sorted(overrides.items())),
             env=env,
             attempt=ti.try_number,

@@ -175,16 +175,29 @@ class TrainConfig(_Section):
         self._require("task", self.task in ("classification", "regression"), "must be one of: classification, regression")
 
 
+#: `checkpoint.every_steps: auto`
+AUTO = "auto"
+
+
 @dataclass(frozen=True)
 class CheckpointConfig(_Section):
     SECTION = "checkpoint"
-    every_steps: int = 100
+    every_steps: int | str = 100  # or "auto": Young/Daly from measured save cost and failure rate (trainer.checkpoint_interval)
     keep_last: int = 2
     async_save: bool = True  # commit from a background thread (the loop goes on); the commit stays atomic
     grace_period_s: float = 25.0  # after SIGTERM: hard exit (75) if the final checkpoint takes longer
+    mtbf_prior_s: float = 86400.0  # auto: the MTBF assumed when the pipeline has no failure history
+    auto_min_steps: int = 10  # auto: bounds of the chosen interval
+    auto_max_steps: int = 10000
 
     def validate(self) -> None:
-        self._require("every_steps", self.every_steps >= 1, "must be an integer >= 1")
+        every = self.every_steps
+        self._require("every_steps", every == AUTO or (isinstance(every, int) and not isinstance(every, bool) and every >= 1),
+                      f"must be an integer >= 1 or {AUTO!r} (chosen from the measured save cost and failure rate)")
+        self._require("mtbf_prior_s", self.mtbf_prior_s > 0, "must be a number of seconds > 0 (e.g. 86400: one failure a day)")
+        self._require("auto_min_steps", self.auto_min_steps >= 1, "must be an integer >= 1")
+        self._require("auto_max_steps", self.auto_max_steps >= self.auto_min_steps,
+                      f"must be an integer >= checkpoint.auto_min_steps ({self.auto_min_steps})")
         self._require("keep_last", self.keep_last >= 1, "must be an integer >= 1")
         self._require("grace_period_s", self.grace_period_s > 0, "must be a number of seconds > 0")
 

@@ -7,6 +7,7 @@ loop; everything else is a small helper around it.
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import random
 import sys
@@ -21,8 +22,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer import EXIT_OK, EXIT_PREEMPTED, errors
 from trainer.checkpoint import Checkpointer, CorruptCheckpoint, Snapshot, cpu_copy, flatten_optimizer, rng_state, set_rng_state
+from trainer.checkpoint_interval import PROBE_STEPS, IntervalInputs, choose_interval
 from trainer.console import say
-from trainer.config import Config, resolve_factory
+from trainer.config import AUTO, Config, resolve_factory
 from trainer.data import PREPROCESSING_PARAMS, DataFiles, make_loader, preprocessing_stats, resolve_data
 from trainer.distributed import Dist, Launch, StopAgreement, setup, teardown
 from trainer.errors import CheckpointError, ConfigError, DataError, user_code
@@ -166,6 +168,10 @@ class Trainer:
         self.step = self.epoch = self.batch_in_epoch = 0
         self.resumed_from: int | None = None
         self.ckpt_blocked_s = 0.0
+        # checkpoint.every_steps: auto is chosen PROBE_STEPS steps into each attempt (None until then)
+        auto = cfg.checkpoint.every_steps == AUTO
+        self.every_steps: int | None = None if auto else cfg.checkpoint.every_steps
+        self.interval_history = IntervalInputs.from_env() if auto else None  # a bad value fails before any step
 
     def log(self, message: str) -> None:
         if self.d.is_main:
@@ -205,6 +211,8 @@ class Trainer:
                             global_batch=self.global_batch, start_step=self.step, committed_step=self.resumed_from)
         self._progress = progress
         self.faults.start_clock()  # kill@time: unsynchronised, counted from here
+        probe_at = self.step + PROBE_STEPS if self.every_steps is None else None
+        first_step_done = 0.0
         while self.step < t.max_steps and not stop.should_stop():
             errors.context.step = self.step + 1  # the step in progress, for error records
             loss = self.train_step(model, *self.next_batch(), step=self.step + 1)
@@ -213,8 +221,13 @@ class Trainer:
             window.add(loss)
             if self.step % t.log_every_steps == 0 or self.step == t.max_steps:
                 self.log_metrics(window)
-            if self.step % self.cfg.checkpoint.every_steps == 0 and self.step < t.max_steps:
-                self.ckpt_blocked_s += self.checkpoint()
+            if self.every_steps is not None:
+                if self.step % self.every_steps == 0 and self.step < t.max_steps:
+                    self.ckpt_blocked_s += self.checkpoint()
+            elif self.step == probe_at - PROBE_STEPS + 1:
+                first_step_done = time.perf_counter()  # the first step's warm-up is not timed
+            elif self.step == probe_at and self.step < t.max_steps:
+                self.choose_interval((time.perf_counter() - first_step_done) / (PROBE_STEPS - 1))
             if self.faults.process_fault_due(self.step):
                 self.ckpt.wait()  # drills are reproducible: pending writes are committed first
                 d.barrier()
@@ -283,6 +296,27 @@ class Trainer:
         snap.blocked_s = time.perf_counter() - t0
         self.ckpt.save(snap, block=block)
         return time.perf_counter() - t0
+
+    def choose_interval(self, step_s: float) -> None:
+        """`checkpoint.every_steps: auto` (every rank, at the same step): Young/Daly from the
+        pipeline's history, else from a probe save timed now; rank 0 chooses, every rank follows."""
+        history = self.interval_history or IntervalInputs()
+        probe_s = None
+        if history.cost_s is None:
+            probe_s = self.checkpoint()  # the probe: the loop time this attempt's first save holds
+            self.ckpt_blocked_s += probe_s
+        chosen = None
+        if self.d.is_main:
+            chosen = choose_interval(self.cfg.checkpoint, step_s=step_s, history=history, probe_cost_s=probe_s, probe_step=self.step)
+        self.every_steps = self.d.broadcast_int(chosen.every_steps if chosen else None)
+        if chosen is not None:
+            self.log(f"gangflow: checkpoint interval: {chosen.describe()}")
+            attempt = self._progress.attempt
+            self.tracker.event("checkpoint_interval", self.step, mlflow_prefix="checkpoint_interval_", mlflow_step=attempt,
+                               attempt=attempt, **chosen.as_dict())
+            # a tag, not a param: a retry may choose another interval, and MLflow params never change
+            self.tracker.write({"event": "tracking", "step": self.step, "params": {},
+                                "tags": {"gangflow.checkpoint_interval": json.dumps({"attempt": attempt, **chosen.as_dict()})}})
 
     def _on_commit(self, info: dict[str, Any]) -> None:
         self._progress.committed(info)

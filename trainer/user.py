@@ -33,7 +33,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer import EXIT_CONFIG_ERROR, EXIT_OK, EXIT_USER_ERROR, errors, runtime
 from trainer.cli import build_parser as trainer_parser
-from trainer.config import load_config
+from trainer.config import AUTO, load_config
 from trainer.console import say
 from trainer.errors import ConfigError, UserError, user_code
 
@@ -97,6 +97,10 @@ def script_path(text: str) -> Path:
 def export_runtime_env(args: argparse.Namespace) -> None:
     """What trainer.runtime.init() reads, from the options (contract 1's names)."""
     cfg = load_config(args.config, args.overrides)
+    if cfg.checkpoint.every_steps == AUTO:
+        raise ConfigError(f"checkpoint.every_steps={AUTO!r} is invalid here: training code of one's own saves when it calls "
+                          "run.save_checkpoint and reads run.params['checkpoint.every_steps'] as an integer; "
+                          "give an integer >= 1 (auto is for gangflow's own loop)")
     os.environ[runtime.ENV_RUN_DIR] = str(args.run_dir)
     os.environ[runtime.ENV_CODE] = describe(args)
     os.environ[runtime.ENV_KEEP_LAST] = str(cfg.checkpoint.keep_last)

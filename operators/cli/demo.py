@@ -124,6 +124,7 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
         "backend": (training or params)["backend"],
         "launcher": (training or params)["launcher"],
         "resumed_from_step": (training or {}).get("resumed_from_step"),
+        **checkpoint_interval(settings.run_dir(dag_id, dag_run.run_id), params.get("checkpoint_every_steps", config.checkpoint_every_steps)),
     }
     if summary["state"] == "failed":
         record = read_failure(dag_id, dag_run.run_id)
@@ -134,6 +135,18 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
             "task_id": record.get("task_id", failed[0] if failed else None),
         }
     return summary
+
+
+def checkpoint_interval(run_dir, asked) -> dict:
+    """`checkpoint_every_steps` (what the last try used: auto's choice, else what was asked) and
+    `checkpoint_interval_inputs` (auto's C, MTBF, step time and where each came from; else null)."""
+    from operators.checkpoint_history import chosen_interval
+
+    chosen = chosen_interval(run_dir) if str(asked) == "auto" else None
+    if chosen is None:
+        return {"checkpoint_every_steps": asked, "checkpoint_interval_inputs": None}
+    keys = ("cost_s", "cost_source", "mtbf_s", "mtbf_source", "step_s", "seconds", "bound", "attempt")
+    return {"checkpoint_every_steps": chosen["every_steps"], "checkpoint_interval_inputs": {k: chosen.get(k) for k in keys}}
 
 
 def parse_with_conf(parser: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, dict]:
@@ -191,6 +204,8 @@ def failed_summary(config, kind: str, reason: str, conf: dict | None = None) -> 
     return {"state": "failed", "pipeline": config.name, "dag_run_id": None, "dataset_version": config.dataset_version or None,
             "backend": conf.get("backend", config.default_backend), "launcher": conf.get("launcher", config.launcher),
             "resumed_from_step": None,
+            "checkpoint_every_steps": conf.get("checkpoint_every_steps", config.checkpoint_every_steps),
+            "checkpoint_interval_inputs": None,
             "metric": {**config.metric.as_dict(), "value": None}, "accuracy": None, "tracking_uri": redact_url(settings.tracking_uri()),
             "model_name": config.model_name, "model_version": None, "promoted": False, "promotion_reason": None,
             "train_attempts": 0, "failure": {"kind": kind, "reason": reason, "task_id": None}}  # fmt: skip

@@ -87,7 +87,7 @@ class PipelineConfig:
     max_steps: int
     learning_rate: float
     batch_size: int
-    checkpoint_every_steps: int
+    checkpoint_every_steps: int | str  # or "auto" (trainer.checkpoint_interval)
     # pinned in dvc.lock ("" when there is no dvc.lock yet: the form then asks for a version)
     dataset_version: str
     # folders the user's packages import from (absolute), put on sys.path / PYTHONPATH wherever
@@ -386,6 +386,10 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         if why := module_missing(factory, roots):
             raise PipelineConfigError(f"{trainer_config} (trainer_config of {source}): {key}={factory!r}: {why}")
     training_code = _training_code(source, raw.get("training"))
+    if training_code and trainer.checkpoint.every_steps == "auto":
+        raise PipelineConfigError(f"{trainer_config} (trainer_config of {source}): checkpoint.every_steps='auto' is for gangflow's "
+                                  "own loop: training code of one's own (training.entrypoint / training.command) decides when it "
+                                  "saves and reads run.params['checkpoint.every_steps'] as an integer; give an integer >= 1")
     evaluation_entrypoint = _evaluation_entrypoint(source, raw.get("evaluation"))
     for key, path in (("training.entrypoint", (raw.get("training") or {}).get("entrypoint")),
                       ("evaluation.entrypoint", evaluation_entrypoint)):

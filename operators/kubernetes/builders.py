@@ -21,6 +21,7 @@ from operators.kubernetes import models as m
 from operators.kubernetes.runtime import RuntimeDefaults
 from trainer.urls import redact_url
 from trainer import EXIT_CONFIG_ERROR, EXIT_USER_ERROR
+from trainer.checkpoint_interval import HISTORY_ENV
 
 # Labels every training pod carries; the Helm chart's NetworkPolicy selects on COMPONENT_LABEL.
 NAME_LABEL = "app.kubernetes.io/name"
@@ -53,7 +54,8 @@ USER_EXIT_CODES = (EXIT_USER_ERROR, EXIT_CONFIG_ERROR)
 # (the runtime's wins; the worker's may be a sqlite path or carry credentials), GANGFLOW_FAULT /
 # GANGFLOW_ALLOW_FAULTS (fault injection is for drills, never a real cluster), paths.
 FORWARDED_ENV = ("GANGFLOW_DAG_ID", "GANGFLOW_DAG_RUN_ID", "GANGFLOW_TRY_NUMBER", "GANGFLOW_TRY_STARTED_AT", "MLFLOW_RUN_ID",
-                 "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "GANGFLOW_PIPELINE", "GANGFLOW_LOG_FORMAT")
+                 "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "GANGFLOW_PIPELINE", "GANGFLOW_LOG_FORMAT",
+                 HISTORY_ENV)  # checkpoint.every_steps: auto
 # Where rank 0 serves Prometheus metrics: the chart's scrape configuration keeps pods with it.
 METRICS_PORT_ANNOTATION = "gangflow.io/metrics-port"
 # Overrides that name the worker's copy of the data: dropped when the rank fetches a version.
