@@ -12,6 +12,7 @@ import json
 import os
 import re
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -110,10 +111,17 @@ def _download(fs, src: str, target: Path, expected: str, what: str) -> None:
     digest = hashlib.md5()
     with replacing(target) as tmp:
         try:
-            with fs.open(src, "rb") as source, open(tmp, "wb") as out:
+            # One thread writes chunk n while this one hashes it (both let go of the GIL): the
+            # fetch costs about the read and the md5, not their sum with the write.
+            with fs.open(src, "rb") as source, open(tmp, "wb") as out, ThreadPoolExecutor(1) as writer:
+                written = None
                 for chunk in iter(lambda: source.read(_CHUNK), b""):
+                    if written is not None:
+                        written.result()
+                    written = writer.submit(out.write, chunk)
                     digest.update(chunk)
-                    out.write(chunk)
+                if written is not None:
+                    written.result()
                 out.flush()
                 os.fsync(out.fileno())
         except FileNotFoundError:
