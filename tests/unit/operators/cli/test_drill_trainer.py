@@ -35,7 +35,8 @@ def runtime() -> dict:
 
 def gangflow_trainjob(world_size: int = 2) -> dict:
     """What gangflow's backend submits with api=trainjob: CPU pods, one process each."""
-    mapping = merge_runtime(example_runtime_mapping(), {"api": "trainjob", "image": IMAGE, "resources": {"cpu": "1", "memory": "2Gi", "gpu": 0}})
+    mapping = merge_runtime(example_runtime_mapping(), {"api": "trainjob", "image": IMAGE, "resources": {"cpu": "1", "memory": "2Gi", "gpu": 0},
+                                                           "checkpoint": {"pvc": None, "uri": "s3://bucket/checkpoints"}})
     (trainjob,) = render_documents(world_size=world_size, runtime=mapping, dataset_version=VERSION)
     assert trainjob["kind"] == "TrainJob"
     trainjob["metadata"]["uid"] = "4b1d6a35-0c5e-4f0e-9a57-5b7d1f0c2e11"
