@@ -72,3 +72,21 @@ def test_a_broken_runtime_is_refused_naming_the_field(render, kinds, validate, c
     with pytest.raises(SchemaValidationError) as err:
         validate(runtime)
     assert message in str(err.value)
+
+
+def test_render_validate_checks_the_runtime_file_an_admin_installs(render, kinds, tmp_path, crds_dir, capsys):
+    import yaml
+
+    from operators.cli.render import main
+
+    (runtime,) = runtimes(render, kinds, TRAINJOB)
+    runtime.pop("__template__")
+    path = tmp_path / "runtime.yaml"
+    path.write_text(yaml.safe_dump(runtime))
+    assert main(["validate", str(path), "--crds", str(crds_dir)]) == 0
+    runtime["spec"]["mlPolicy"]["numNodes"] = 0
+    path.write_text(yaml.safe_dump(runtime))
+    with pytest.raises(SystemExit) as exc:
+        main(["validate", str(path), "--crds", str(crds_dir)])
+    assert exc.value.code == 1
+    assert "spec.mlPolicy.numNodes: must be an integer >= 1" in capsys.readouterr().err
