@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -175,7 +176,7 @@ TRAINER_API_VERSION = "trainer.kubeflow.org/v1alpha1"
 TRAINING_RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 _NUM_PROC_WORDS = ("auto", "cpu", "gpu")  # Trainer's torch plugin accepts these besides an integer
-_DNS_SUBDOMAIN = __import__("re").compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 def _keys(where: str, value: Any, allowed: Iterable[str], required: Iterable[str] = ()) -> Mapping[str, Any]:

@@ -267,7 +267,7 @@ class TrainerController:
             "spec": {"active": True, "queueName": queue, "podSets": [{"name": NODE, "count": nodes}]},
             "status": {"conditions": [
                 {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "lastTransitionTime": stamp,
-                 "message": f"Quota reserved in the drill's ClusterQueue (scripted by the drill: no quota is modelled)"},
+                 "message": "Quota reserved in the drill's ClusterQueue (scripted by the drill: no quota is modelled)"},
                 {"type": "Admitted", "status": "True", "reason": "Admitted", "lastTransitionTime": stamp, "message": "The workload is admitted"},
             ]},
         }  # fmt: skip
