@@ -6,6 +6,8 @@ STAMP  := $(VENV)/.gangflow-installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
 PIPELINE ?= digits
+# Launch API of the cluster drill: jobset, or trainjob (run as Kubeflow Trainer v2 would run it)
+API ?= jobset
 
 .PHONY: install browser-deps prometheus-deps setup data demo baseline cluster-drill test test-fast ui benchmarks constraints clean
 
@@ -41,9 +43,10 @@ baseline: setup
 
 # One pipeline's DAG (PIPELINE=, as demo) with backend=kubernetes, the rendered pods run as local
 # processes, S3 (moto) and MLflow servers on 127.0.0.1 (docs/kubernetes.md, "The cluster drill");
-# honours GANGFLOW_FAULT.
+# honours GANGFLOW_FAULT. API=trainjob submits a TrainJob that the drill's Kubeflow Trainer v2
+# controller turns into a JobSet from the chart's ClusterTrainingRuntime.
 cluster-drill: setup
-	$(BIN)/python -m operators.cli.drill --pipeline $(PIPELINE)
+	$(BIN)/python -m operators.cli.drill --pipeline $(PIPELINE) --api $(API)
 
 # Every test on 2 pytest-xdist workers; tests that share a session fixture (a prepared state dir)
 # stay on one worker (tests/conftest.py).

@@ -116,6 +116,7 @@ class EmulatedCluster:
         extra_env: dict[str, str] | None = None,
         period: float = 0.2,
         echo=None,
+        controllers=(),
     ):
         self.api = api
         self.workdir = Path(workdir)
@@ -125,6 +126,7 @@ class EmulatedCluster:
         self.extra_env = dict(extra_env or {})
         self.period = period
         self.echo = echo
+        self.controllers = list(controllers)  # reconciled before the JobSets (trainer_controller.TrainerController)
         self.runs: dict[tuple[str, str], PodRun] = {}
         self.history: list[PodRun] = []
         self.events: list[str] = []
@@ -182,6 +184,8 @@ class EmulatedCluster:
     # --- reconcile -----------------------------------------------------------------------------
 
     def reconcile(self) -> None:
+        for controller in self.controllers:
+            controller.reconcile(self._note)
         for jobset in self.api.items(*JS):
             self._kueue(jobset)
             self._job_controller(jobset)

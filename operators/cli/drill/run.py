@@ -1,11 +1,12 @@
 """`make cluster-drill`: `train_pipeline` with `backend=kubernetes`, the gang's pods run locally.
 
-    python -m operators.cli.drill [--pipeline NAME] [--conf JSON] [--keep DIR]
+    python -m operators.cli.drill [--pipeline NAME] [--api jobset|trainjob] [--conf JSON] [--keep DIR]
     GANGFLOW_FAULT="kill@step=30,rank=1" python -m operators.cli.drill
 
 Starts an S3 API (moto), an MLflow server, the Kubernetes API test double and the emulated cluster
-on 127.0.0.1, and runs the DAG with dag.test(). The last line is `make demo`'s JSON plus `backend`,
-`checkpoint_uri` and `resumed_from_step`; exit 0 only when the run succeeded and no pod touched
+on 127.0.0.1, and runs the DAG with dag.test(). With --api trainjob the cluster also runs Kubeflow
+Trainer v2's controller (trainer_controller.py) on the chart's ClusterTrainingRuntime. The last line
+is `make demo`'s JSON plus `backend`, `api`, `checkpoint_uri` and `resumed_from_step`; exit 0 only when the run succeeded and no pod touched
 the worker's state dir (docs/kubernetes.md, "The cluster drill").
 """
 
@@ -62,14 +63,14 @@ def _b64(value: str) -> str:
     return base64.b64encode(value.encode()).decode()
 
 
-def drill_runtime(*, image: str, mlflow_url: str, s3_url: str, rendezvous_port: int, dataset_remote: str) -> dict[str, Any]:
+def drill_runtime(*, image: str, mlflow_url: str, s3_url: str, rendezvous_port: int, dataset_remote: str, api: str = "jobset") -> dict[str, Any]:
     """The runtime.yaml a cluster admin would install (helm/gangflow values), for this drill."""
     runtime: dict[str, Any] = {
         "image": image,
         "namespace": NAMESPACE,
         "serviceAccountName": "gangflow-training",
         "scheduler": "kueue",
-        "api": "jobset",
+        "api": api,
         "queue": "gangflow",
         "resources": {"cpu": "1", "memory": "2Gi", "gpu": 0},
         "shmSize": "256Mi",
@@ -85,6 +86,15 @@ def drill_runtime(*, image: str, mlflow_url: str, s3_url: str, rendezvous_port: 
     # write checkpoints to checkpoint.uri with the S3 credentials of a Secret (envFrom)
     runtime["dataset"] = {"remote": dataset_remote, "credentialsSecret": S3_SECRET, "endpointUrl": s3_url}
     return runtime
+
+
+def trainer_chart_values(runtime: dict[str, Any]) -> dict[str, Any]:
+    """The chart values behind the drill's runtime.yaml, for the ClusterTrainingRuntime it renders."""
+    repository, digest = runtime["image"].split("@", 1)
+    return {"training": {
+        "image": {"repository": repository, "digest": digest}, "serviceAccount": {"name": runtime["serviceAccountName"]},
+        "resources": runtime["resources"], "rendezvousPort": runtime["rendezvousPort"], "priorityClassName": "",
+    }}  # fmt: skip
 
 
 def _require_data_plane() -> None:
@@ -178,12 +188,13 @@ def isolation_findings(runs, state: Path) -> list[str]:
 class Drill:
     """Owns every server, thread and process of one drill; `close()` ends them all."""
 
-    def __init__(self, *, keep: Path | None = None, fault: str = "", conf: dict[str, Any] | None = None, pipeline: str = "digits"):
+    def __init__(self, *, keep: Path | None = None, fault: str = "", conf: dict[str, Any] | None = None, pipeline: str = "digits", api: str = "jobset"):
         from operators.config.pipelines import pipeline as load_pipeline
 
         self.id = f"drill-{uuid.uuid4().hex[:10]}"
         self.keep = keep
         self.fault = fault
+        self.launch_api = api  # jobset | trainjob (runtime.yaml `api`); self.api is the API test double
         self.pipeline = load_pipeline(pipeline)
         self.conf = {**DEFAULT_CONF, **PIPELINE_CONF.get(self.pipeline.name, {}), **(conf or {})}
         self.state = settings.state_dir()
@@ -224,7 +235,7 @@ class Drill:
         os.environ["MLFLOW_TRACKING_URI"] = mlflow.url
         self.runtime = drill_runtime(
             image=image_reference(settings.PROJECT_ROOT), mlflow_url=mlflow.url, s3_url=moto.url,
-            rendezvous_port=free_port(), dataset_remote=remote,
+            rendezvous_port=free_port(), dataset_remote=remote, api=self.launch_api,
         )  # fmt: skip
         self._api(s3_key, s3_secret)
         self._cluster()
@@ -276,6 +287,10 @@ class Drill:
             self.runtime, s3_key=s3_key, s3_secret=s3_secret, mlflow_token=secrets.token_hex(16), world_size=int(self.conf["world_size"])
         ):
             self.api.put(group, plural, obj)
+        if self.launch_api == "trainjob":  # the chart's ClusterTrainingRuntime, rendered with the drill's values
+            from operators.cli.drill.trainer_controller import RUNTIMES, chart_training_runtime
+
+            self.api.put(*RUNTIMES, chart_training_runtime(trainer_chart_values(self.runtime)))
         os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = json.dumps(
             {"conn_type": "kubernetes", "extra": {"kube_config": self.api.kubeconfig(NAMESPACE), "namespace": NAMESPACE}}
         )
@@ -291,9 +306,17 @@ class Drill:
         shutil.copyfile(audit_hook.__file__, audit_dir / "sitecustomize.py")
         image = build_image(self.dir / "image")
         extra = {"GANGFLOW_FAULT": self.fault, "GANGFLOW_ALLOW_FAULTS": "1"} if self.fault else {}
+        controllers = []
+        if self.launch_api == "trainjob":
+            from operators.cli.drill.trainer_controller import TrainerController
+            from operators.kubernetes.validation import CrdRegistry, validate_object
+
+            registry = CrdRegistry(settings.PROJECT_ROOT / "operators" / "kubernetes" / "crds")
+            controllers.append(TrainerController(self.api, validator=lambda obj: validate_object(obj, registry), master_port=self.runtime["rendezvousPort"]))
         self.cluster = EmulatedCluster(
-            self.api, workdir=self.dir / "pods", image=image, audit_dir=audit_dir, drill_id=self.id, extra_env=extra, echo=echo
-        ).start()
+            self.api, workdir=self.dir / "pods", image=image, audit_dir=audit_dir, drill_id=self.id, extra_env=extra, echo=echo,
+            controllers=controllers,
+        ).start()  # fmt: skip
 
     # --- the run -----------------------------------------------------------------------------------
 
@@ -309,6 +332,7 @@ class Drill:
         resumed = [int(m.group(1)) for run in runs for m in _RESUMED.finditer("".join(run.log_lines))]
         summary |= {
             "backend": "kubernetes",
+            "api": self.api_that_ran(),
             # where the pods really wrote: the --run-dir of the containers the backend rendered
             "checkpoint_uri": next((run.rendered_argv[i + 1] for run in runs for i, a in enumerate(run.rendered_argv[:-1]) if a == "--run-dir"), None),
             "resumed_from_step": resumed[-1] if resumed else None,
@@ -321,6 +345,11 @@ class Drill:
             summary["failure"] = {"kind": "drill", "reason": "; ".join(findings[:5]) + (f" (+{len(findings) - 5} more)" if len(findings) > 5 else "")}
         self._report(summary, runs)
         return summary
+
+    def api_that_ran(self) -> str:
+        """The launch API of the gang objects the backend created (the requested one when none was)."""
+        created = [api for api, plural in (("trainjob", "/trainjobs"), ("jobset", "/jobsets")) if self.api.count("POST", plural)]
+        return created[0] if len(created) == 1 else self.launch_api
 
     def _report(self, summary: dict[str, Any], runs) -> None:
         report = {"summary": summary, "state_dir": str(self.state), "drill_dir": str(self.dir), "runtime": self.runtime,
@@ -368,7 +397,7 @@ def _stop_on_signal(drill: Drill) -> None:
         try:
             drill.close(remove=False)
         finally:
-            summary = {"state": "failed", "backend": "kubernetes", "train_attempts": 0, "promoted": False, **_INTERRUPTED}
+            summary = {"state": "failed", "backend": "kubernetes", "api": drill.launch_api, "train_attempts": 0, "promoted": False, **_INTERRUPTED}
             print(json.dumps(summary), flush=True)
             os._exit(128 + signum)
 
@@ -383,10 +412,14 @@ def _stop_on_signal(drill: Drill) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from operators.kubernetes.runtime import APIS
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pipeline", default="digits", help="the pipeline to run: a file pipelines/<name>.yaml (default digits)")
     parser.add_argument("--conf", default="{}", help="DAG run conf (Params) merged over the drill's: " + json.dumps(DEFAULT_CONF)
                         + "; per pipeline: " + json.dumps(PIPELINE_CONF))
+    parser.add_argument("--api", default="jobset", choices=APIS, help="launch API the backend submits (runtime.yaml `api`): jobset (default) or "
+                        "trainjob, run as Kubeflow Trainer v2 would run it")
     parser.add_argument("--keep", type=Path, help="keep the drill's files (servers' data, pod dirs and logs, report.json) in this folder")
     args = parser.parse_args(argv)
     try:
@@ -409,9 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     # the fault goes to the emulated pods only; the real backend never forwards GANGFLOW_FAULT
     fault = os.environ.pop("GANGFLOW_FAULT", "")
     os.environ.pop("GANGFLOW_ALLOW_FAULTS", None)
-    summary: dict[str, Any] = {"state": "failed", "backend": "kubernetes", "train_attempts": 0, "promoted": False}
+    summary: dict[str, Any] = {"state": "failed", "backend": "kubernetes", "api": args.api, "train_attempts": 0, "promoted": False}
     try:
-        drill = Drill(keep=args.keep, fault=fault, conf=conf, pipeline=args.pipeline)
+        drill = Drill(keep=args.keep, fault=fault, conf=conf, pipeline=args.pipeline, api=args.api)
     except DrillError as exc:
         print(json.dumps(summary | {"failure": {"kind": "user", "reason": str(exc)}}), flush=True)
         return 2
