@@ -172,6 +172,35 @@ def test_killed_rank_is_retried_once_and_resumes_from_step_30(fault_run):
     assert processes_touching(fault_run["keep"]) == []
 
 
+@pytest.fixture(scope="module")
+def preempt_run(drill_home, tmp_path_factory) -> dict:
+    keep = tmp_path_factory.mktemp("drill-preempt")
+    log = keep.parent / "drill-preempt.log"
+    started = time.monotonic()
+    result = finish(start_drill(drill_home, keep, log, GANGFLOW_DRILL_EVENT="preempt@step=30"), log, keep)
+    result["keep"], result["seconds"] = keep, time.monotonic() - started
+    return result
+
+
+def test_a_kueue_preemption_costs_no_retry_and_resumes(preempt_run):
+    """The drill's Kueue evicts the running Workload (reason Preempted) once checkpoint step 30 is
+    committed: the pods get DisruptionTarget and SIGTERM, the ranks commit a final checkpoint and
+    exit 75; the task re-launches the gang, which Kueue admits again (issue 25.1)."""
+    summary = preempt_run["summary"]
+    assert preempt_run["code"] == 0, preempt_run["output"][-8000:]
+    assert summary["state"] == "success" and summary["train_attempts"] == 1, summary
+    assert summary["preemptions"] == 1, summary
+    assert "Kueue" in summary["preemption_reasons"][0] and "Preempted" in summary["preemption_reasons"][0], summary
+    assert summary["resumed_from_step"] and summary["resumed_from_step"] >= 30, summary
+    events = preempt_run["report"]["events"]
+    assert any("evicted" in e and "Preempted" in e for e in events), events
+    assert sum("Kueue admitted JobSet" in e for e in events) == 2, events
+    pods = _pods(preempt_run["report"])
+    assert len(pods) == 4 and all("-t1-" in p["pod"] for p in pods)  # one Airflow try, two gangs
+    assert any(p["exit_code"] == 75 for p in pods), [p["exit_code"] for p in pods]
+    assert processes_touching(preempt_run["keep"]) == []
+
+
 def test_an_interrupted_drill_stops_everything_it_started(drill_home, tmp_path):
     keep = tmp_path / "drill"
     log = tmp_path / "drill.log"

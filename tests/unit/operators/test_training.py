@@ -140,3 +140,52 @@ def test_an_explicit_tracking_uri_with_credentials_is_refused():
         get_client(f"https://bob:{SECRET}@mlflow.example.com")
     assert "tracking_uri=" in str(info.value) and "must not carry credentials" in str(info.value)
     assert SECRET not in str(info.value)
+
+
+# --- preemption: its own outcome, no retry spent (issue 25.1) -----------------------------------
+
+PREEMPTED = GangResult(succeeded=False, exit_code=75, evidence={"exit_code": 75, "ranks": [{"rank": 0, "exit_code": 75}]})
+KILLED = GangResult(succeeded=False, exit_code=137, evidence={"exit_code": 137, "signal": "SIGKILL"})
+
+
+def _gang(results):
+    """A gang that ends with each of `results` in turn (what `backend.run` returns)."""
+    calls = []
+
+    def run():
+        calls.append(1)
+        return results[len(calls) - 1]
+
+    return run, calls
+
+
+def test_a_preempted_gang_is_relaunched_without_spending_a_retry(worker_manifest):
+    op, spec = _spec(worker_manifest)
+    run, calls = _gang([PREEMPTED, PREEMPTED, GangResult(succeeded=True, exit_code=0, resumed_from_step=31)])
+    result = op.run_through_preemptions(spec, run)
+    assert result.succeeded and len(calls) == 3
+    assert len(op.preemptions) == 2 and all("75" in reason for reason in op.preemptions)
+    out = op._finish(spec, result, None, "models:/m-0123456789abcdef")
+    assert out["preemptions"] == 2 and out["preemption_reasons"] == op.preemptions
+    assert out["attempt"] == 1 and out["resumed_from_step"] == 31
+
+
+def test_a_failure_is_not_relaunched(worker_manifest):
+    op, spec = _spec(worker_manifest)
+    run, calls = _gang([KILLED, GangResult(succeeded=True, exit_code=0)])
+    result = op.run_through_preemptions(spec, run)
+    assert not result.succeeded and len(calls) == 1 and op.preemptions == []
+
+
+def test_preemptions_past_the_budget_spend_a_retry_as_before(worker_manifest):
+    op, spec = _spec(worker_manifest, max_preemptions=1)
+    run, calls = _gang([PREEMPTED, PREEMPTED, GangResult(succeeded=True, exit_code=0)])
+    result = op.run_through_preemptions(spec, run)
+    assert not result.succeeded and result.exit_code == 75 and len(calls) == 2
+    assert len(op.preemptions) == 1
+
+
+@pytest.mark.parametrize("value", [-1, "many", 2.5, True])
+def test_the_preemption_budget_is_checked_naming_the_field(value):
+    with pytest.raises(ValueError, match=r"max_preemptions=.*accepted values: an integer >= 0"):
+        GangTrainingOperator(task_id="t", world_size=1, max_preemptions=value)
