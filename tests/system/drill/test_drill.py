@@ -197,7 +197,8 @@ def test_a_kueue_preemption_costs_no_retry_and_resumes(preempt_run):
     assert sum("Kueue admitted JobSet" in e for e in events) == 2, events
     pods = _pods(preempt_run["report"])
     assert len(pods) == 4 and all("-t1-" in p["pod"] for p in pods)  # one Airflow try, two gangs
-    assert any(p["exit_code"] == 75 for p in pods), [p["exit_code"] for p in pods]
+    stopped = [p for p in pods if "gangflow: preempted (SIGTERM)" in (Path(p["dir"]) / "container.log").read_text(errors="replace")]
+    assert len(stopped) == 2, [p["pod"] for p in pods]  # both ranks of the first gang committed and exited 75
     assert processes_touching(preempt_run["keep"]) == []
 
 
