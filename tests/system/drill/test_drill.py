@@ -198,7 +198,7 @@ def test_a_kueue_preemption_costs_no_retry_and_resumes(preempt_run):
     pods = _pods(preempt_run["report"])
     assert len(pods) == 4 and all("-t1-" in p["pod"] for p in pods)  # one Airflow try, two gangs
     stopped = [p for p in pods if "gangflow: preempted (SIGTERM)" in (Path(p["dir"]) / "container.log").read_text(errors="replace")]
-    assert len(stopped) == 2, [p["pod"] for p in pods]  # both ranks of the first gang committed and exited 75
+    assert len(stopped) == 1, [p["pod"] for p in pods]  # rank 0 of the first gang: every rank committed, then exited 75
     assert processes_touching(preempt_run["keep"]) == []
 
 
