@@ -103,6 +103,10 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
     training = xcoms.get(("training_result", "backend")) and {
         key: xcoms.get(("training_result", key)) for key in ("backend", "launcher", "resumed_from_step")
     }
+    # preemptions re-launched without a retry (issue 25.1): the training task's own XComs, kept
+    # while it ran, so a run that failed afterwards still shows them
+    reasons = next((v for (task_id, key), v in xcoms.items() if task_id.startswith("train_") and key == "preemption_reasons"
+                    and isinstance(v, list)), [])
     params = {**{"backend": config.default_backend, "launcher": config.launcher}, **(dag_run.conf or {})}
     state = str(getattr(dag_run.state, "value", dag_run.state))
     summary = {
@@ -124,6 +128,8 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
         "backend": (training or params)["backend"],
         "launcher": (training or params)["launcher"],
         "resumed_from_step": (training or {}).get("resumed_from_step"),
+        "preemptions": len(reasons),
+        "preemption_reasons": reasons,
     }
     if summary["state"] == "failed":
         record = read_failure(dag_id, dag_run.run_id)
