@@ -168,10 +168,11 @@ def account(summary: dict) -> list[str]:
     version = summary.get("dataset_version") or "?"
     lines = [f"validated: yes, dataset version {version}" if failed_at > 0 else f"validated: no, dataset version {version}: {why}"]
     attempts = summary.get("train_attempts") or 0
+    preempted = f" and {summary['preemptions']} preemption(s) (no retry spent)" if summary.get("preemptions") else ""
     if failed_at > STAGES.index("train"):
-        lines.append(f"trained: yes, {attempts} attempt(s)")
+        lines.append(f"trained: yes, {attempts} attempt(s){preempted}")
     elif failed_at == STAGES.index("train"):
-        lines.append(f"trained: no, after {attempts} attempt(s): {why}")
+        lines.append(f"trained: no, after {attempts} attempt(s){preempted}: {why}")
     else:
         lines.append("not trained" + (f": admission refused the gang: {why}" if failed_at == 1 else ""))
     metric = summary.get("metric") or {}
