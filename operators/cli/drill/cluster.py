@@ -240,7 +240,7 @@ class EmulatedCluster:
         event = self.event
         if event is None or event.fired or self.committed_step is None or time.monotonic() < self._next_probe:
             return
-        self._next_probe = time.monotonic() + 1.0
+        self._next_probe = time.monotonic() + 0.25  # a listing of the bucket: milliseconds
         step = self.committed_step()
         if step is None or step < event.step:
             return

@@ -201,6 +201,7 @@ class Drill:
         self.api = None
         self.cluster = None
         self.runtime: dict[str, Any] = {}
+        self._s3 = None  # the S3 client of `_committed_step`
 
     # --- set-up ------------------------------------------------------------------------------------
 
@@ -306,7 +307,9 @@ class Drill:
 
         steps = []
         try:
-            pages = boto3.client("s3", region_name="us-east-1").get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="checkpoints/")
+            if self._s3 is None:  # one client: each new one logs where it found its endpoint
+                self._s3 = boto3.client("s3", region_name="us-east-1")
+            pages = self._s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="checkpoints/")
             for page in pages:
                 for item in page.get("Contents") or ():
                     if m := re.search(r"/checkpoints/step-(\d+)/manifest\.json$", item["Key"]):
