@@ -299,7 +299,7 @@ class GangTrainingOperator(BaseOperator):
         # An error that retrying cannot heal stops the gang now (SIGTERM: the ranks commit a
         # checkpoint) rather than after a whole try of training that must fail.
         self._relay = TrackingRelay(spec.run_dir, open_run=open_run, log=self.log.info,
-                                    on_fatal=lambda exc: self._backend.kill(), log_final=self.log_final_model,
+                                    on_fatal=lambda exc: self._stop_gang(), log_final=self.log_final_model,
                                     observers=(exporter.observe,) if exporter is not None else ()).start()
         self.log.info("gang %s: %d ranks, run dir %s, try %d", spec.name, spec.world_size, spec.run_dir, spec.attempt)
         try:
@@ -496,6 +496,11 @@ class GangTrainingOperator(BaseOperator):
                 client.set_tag(run_id, failure_context.REACHED_STEP_TAG, str(step))
         except Exception as exc:  # noqa: BLE001 - a missing tag only weakens a later judgement
             self.log.info("gangflow: cannot tag the reached step on run %s: %s", run_id, exc)
+
+    def _stop_gang(self) -> None:
+        """Stop the gang for good: its SIGTERM ending (exit 75) is then no preemption to re-launch."""
+        self._killed = True
+        self._backend.kill()
 
     def on_kill(self) -> None:
         self._killed = True  # the gang's SIGTERM ending is then no preemption to re-launch

@@ -189,3 +189,11 @@ def test_preemptions_past_the_budget_spend_a_retry_as_before(worker_manifest):
 def test_the_preemption_budget_is_checked_naming_the_field(value):
     with pytest.raises(ValueError, match=r"max_preemptions=.*accepted values: an integer >= 0"):
         GangTrainingOperator(task_id="t", world_size=1, max_preemptions=value)
+
+
+def test_a_gang_the_task_itself_stopped_is_not_relaunched(worker_manifest):
+    # on_kill, or the MLflow relay giving up (`_stop_gang`): the ranks' exit 75 is no preemption
+    op, spec = _spec(worker_manifest)
+    op._killed = True
+    run, calls = _gang([PREEMPTED, GangResult(succeeded=True, exit_code=0)])
+    assert not op.run_through_preemptions(spec, run).succeeded and len(calls) == 1 and op.preemptions == []
