@@ -201,6 +201,12 @@ def test_a_kueue_preemption_costs_no_retry_and_resumes(preempt_run):
     assert len(pods) == 4 and all("-t1-" in p["pod"] for p in pods)  # one Airflow try, two gangs
     stopped = [p for p in pods if "gangflow: preempted (SIGTERM)" in (Path(p["dir"]) / "container.log").read_text(errors="replace")]
     assert len(stopped) == 1, [p["pod"] for p in pods]  # rank 0 of the first gang: every rank committed, then exited 75
+    # the MLflow run says it too
+    import sqlite3
+
+    with sqlite3.connect(preempt_run["keep"] / "mlflow" / "mlflow.db") as db:
+        tags = dict(db.execute("select key, value from tags where key like 'gangflow.preemption%'").fetchall())
+    assert tags["gangflow.preemptions"] == "1" and json.loads(tags["gangflow.preemption_reasons"]) == summary["preemption_reasons"]
     assert processes_touching(preempt_run["keep"]) == []
 
 
