@@ -357,7 +357,10 @@ class GangTrainingOperator(BaseOperator):
                          "last committed checkpoint (no retry spent)", len(self.preemptions), self.max_preemptions, reason)
         from trainer.storage import write_json
 
-        write_json(Path(spec.run_dir) / PREEMPTIONS_FILE, {"reasons": self.preemptions}, indent=2)
+        try:  # the next try counts them against the budget; the task goes on without it
+            write_json(Path(spec.run_dir) / PREEMPTIONS_FILE, {"reasons": self.preemptions}, indent=2)
+        except OSError as exc:
+            self.log.warning("gangflow: preemptions not recorded in the run dir (%s: %s)", type(exc).__name__, exc)
         self._push_preemptions()
         return True
 
