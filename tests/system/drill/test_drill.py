@@ -178,7 +178,7 @@ def preempt_run(drill_home, tmp_path_factory) -> dict:
     log = keep.parent / "drill-preempt.log"
     started = time.monotonic()
     # long enough that the eviction (polled every 0.25 s once step 30 is committed) lands mid-run
-    conf = {"max_steps": 300, "checkpoint_every_steps": 10}
+    conf = {"max_steps": 150, "checkpoint_every_steps": 10}
     result = finish(start_drill(drill_home, keep, log, conf, GANGFLOW_DRILL_EVENT="preempt@step=30"), log, keep)
     result["keep"], result["seconds"] = keep, time.monotonic() - started
     return result
@@ -193,7 +193,7 @@ def test_a_kueue_preemption_costs_no_retry_and_resumes(preempt_run):
     assert summary["state"] == "success" and summary["train_attempts"] == 1, summary
     assert summary["preemptions"] == 1, summary
     assert "Kueue" in summary["preemption_reasons"][0] and "Preempted" in summary["preemption_reasons"][0], summary
-    assert summary["resumed_from_step"] and 30 <= summary["resumed_from_step"] < 300, summary
+    assert summary["resumed_from_step"] and 30 <= summary["resumed_from_step"] < 150, summary
     events = preempt_run["report"]["events"]
     assert any("evicted" in e and "Preempted" in e for e in events), events
     assert sum("Kueue admitted JobSet" in e for e in events) == 2, events
