@@ -228,7 +228,7 @@ def build_pipeline_dag(p: PipelineConfig):
             classes["train"](
                 task_id=f"train_local_{n}", world_size=n, backend="local", pool=settings.TRAINING_POOL, pool_slots=n,
                 launcher="{{ params.launcher }}", dataset=validate.output, overrides=overrides, config_path=p.trainer_config,
-                allowed_models=allowed, **user_code,
+                allowed_models=allowed, max_preemptions=p.max_preemptions, **user_code,
             )
             for n in p.local_world_sizes
         ]  # fmt: skip
@@ -241,7 +241,7 @@ def build_pipeline_dag(p: PipelineConfig):
                     launcher="{{ params.launcher }}", dataset=validate.output, overrides=overrides,
                     # a local Ray cluster's workers read the config where this machine has it
                     config_path=p.trainer_config if backend == "ray" else in_image, allowed_models=allowed,
-                    **user_code,
+                    max_preemptions=p.max_preemptions, **user_code,
                 )
             )  # fmt: skip
 

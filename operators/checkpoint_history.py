@@ -2,8 +2,8 @@
 
 C: the median `checkpoint_blocked_s` (the loop time a save held, logged by rank 0) of the latest
 saves of this DAG's MLflow runs. MTBF: their training time (`attempt_run_s`, per try) over their
-tries that ended in an infrastructure failure or a preemption (the training task's try records,
-`failures/try-N.json` in each run dir). `trainer.checkpoint_interval` applies them (docs/trainer.md).
+tries that ended in an infrastructure failure (the training task's try records, `failures/try-N.json`
+in each run dir) plus the preemptions it re-launched (`preemptions.json`). `trainer.checkpoint_interval` applies them (docs/trainer.md).
 """
 
 from __future__ import annotations
@@ -17,14 +17,16 @@ from typing import Any
 import yaml
 
 from operators.config import settings
+from operators.failures.preemption import recorded_preemptions
 from trainer.checkpoint_interval import HISTORY_ENV, IntervalInputs
 from trainer.config import AUTO
 from trainer.urls import redact_url
 
 MAX_RUNS = 20  # the latest runs of the DAG that are read
 MAX_SAVES = 200  # the latest saves whose median is C
-#: Verdicts that count as failures of the platform (a user failure says nothing about the MTBF).
-PLATFORM_FAILURES = ("infra", "preempted")
+#: Verdicts that count as failures of the platform (a user failure says nothing about the MTBF);
+#: preemptions re-launched within the task leave no try record and are counted from PREEMPTIONS_FILE.
+PLATFORM_FAILURES = ("infra",)
 
 
 def history_inputs(client: Any, experiment_id: str, *, dag_id: str, max_runs: int = MAX_RUNS) -> IntervalInputs:
@@ -58,13 +60,14 @@ def history_inputs(client: Any, experiment_id: str, *, dag_id: str, max_runs: in
     if failures and exposure > 0:
         inputs |= {"mtbf_s": exposure / failures,
                    "mtbf_source": f"history: {exposure:.0f} s of training (attempt_run_s) in {exposed_runs} runs of DAG {dag_id} "
-                                  f"over {failures} failure{'s' if failures != 1 else ''} (infra or preempted tries, failures/try-N.json)"}
+                                  f"over {failures} failure{'s' if failures != 1 else ''} (infra tries, failures/try-N.json, and preemptions, preemptions.json)"}
     return IntervalInputs(**inputs)
 
 
 def platform_failures(run_dir: Path) -> int:
-    """The tries of one DAG run whose verdict was infra or preempted (the training task's try records)."""
-    count = 0
+    """One DAG run's infra failures and preemptions: its tries whose verdict was infra (the training
+    task's try records) and the preemptions it re-launched without a retry (PREEMPTIONS_FILE)."""
+    count = len(recorded_preemptions(run_dir))
     for path in sorted((run_dir / "failures").glob("try-*.json")):
         try:
             kind = json.loads(path.read_text()).get("verdict", {}).get("kind")

@@ -22,9 +22,11 @@ from trainer.console import LOG_FORMAT_ENV, log_format
 
 from operators import checkpoint_history, failure_context
 from operators.config import settings
+from operators.config.pipelines import DEFAULT_MAX_PREEMPTIONS  # training.max_preemptions's default
 from operators.backends import GangResult, GangSpec, check_combination, get_backend
 from operators.backends.base import user_code_args
 from operators.links import DashboardLink, KubernetesObjectLink, MlflowRunLink
+from operators.failures.preemption import PREEMPTIONS_FILE, recorded_preemptions
 from operators.exceptions import GangCapacityError, GangConfigError, GangFailure, InfraFailure, UnknownFailure, UserError, UserFailure
 
 _FAILURES: dict[str, type[GangFailure]] = {"infra": InfraFailure, "user": UserFailure, "unknown": UnknownFailure}
@@ -80,12 +82,16 @@ class GangTrainingOperator(BaseOperator):
         `[python, script.py, ARGS...]` (a script inside the project).
     :param package_roots: folders of the project put first on the ranks' PYTHONPATH (the pods':
         below the image's /app).
+    :param max_preemptions: how many preemptions of this DAG run's gang (Kueue eviction,
+        `DisruptionTarget`, node drain, SIGTERM then final checkpoint: `operators.failures.preemption`)
+        the task re-launches itself, from the last committed checkpoint, without spending one of
+        Airflow's retries; past it a preemption is judged as the `infra` failure it was before.
     :returns: (XCom) `model_uri` (`models:/<model_id>`: this task logs the run's `final/` once, after
         the gang, as the MLflow run's LoggedModel: a signed pyfunc with gangflow's installed loader,
         `operators.registry.versions.log_final_model`; evaluate scores it and promote registers
         that URI, never a worker path),
         `mlflow_run_id`, `dataset_version`, `world_size`, `backend`, `launcher`, `attempt`,
-        `resumed_from_step`, `gang`.
+        `resumed_from_step`, `gang`, `preemptions` (how many, this DAG run) and `preemption_reasons`.
     """
 
     template_fields = (
@@ -114,6 +120,7 @@ class GangTrainingOperator(BaseOperator):
         entrypoint_kwargs: Mapping[str, Any] | None = None,
         command: Sequence[str] | None = None,
         package_roots: Sequence[str] = (),
+        max_preemptions: int = DEFAULT_MAX_PREEMPTIONS,
         **kwargs,
     ):
         kwargs.setdefault("multiple_outputs", True)  # `train.output["model_uri"]` in a DAG of one's own
@@ -136,6 +143,12 @@ class GangTrainingOperator(BaseOperator):
         self._relay = None
         self._exporter = None
         self.link_urls: dict[str, str] = {}  # the extra links' URLs, by link key (operators/links.py)
+        if isinstance(max_preemptions, bool) or not isinstance(max_preemptions, int) or max_preemptions < 0:
+            raise ValueError(f"max_preemptions={max_preemptions!r}: accepted values: an integer >= 0 (preemptions "
+                             "re-launched without spending a retry; 0: every preemption spends one)")
+        self.max_preemptions = max_preemptions
+        self.preemptions: list[str] = []  # why each preemption of this DAG run's gang happened
+        self._killed = False
 
     # -- building the gang -------------------------------------------------------------------
 
@@ -234,6 +247,7 @@ class GangTrainingOperator(BaseOperator):
         self._backend.check_capacity(spec)
         self.tag_lineage(spec)
         Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
+        self.preemptions = recorded_preemptions(spec.run_dir)
         self.log.info("gang %s: %d ranks, run dir %s, try %d", spec.name, spec.world_size, spec.run_dir, spec.attempt)
         if self._backend.deferrable:
             handle = self._backend.submit(spec)
@@ -242,9 +256,11 @@ class GangTrainingOperator(BaseOperator):
             self.defer(
                 trigger=self._backend.trigger(handle),
                 method_name="execute_complete",
-                kwargs={"handle": handle, "spec": _spec_to_dict(spec), "links": dict(self.link_urls)},
+                kwargs={"handle": handle, "spec": _spec_to_dict(spec), "links": dict(self.link_urls),
+                        "preemptions": list(self.preemptions)},
             )
-        result = self._backend.run(spec, ProgressNote(context["ti"], self.log.info))
+        note = ProgressNote(context["ti"], self.log.info)
+        result = self.run_through_preemptions(spec, lambda: self._backend.run(spec, note))
         return self._finish(spec, result)
 
     def _execute_relayed(self, context):
@@ -257,6 +273,7 @@ class GangTrainingOperator(BaseOperator):
         spec = self.build_spec(context, mlflow_run_id=None)
         self._backend.check_capacity(spec)
         Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
+        self.preemptions = recorded_preemptions(spec.run_dir)
         labels = {"dag_id": spec.env["GANGFLOW_DAG_ID"], "dag_run_id": spec.env["GANGFLOW_DAG_RUN_ID"],
                   "pipeline": spec.env.get("GANGFLOW_PIPELINE", ""), "gang": spec.name}
         try:
@@ -288,12 +305,13 @@ class GangTrainingOperator(BaseOperator):
         # An error that retrying cannot heal stops the gang now (SIGTERM: the ranks commit a
         # checkpoint) rather than after a whole try of training that must fail.
         self._relay = TrackingRelay(spec.run_dir, open_run=open_run, log=self.log.info,
-                                    on_fatal=lambda exc: self._backend.kill(), log_final=self.log_final_model,
+                                    on_fatal=lambda exc: self._stop_gang(), log_final=self.log_final_model,
                                     observers=(exporter.observe,) if exporter is not None else ()).start()
         self.log.info("gang %s: %d ranks, run dir %s, try %d", spec.name, spec.world_size, spec.run_dir, spec.attempt)
         try:
             try:
-                result = self._backend.run(spec, ProgressNote(context["ti"], self.log.info))
+                note = ProgressNote(context["ti"], self.log.info)
+                result = self.run_through_preemptions(spec, lambda: self._backend.run(spec, note))
             except BaseException:
                 self._relay.stop()
                 raise
@@ -304,11 +322,75 @@ class GangTrainingOperator(BaseOperator):
                 exporter.close()
 
     def execute_complete(self, context, event: dict[str, Any], handle: dict[str, Any], spec: dict[str, Any],
-                         links: dict[str, str] | None = None):
+                         links: dict[str, str] | None = None, preemptions: list[str] | None = None):
         self._airflow_context = context
         self.link_urls.update(links or {})  # this process is new: the URLs learnt before the deferral
-        backend = get_backend(self.backend, **self.backend_options)
-        return self._finish(GangSpec(**spec), backend.collect(handle, event))
+        self.preemptions = list(preemptions or [])
+        self._backend = backend = get_backend(self.backend, **self.backend_options)
+        gang = GangSpec(**spec)
+        result = backend.collect(handle, event)
+        if not result.succeeded and self._preempted(gang, result):
+            # The same try defers again on a new gang (the evicted one was deleted by collect):
+            # Airflow's try number, and so the retry budget, does not move.
+            handle = backend.resubmit(gang)
+            self.defer(trigger=backend.trigger(handle), method_name="execute_complete",
+                       kwargs={"handle": handle, "spec": spec, "links": dict(self.link_urls),
+                               "preemptions": list(self.preemptions)})
+        return self._finish(gang, result)
+
+    # -- preemption: re-launched, no retry spent ---------------------------------------------
+
+    def run_through_preemptions(self, spec: GangSpec, run) -> GangResult:
+        """`run()` (one gang, to its end) again after each preemption within the budget; the last result."""
+        while True:
+            result = run()
+            if result.succeeded or not self._preempted(spec, result):
+                return result
+
+    def _preempted(self, spec: GangSpec, result: GangResult) -> bool:
+        """Whether the ended gang was preempted within the budget (then recorded): re-launch it."""
+        from operators.failures.preemption import preemption_reason
+
+        reason = preemption_reason(result.evidence)
+        if reason is None or self._killed:  # the task itself was stopped: not the cluster's doing
+            return False
+        if len(self.preemptions) >= self.max_preemptions:
+            self.log.warning("gangflow: preempted again (%s), past max_preemptions=%d (training.max_preemptions): "
+                             "judged as a failure, which spends a retry", reason, self.max_preemptions)
+            return False
+        self.preemptions.append(reason)
+        self.log.warning("gangflow: preempted (%d of at most %d): %s; re-launching the gang, which resumes from its "
+                         "last committed checkpoint (no retry spent)", len(self.preemptions), self.max_preemptions, reason)
+        from trainer.storage import write_json
+
+        try:  # the next try counts them against the budget; the task goes on without it
+            write_json(Path(spec.run_dir) / PREEMPTIONS_FILE, {"reasons": self.preemptions}, indent=2)
+        except OSError as exc:
+            self.log.warning("gangflow: preemptions not recorded in the run dir (%s: %s)", type(exc).__name__, exc)
+        self._push_preemptions()
+        return True
+
+    def _push_preemptions(self) -> None:
+        """The XComs `preemptions` and `preemption_reasons` while the task still runs."""
+        ti = (getattr(self, "_airflow_context", None) or {}).get("ti")
+        try:
+            ti.xcom_push(key="preemptions", value=len(self.preemptions))
+            ti.xcom_push(key="preemption_reasons", value=list(self.preemptions))
+        except Exception as exc:  # noqa: BLE001 - the log and the result say it too
+            self.log.info("gangflow: preemptions not kept in XCom (%s: %s)", type(exc).__name__, exc)
+
+    def _tag_preemptions(self, run_id: str | None) -> None:
+        """The MLflow run's tags `gangflow.preemptions` (how many) and `gangflow.preemption_reasons` (JSON)."""
+        if not run_id or not self.preemptions:
+            return
+        try:
+            from operators.hooks import mlflow as tracking
+
+            client = tracking.get_client()
+            client.set_tag(run_id, "gangflow.preemptions", str(len(self.preemptions)))
+            client.set_tag(run_id, "gangflow.preemption_reasons", json.dumps(self.preemptions)[:5000])
+        except Exception as exc:  # noqa: BLE001 - the task log and XCom carry them as well
+            self.log.info("gangflow: cannot tag the preemptions on run %s: %s", run_id, exc)
 
     def log_final_model(self, client, run_id: str, final_dir: Path) -> str:
         """Log `final_dir` as the run's one LoggedModel (signed, installed loader); its model id."""
@@ -338,11 +420,14 @@ class GangTrainingOperator(BaseOperator):
             self.log.info("gangflow: try %d resumed from checkpoint step %d", spec.attempt, result.resumed_from_step)
         elif spec.attempt > 1:
             self.log.info("gangflow: try %d started from step 0 (no committed checkpoint)", spec.attempt)
+        if self.preemptions:
+            self.log.info("gangflow: %d preemption(s) in this DAG run: %s", len(self.preemptions), "; ".join(self.preemptions))
         if not result.succeeded:
             raise self._failure(spec, result, run_id)
         if self._exporter is not None:
             self._exporter.metrics.ended()
         run_id = run_id or spec.env.get("MLFLOW_RUN_ID")
+        self._tag_preemptions(run_id)
         self._tag_reached_step(run_id, _final_steps(spec))
         if not run_id:
             raise UserError(f"gang {spec.name} finished without an MLflow run: its final weights are not in MLflow")
@@ -356,6 +441,8 @@ class GangTrainingOperator(BaseOperator):
             "attempt": spec.attempt,
             "resumed_from_step": result.resumed_from_step,
             "gang": spec.name,
+            "preemptions": len(self.preemptions),
+            "preemption_reasons": list(self.preemptions),
         }
 
     def _failure(self, spec: GangSpec, result: GangResult, run_id: str | None = None) -> GangFailure:
@@ -363,6 +450,7 @@ class GangTrainingOperator(BaseOperator):
         from trainer.storage import write_json
 
         run_id = run_id or spec.env.get("MLFLOW_RUN_ID")
+        self._tag_preemptions(run_id)
         context = self._failure_context(spec, result, run_id)
         verdict = classify({**result.evidence, "context": context})
         if context.get("node"):
@@ -421,7 +509,13 @@ class GangTrainingOperator(BaseOperator):
         except Exception as exc:  # noqa: BLE001 - a missing tag only weakens a later judgement
             self.log.info("gangflow: cannot tag the reached step on run %s: %s", run_id, exc)
 
+    def _stop_gang(self) -> None:
+        """Stop the gang for good: its SIGTERM ending (exit 75) is then no preemption to re-launch."""
+        self._killed = True
+        self._backend.kill()
+
     def on_kill(self) -> None:
+        self._killed = True  # the gang's SIGTERM ending is then no preemption to re-launch
         if self._relay is not None:
             self._relay.stop()  # no wait: the thread ends at its next wake (a daemon either way)
         if self._backend is not None:

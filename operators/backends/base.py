@@ -183,6 +183,10 @@ class GangBackend(abc.ABC):
         """Create the gang (or re-attach to it) and return a JSON-serialisable handle."""
         raise NotImplementedError(f"backend {self.name!r} is not deferrable: use run")
 
+    def resubmit(self, spec: GangSpec) -> dict[str, Any]:
+        """Create the gang again after a preemption (`collect` tore the preempted one down); a handle."""
+        return self.submit(spec)
+
     def trigger(self, handle: dict[str, Any]):
         """The trigger that watches the gang named by `handle` until it ends."""
         raise NotImplementedError

@@ -8,7 +8,9 @@ after submit the DAG run's MLflow run is tagged with the gang's lineage (docs/ku
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
@@ -345,6 +347,25 @@ class KubernetesBackend(GangBackend):
             return self._handle_for(plan, existing, runtime, reattached=True)
         self._log(f"created {where} ({plan.world_size} ranks, scheduler {plan.scheduler}, queue {runtime.queue})")
         return self._handle_for(plan, created, runtime, reattached=False)
+
+    def resubmit(self, spec: GangSpec, *, timeout_s: float = 300.0) -> dict[str, Any]:
+        """Submit the gang again after a preemption, once the evicted object (deleted by `collect`)
+        and its pods are gone: the same try, the same object name."""
+        plan = self.plan(spec)
+        where = f"{plan.kind} {plan.namespace}/{plan.name}"
+
+        async def gone() -> None:
+            deadline = time.monotonic() + timeout_s
+            async with self._api(plan.namespace) as api:
+                while (await api.get_custom(plan.group, plan.version, plan.plural, plan.kind, plan.name) is not None
+                       or await api.list_pods(pod_selector(spec))):
+                    if time.monotonic() > deadline:
+                        raise KubernetesApiError(f"{where}: the preempted gang is still not gone after {timeout_s:.0f} s")
+                    await asyncio.sleep(min(self.poll_interval, 2.0))
+
+        run_sync(gone)
+        self._log(f"re-submitting {where} after a preemption")
+        return self.submit(spec)
 
     def trigger(self, handle: dict[str, Any]):
         from operators.triggers.gang import GangTrigger

@@ -103,6 +103,10 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
     training = xcoms.get(("training_result", "backend")) and {
         key: xcoms.get(("training_result", key)) for key in ("backend", "launcher", "resumed_from_step")
     }
+    # preemptions re-launched without a retry (issue 25.1): the training task's own XComs, kept
+    # while it ran, so a run that failed afterwards still shows them
+    reasons = next((v for (task_id, key), v in xcoms.items() if task_id.startswith("train_") and key == "preemption_reasons"
+                    and isinstance(v, list)), [])
     params = {**{"backend": config.default_backend, "launcher": config.launcher}, **(dag_run.conf or {})}
     state = str(getattr(dag_run.state, "value", dag_run.state))
     summary = {
@@ -125,6 +129,8 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
         "launcher": (training or params)["launcher"],
         "resumed_from_step": (training or {}).get("resumed_from_step"),
         **checkpoint_interval(settings.run_dir(dag_id, dag_run.run_id), params.get("checkpoint_every_steps", config.checkpoint_every_steps)),
+        "preemptions": len(reasons),
+        "preemption_reasons": reasons,
     }
     if summary["state"] == "failed":
         record = read_failure(dag_id, dag_run.run_id)
@@ -175,10 +181,11 @@ def account(summary: dict) -> list[str]:
     version = summary.get("dataset_version") or "?"
     lines = [f"validated: yes, dataset version {version}" if failed_at > 0 else f"validated: no, dataset version {version}: {why}"]
     attempts = summary.get("train_attempts") or 0
+    preempted = f" and {summary['preemptions']} preemption(s) (no retry spent)" if summary.get("preemptions") else ""
     if failed_at > STAGES.index("train"):
-        lines.append(f"trained: yes, {attempts} attempt(s)")
+        lines.append(f"trained: yes, {attempts} attempt(s){preempted}")
     elif failed_at == STAGES.index("train"):
-        lines.append(f"trained: no, after {attempts} attempt(s): {why}")
+        lines.append(f"trained: no, after {attempts} attempt(s){preempted}: {why}")
     else:
         lines.append("not trained" + (f": admission refused the gang: {why}" if failed_at == 1 else ""))
     metric = summary.get("metric") or {}

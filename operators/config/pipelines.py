@@ -53,6 +53,10 @@ class PipelineConfigError(UserError, ValueError):
     """A pipeline file is missing, unreadable, or has an unknown key or a bad value."""
 
 
+#: training.max_preemptions when the file does not say (GangTrainingOperator's default too)
+DEFAULT_MAX_PREEMPTIONS = 10
+
+
 @dataclass(frozen=True)
 class PipelineConfig:
     """One pipeline, as declared in `pipelines/<name>.yaml` plus the trainer defaults its
@@ -99,6 +103,8 @@ class PipelineConfig:
     training_code: tuple[str, ...] = ()
     evaluation_entrypoint: str | None = None  # `module:function(model_dir, test_path) -> metrics`
     training: Mapping[str, Any] | None = None  # the `training:` section as written
+    # training.max_preemptions: preemptions the training task re-launches without spending a retry
+    max_preemptions: int = DEFAULT_MAX_PREEMPTIONS
 
     def training_kwargs(self) -> dict[str, Any]:
         """GangTrainingOperator's arguments for the pipeline's own training code and package roots
@@ -137,7 +143,7 @@ _KEYS = {
     "gate", "model_name", "backends", "default_backend", "world_size", "local_world_sizes", "retries",
     "retry_base_delay_seconds", "allowed_models", "package_roots", "operators", "training", "evaluation",
 }  # fmt: skip
-_TRAINING_KEYS = {"entrypoint", "kwargs", "command", "launcher"}
+_TRAINING_KEYS = {"entrypoint", "kwargs", "command", "launcher", "max_preemptions"}
 _EVALUATION_KEYS = {"entrypoint"}
 
 _DATASET_KEYS = {"stage", "out", "asset", "suite"}
@@ -303,7 +309,7 @@ def _training_code(source: str, training: Any) -> tuple[str, ...]:
         raise PipelineConfigError(f"{source}: training must be a mapping with keys {', '.join(sorted(_TRAINING_KEYS))}")
     _check_keys(f"{source}: training", training, _TRAINING_KEYS)
     if "entrypoint" not in training and "command" not in training:
-        if training and set(training) <= {"launcher"}:  # gangflow's loop, under the named launcher
+        if training and set(training) <= {"launcher", "max_preemptions"}:  # gangflow's loop, its launcher and budget
             return ()
         raise PipelineConfigError(f"{source}: training: give exactly one of training.entrypoint (module:function) and "
                                   "training.command; leave the section out for gangflow's own loop")
@@ -418,6 +424,10 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
     if training_code and launcher != "torchrun":
         raise PipelineConfigError(f"{source}: training.launcher={launcher!r}: training code of one's own "
                                   "(training.entrypoint / training.command) runs under launcher 'torchrun' only")
+    max_preemptions = training.get("max_preemptions", DEFAULT_MAX_PREEMPTIONS)
+    if isinstance(max_preemptions, bool) or not isinstance(max_preemptions, int) or max_preemptions < 0:
+        raise PipelineConfigError(f"{source}: training.max_preemptions={max_preemptions!r}: accepted values: an integer "
+                                  ">= 0 (preemptions re-launched without spending a retry; 0: each one spends a retry)")
     config = PipelineConfig(
         name=pname,
         dag_id=_string(f"{source}: dag_id", raw.get("dag_id", f"train_{pname}"), _ID_RE, "an Airflow DAG id"),
@@ -457,6 +467,7 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         training_code=training_code,
         training=dict(raw["training"]) if raw.get("training") else None,
         evaluation_entrypoint=evaluation_entrypoint,
+        max_preemptions=max_preemptions,
     )
     if default_backend not in config.backend_names:
         raise PipelineConfigError(f"{source}: default_backend={default_backend!r}: accepted values are "

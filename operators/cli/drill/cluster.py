@@ -1,7 +1,7 @@
 """The controllers and the kubelet of the drill: what a cluster would do with a submitted JobSet,
 played against the API test double, with each pod's container run as a local process.
 
-Scripted Kueue admission, the Job controller (one pod per completion index, backoffLimit 0) and a
+Scripted Kueue admission (and, with GANGFLOW_DRILL_EVENT, eviction: `DrillEvent`), the Job controller (one pod per completion index, backoffLimit 0) and a
 kubelet (env, `$(VAR)` expansion, path rewrites, CPU pinning, the terminated state). Every process
 of a pod carries `GANGFLOW_DRILL_POD=<drill id>/<pod>`: how the drill finds what it started.
 """
@@ -13,12 +13,14 @@ import copy
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import string
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,6 +39,34 @@ TERMINATION_LOG = "/dev/termination-log"
 NODE = "drill-node"
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 FALLBACK_LINES, FALLBACK_BYTES, MESSAGE_BYTES = 80, 2048, 4096
+
+
+EVENT_ENV = "GANGFLOW_DRILL_EVENT"
+_EVENT = re.compile(r"^(?P<action>preempt)@step=(?P<step>\d+)$")
+
+
+@dataclass
+class DrillEvent:
+    """What the drill's cluster does to the running gang once its checkpoint `step` is committed:
+    `preempt` (Kueue evicts the Workload, reason Preempted; a new gang is admitted again)."""
+
+    action: str
+    step: int
+    fired: bool = False
+
+    @property
+    def spec(self) -> str:
+        return f"{self.action}@step={self.step}"
+
+
+def parse_drill_event(text: str | None) -> DrillEvent | None:
+    """GANGFLOW_DRILL_EVENT (empty: none); ValueError naming the variable and what it accepts."""
+    if not text or not text.strip():
+        return None
+    match = _EVENT.match(text.strip())
+    if not match or int(match["step"]) < 1:
+        raise ValueError(f"{EVENT_ENV}={text!r}: accepted values: preempt@step=N (N >= 1, a checkpoint step)")
+    return DrillEvent(match["action"], int(match["step"]))
 
 
 def now() -> str:
@@ -82,6 +112,7 @@ class PodRun:
     grace: float = 30.0
     log_lines: collections.deque = field(default_factory=lambda: collections.deque(maxlen=2000))
     reader: threading.Thread | None = None
+    gang: str = ""  # the pod's gangflow.io/gang label
 
     @property
     def log_path(self) -> Path:
@@ -117,6 +148,8 @@ class EmulatedCluster:
         period: float = 0.2,
         echo=None,
         controllers=(),
+        event: DrillEvent | None = None,
+        committed_step: Callable[[], int | None] | None = None,
     ):
         self.api = api
         self.workdir = Path(workdir)
@@ -132,6 +165,10 @@ class EmulatedCluster:
         self.events: list[str] = []
         self._started_gangs: set[str] = set()  # JobSet uids whose pods were created
         self._finished_gangs: set[str] = set()
+        self._evicted_gangs: set[str] = set()  # JobSet uids Kueue evicted: never admitted again
+        self.event = event
+        self.committed_step = committed_step  # the newest committed checkpoint step of the run, or None
+        self._next_probe = 0.0
         self._cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self._next_cpu = 0
         self._stop = threading.Event()
@@ -190,12 +227,57 @@ class EmulatedCluster:
             self._kueue(jobset)
             self._job_controller(jobset)
         self._kubelet()
+        self._drill_event()
+
+    def _drill_event(self) -> None:
+        """Fire the drill's event at the running gang once checkpoint `event.step` is committed."""
+        event = self.event
+        if event is None or event.fired or self.committed_step is None or time.monotonic() < self._next_probe:
+            return
+        self._next_probe = time.monotonic() + 0.25  # a listing of the bucket: milliseconds
+        step = self.committed_step()
+        if step is None or step < event.step:
+            return
+        for jobset in self.api.items(*JS):
+            uid = jobset["metadata"]["uid"]
+            if uid in self._started_gangs and uid not in self._finished_gangs and not jobset["spec"].get("suspend"):
+                event.fired = True
+                self._evict(jobset, f"checkpoint step-{step} committed: drill event {event.spec}")
+                return
+
+    def _evict(self, jobset: dict[str, Any], why: str) -> None:
+        """Kueue preempts the gang's Workload: Evicted (Preempted), the JobSet suspended, its pods
+        get DisruptionTarget and are deleted (the kubelet sends SIGTERM: the ranks commit a final
+        checkpoint and exit 75). The evicted JobSet is not admitted again; a new one is."""
+        meta = jobset["metadata"]
+        name, ns, uid = meta["name"], meta["namespace"], meta["uid"]
+        stamp = now()
+        message = f"Preempted to accommodate a higher priority Workload ({why})"
+        workload = "?"
+        with self.api._lock:
+            self._evicted_gangs.add(uid)
+            for wl in self.api.items(*KQ, ns):
+                if (wl["metadata"].get("labels") or {}).get("kueue.x-k8s.io/job-uid") == uid:
+                    workload = wl["metadata"]["name"]
+                    conditions = [c for c in wl["status"]["conditions"] if c["type"] not in ("QuotaReserved", "Admitted")]
+                    wl["status"]["conditions"] = conditions + [
+                        {"type": "QuotaReserved", "status": "False", "reason": "Preempted", "message": message, "lastTransitionTime": stamp},
+                        {"type": "Admitted", "status": "False", "reason": "Preempted", "message": message, "lastTransitionTime": stamp},
+                        {"type": "Evicted", "status": "True", "reason": "Preempted", "message": message, "lastTransitionTime": stamp},
+                    ]  # fmt: skip
+            jobset["spec"]["suspend"] = True
+            for pod in self.api.items("", "pods", ns):
+                if (pod["metadata"].get("labels") or {}).get("jobset.sigs.k8s.io/jobset-name") == name:
+                    pod.setdefault("status", {}).setdefault("conditions", []).append(
+                        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByKueue", "message": message, "lastTransitionTime": stamp})
+                    pod["metadata"]["deletionTimestamp"] = stamp
+        self._note(f"Kueue evicted Workload {workload} of JobSet {ns}/{name} (Preempted: {why}); its pods get DisruptionTarget and SIGTERM")
 
     def _kueue(self, jobset: dict[str, Any]) -> None:
         meta = jobset["metadata"]
         if not (jobset.get("spec") or {}).get("suspend"):
             return
-        if "kueue.x-k8s.io/queue-name" not in (meta.get("labels") or {}):
+        if "kueue.x-k8s.io/queue-name" not in (meta.get("labels") or {}) or meta["uid"] in self._evicted_gangs:
             return
         name, ns, uid = meta["name"], meta["namespace"], meta["uid"]
         stamp = now()
@@ -320,8 +402,14 @@ class EmulatedCluster:
 
     def _kubelet(self) -> None:
         live = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in self.api.items("", "pods")}
+        # a gang's terminating containers still hold the node's resources (CPUs, accelerators): a
+        # re-launched gang's pods stay Pending until they stopped (after a preemption: their final checkpoint)
+        holding = {run.gang for run in self.runs.values() if run.gang and run.proc is not None and run.proc.poll() is None
+                   and (live.get((run.namespace, run.name)) is None or live[(run.namespace, run.name)]["metadata"].get("deletionTimestamp"))}
         for key, pod in live.items():
             if key not in self.runs and (pod.get("status") or {}).get("phase") == "Pending" and not pod["metadata"].get("deletionTimestamp"):
+                if (pod["metadata"].get("labels") or {}).get("gangflow.io/gang") in holding:
+                    continue
                 self._start(pod)
         for key, run in list(self.runs.items()):
             pod = live.get(key)
@@ -371,7 +459,8 @@ class EmulatedCluster:
         meta = pod["metadata"]
         key = (meta["namespace"], meta["name"])
         container = pod["spec"]["containers"][0]
-        run = PodRun(namespace=key[0], name=key[1], dir=self.workdir / key[1], marker=f"{self.drill_id}/{key[1]}")
+        run = PodRun(namespace=key[0], name=key[1], dir=self.workdir / key[1], marker=f"{self.drill_id}/{key[1]}",
+                     gang=(meta.get("labels") or {}).get("gangflow.io/gang", ""))
         run.grace = float(pod["spec"].get("terminationGracePeriodSeconds") or 30)
         self.runs[key] = run
         self.history.append(run)

@@ -2,6 +2,7 @@
 
     python -m operators.cli.drill [--pipeline NAME] [--api jobset|trainjob] [--conf JSON] [--keep DIR]
     GANGFLOW_FAULT="kill@step=30,rank=1" python -m operators.cli.drill
+    GANGFLOW_DRILL_EVENT="preempt@step=30" python -m operators.cli.drill
 
 Starts an S3 API (moto), an MLflow server, the Kubernetes API test double and the emulated cluster
 on 127.0.0.1, and runs the DAG with dag.test(). With --api trainjob the cluster also runs Kubeflow
@@ -188,9 +189,11 @@ def isolation_findings(runs, state: Path) -> list[str]:
 class Drill:
     """Owns every server, thread and process of one drill; `close()` ends them all."""
 
-    def __init__(self, *, keep: Path | None = None, fault: str = "", conf: dict[str, Any] | None = None, pipeline: str = "digits", api: str = "jobset"):
+    def __init__(self, *, keep: Path | None = None, fault: str = "", conf: dict[str, Any] | None = None, pipeline: str = "digits",
+                 api: str = "jobset", event=None):
         from operators.config.pipelines import pipeline as load_pipeline
 
+        self.event = event  # a DrillEvent the emulated cluster fires at the running gang, or None
         self.id = f"drill-{uuid.uuid4().hex[:10]}"
         self.keep = keep
         self.fault = fault
@@ -209,6 +212,7 @@ class Drill:
         self.api = None
         self.cluster = None
         self.runtime: dict[str, Any] = {}
+        self._s3 = None  # the S3 client of `_committed_step`
 
     # --- set-up ------------------------------------------------------------------------------------
 
@@ -315,8 +319,26 @@ class Drill:
             controllers.append(TrainerController(self.api, validator=lambda obj: validate_object(obj, registry), master_port=self.runtime["rendezvousPort"]))
         self.cluster = EmulatedCluster(
             self.api, workdir=self.dir / "pods", image=image, audit_dir=audit_dir, drill_id=self.id, extra_env=extra, echo=echo,
-            controllers=controllers,
+            controllers=controllers, event=self.event, committed_step=self._committed_step,
         ).start()  # fmt: skip
+
+    def _committed_step(self) -> int | None:
+        """The newest checkpoint step committed (its manifest written) in the drill's bucket, or None."""
+        import boto3
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        steps = []
+        try:
+            if self._s3 is None:  # one client: each new one logs where it found its endpoint
+                self._s3 = boto3.client("s3", region_name="us-east-1")
+            pages = self._s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="checkpoints/")
+            for page in pages:
+                for item in page.get("Contents") or ():
+                    if m := re.search(r"/checkpoints/step-(\d+)/manifest\.json$", item["Key"]):
+                        steps.append(int(m.group(1)))
+        except (BotoCoreError, ClientError):
+            return None
+        return max(steps, default=None)
 
     # --- the run -----------------------------------------------------------------------------------
 
@@ -442,14 +464,21 @@ def main(argv: list[str] | None = None) -> int:
     # the fault goes to the emulated pods only; the real backend never forwards GANGFLOW_FAULT
     fault = os.environ.pop("GANGFLOW_FAULT", "")
     os.environ.pop("GANGFLOW_ALLOW_FAULTS", None)
+    from operators.cli.drill.cluster import EVENT_ENV, parse_drill_event
+
+    try:
+        event = parse_drill_event(os.environ.pop(EVENT_ENV, ""))
+    except ValueError as exc:
+        parser.error(str(exc))
     summary: dict[str, Any] = {"state": "failed", "backend": "kubernetes", "api": args.api, "train_attempts": 0, "promoted": False}
     try:
-        drill = Drill(keep=args.keep, fault=fault, conf=conf, pipeline=args.pipeline, api=args.api)
+        drill = Drill(keep=args.keep, fault=fault, conf=conf, pipeline=args.pipeline, api=args.api, event=event)
     except DrillError as exc:
         print(json.dumps(summary | {"failure": {"kind": "user", "reason": str(exc)}}), flush=True)
         return 2
     _stop_on_signal(drill)
-    echo(f"drill {drill.id}: files in {drill.dir}; worker state dir {drill.state}" + (f"; fault for the pods: {fault}" if fault else ""))
+    echo(f"drill {drill.id}: files in {drill.dir}; worker state dir {drill.state}" + (f"; fault for the pods: {fault}" if fault else "")
+         + (f"; cluster event: {event.spec}" if event else ""))
     ok, code = False, 1
     try:
         drill.start()

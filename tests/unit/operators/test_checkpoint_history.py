@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-
 from operators import checkpoint_history as ch
 from operators.config import settings
+from operators.failures.preemption import PREEMPTIONS_FILE
 from operators.hooks import mlflow as tracking
 from trainer.checkpoint_interval import HISTORY_ENV, IntervalInputs
 from trainer.storage import write_json
@@ -18,7 +18,7 @@ from trainer.storage import write_json
 DAG = "train_hist"
 
 
-def _run(client, experiment_id, dag_run_id, *, blocked=(), attempts=(), failures=(), dag_id=DAG):
+def _run(client, experiment_id, dag_run_id, *, blocked=(), attempts=(), failures=(), preemptions=(), dag_id=DAG):
     """One DAG run's MLflow run (its checkpoint_blocked_s and attempt_run_s series) and its try records."""
     run_id = tracking.ensure_run(client, experiment_id, dag_id=dag_id, dag_run_id=dag_run_id)
     for i, value in enumerate(blocked):
@@ -29,6 +29,8 @@ def _run(client, experiment_id, dag_run_id, *, blocked=(), attempts=(), failures
     for attempt, kind in failures:
         write_json(settings.run_dir(dag_id, dag_run_id) / "failures" / f"try-{attempt}.json",
                    {"attempt": attempt, "verdict": {"kind": kind, "reason": "x"}})
+    if preemptions:  # re-launched in the task, no try spent: the run dir's record (operators/training.py)
+        write_json(settings.run_dir(dag_id, dag_run_id) / PREEMPTIONS_FILE, {"reasons": list(preemptions)})
     return run_id
 
 
@@ -38,7 +40,7 @@ def experiment(client):
     # r1: two tries, the first ended by an infra failure; r2: a preemption then success, and a user failure
     _run(client, experiment_id, "r1", blocked=(0.1, 0.2, 0.3), attempts=((100.0, 400.0), (300.0,)), failures=((1, "infra"),))
     _run(client, experiment_id, "r2", blocked=(0.4, 0.5), attempts=((500.0,), (50.0,), (50.0,)),
-         failures=((1, "preempted"), (2, "user")))
+         failures=((2, "user"),), preemptions=("Kueue evicted the Workload (Preempted)",))
     # another pipeline's run: neither its saves nor its failures count here
     _run(client, experiment_id, "o1", blocked=(9.0,), attempts=((10.0,),), failures=((1, "infra"),), dag_id="train_other")
     return experiment_id

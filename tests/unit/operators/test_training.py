@@ -166,3 +166,60 @@ def test_a_node_the_verdict_names_suspect_is_avoided_by_the_kubernetes_retry(wor
     assert op.build_spec(_context(3), mlflow_run_id=None).avoid_nodes == ("gpu-node-3",)
     (tmp_path / "run" / "failures" / "try-1.json").write_text("[not, a, record")
     assert op.build_spec(_context(2), mlflow_run_id=None).avoid_nodes == ()
+
+
+# --- preemption: its own outcome, no retry spent (issue 25.1) -----------------------------------
+
+PREEMPTED = GangResult(succeeded=False, exit_code=75, evidence={"exit_code": 75, "ranks": [{"rank": 0, "exit_code": 75}]})
+KILLED = GangResult(succeeded=False, exit_code=137, evidence={"exit_code": 137, "signal": "SIGKILL"})
+
+
+def _gang(results):
+    """A gang that ends with each of `results` in turn (what `backend.run` returns)."""
+    calls = []
+
+    def run():
+        calls.append(1)
+        return results[len(calls) - 1]
+
+    return run, calls
+
+
+def test_a_preempted_gang_is_relaunched_without_spending_a_retry(worker_manifest):
+    op, spec = _spec(worker_manifest)
+    run, calls = _gang([PREEMPTED, PREEMPTED, GangResult(succeeded=True, exit_code=0, resumed_from_step=31)])
+    result = op.run_through_preemptions(spec, run)
+    assert result.succeeded and len(calls) == 3
+    assert len(op.preemptions) == 2 and all("75" in reason for reason in op.preemptions)
+    out = op._finish(spec, result, None, "models:/m-0123456789abcdef")
+    assert out["preemptions"] == 2 and out["preemption_reasons"] == op.preemptions
+    assert out["attempt"] == 1 and out["resumed_from_step"] == 31
+
+
+def test_a_failure_is_not_relaunched(worker_manifest):
+    op, spec = _spec(worker_manifest)
+    run, calls = _gang([KILLED, GangResult(succeeded=True, exit_code=0)])
+    result = op.run_through_preemptions(spec, run)
+    assert not result.succeeded and len(calls) == 1 and op.preemptions == []
+
+
+def test_preemptions_past_the_budget_spend_a_retry_as_before(worker_manifest):
+    op, spec = _spec(worker_manifest, max_preemptions=1)
+    run, calls = _gang([PREEMPTED, PREEMPTED, GangResult(succeeded=True, exit_code=0)])
+    result = op.run_through_preemptions(spec, run)
+    assert not result.succeeded and result.exit_code == 75 and len(calls) == 2
+    assert len(op.preemptions) == 1
+
+
+@pytest.mark.parametrize("value", [-1, "many", 2.5, True])
+def test_the_preemption_budget_is_checked_naming_the_field(value):
+    with pytest.raises(ValueError, match=r"max_preemptions=.*accepted values: an integer >= 0"):
+        GangTrainingOperator(task_id="t", world_size=1, max_preemptions=value)
+
+
+def test_a_gang_the_task_itself_stopped_is_not_relaunched(worker_manifest):
+    # on_kill, or the MLflow relay giving up (`_stop_gang`): the ranks' exit 75 is no preemption
+    op, spec = _spec(worker_manifest)
+    op._killed = True
+    run, calls = _gang([PREEMPTED, GangResult(succeeded=True, exit_code=0)])
+    assert not op.run_through_preemptions(spec, run).succeeded and len(calls) == 1 and op.preemptions == []

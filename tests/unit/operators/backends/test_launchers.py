@@ -276,3 +276,14 @@ def test_a_ray_driver_failure_is_not_blamed_on_the_training_code():
     evidence = ray_evidence(result, 1, "starting", {}, {})
     assert evidence["error_file"]["source"] is None and evidence["error_file"]["exc_type"] == "RuntimeError"
     assert "training code" not in classify(evidence, precedents=False).reason
+
+
+def test_the_pipeline_file_sets_the_preemption_budget():
+    from operators.config.pipelines import PipelineConfigError, parse_pipeline
+
+    base = {"dataset": {"stage": "prepare", "out": "data/digits", "suite": "data.expectations:digits_suite"}}
+    assert parse_pipeline(base, source="p.yaml", name="p").max_preemptions == 10
+    assert parse_pipeline({**base, "training": {"max_preemptions": 0}}, source="p.yaml", name="p").max_preemptions == 0
+    for bad in (-1, "lots", 1.5):
+        with pytest.raises(PipelineConfigError, match=r"training.max_preemptions=.*accepted values: an integer >= 0"):
+            parse_pipeline({**base, "training": {"max_preemptions": bad}}, source="p.yaml", name="p")

@@ -141,3 +141,60 @@ def test_missing_secret_is_create_container_config_error(cluster):
     view = st.pod_view(pod)
     assert view.waiting_reason == "CreateContainerConfigError" and 'secret "creds" not found' in view.waiting_message
     assert json.dumps(emu.history[0].argv) == "[]"  # nothing was started
+
+
+# a rank that stops on SIGTERM as the trainer does: exit 75 after its "final checkpoint"
+TERM_SCRIPT = """
+import signal, sys, time
+def stop(*_):
+    print("final checkpoint, exiting 75", flush=True)
+    sys.exit(75)
+signal.signal(signal.SIGTERM, stop)
+print("running", sys.argv[1], flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_preempt_event_evicts_the_running_gang_and_admits_only_a_new_one(tmp_path):
+    from operators.cli.drill.cluster import parse_drill_event
+    from operators.failures.preemption import preemption_reason
+
+    api = InMemoryKubernetesApi().start()
+    api.put("", "secrets", {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": NS}, "data": {"token": base64.b64encode(b"s3cr3t").decode()}})
+    committed = {"step": None}
+    emu = EmulatedCluster(api, workdir=tmp_path / "pods", image=Image(env={"PATH": f"{sys.prefix}/bin:/usr/bin:/bin"}, mounts={}),
+                          audit_dir=tmp_path / "audit", drill_id="test-preempt", period=0.05,
+                          event=parse_drill_event("preempt@step=30"), committed_step=lambda: committed["step"]).start()
+    try:
+        api.put(*JS, jobset("p-t1", script=TERM_SCRIPT))
+        wait(lambda: len(pods(api)) == 2 and all(st.pod_view(p).ready for p in pods(api)))
+        committed["step"] = 20
+        time.sleep(0.6)
+        assert not emu.event.fired
+        committed["step"] = 30
+        wait(lambda: emu.event.fired)
+        workload = api.items(*KQ)[0]
+        evicted = st.workload_state(workload).evicted
+        assert evicted["reason"] == "Preempted"
+        assert preemption_reason({"pod_conditions": [evicted], "ranks": []}).startswith("Kueue evicted the Workload (Preempted)")
+        assert api.get(*JS, NS, "p-t1")["spec"]["suspend"] is True
+        wait(lambda: pods(api) == [])  # SIGTERM, exit 75, then gone
+        assert sorted(r.exit_code for r in emu.history) == [75, 75]
+        time.sleep(0.5)
+        assert api.get(*JS, NS, "p-t1")["spec"]["suspend"] is True  # the evicted JobSet is not admitted again
+        api.handle("DELETE", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets/p-t1", None)
+        api.put(*JS, jobset("p-t1", script=TERM_SCRIPT))  # the task re-submits it: admitted
+        wait(lambda: len(pods(api)) == 2 and all(st.pod_view(p).ready for p in pods(api)))
+        assert sum("Kueue admitted JobSet" in e for e in emu.events) == 2
+    finally:
+        emu.stop(grace=1)
+        api.stop()
+    assert processes_with_marker("test-preempt/") == []
+
+
+@pytest.mark.parametrize("text", ["preempt", "preempt@step=0", "pause@time=3", "evict@step=30"])
+def test_a_bad_drill_event_is_refused_naming_the_variable(text):
+    from operators.cli.drill.cluster import parse_drill_event
+
+    with pytest.raises(ValueError, match=r"GANGFLOW_DRILL_EVENT=.*accepted values: preempt@step=N"):
+        parse_drill_event(text)
