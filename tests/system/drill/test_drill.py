@@ -9,62 +9,17 @@ audit hook's logs say what every pod process opened.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from pipeline_runs import PROJECT_ROOT, pipeline_env, setup_state
-from pipeline_runs import finish as finish_run
+from drill_runs import finish, processes_touching, report_pods, start_drill
+from pipeline_runs import PROJECT_ROOT
 
 from operators.cli.drill.audit_hook import read
 
 pytestmark = pytest.mark.slow
-
-CONF = {"max_steps": 60, "checkpoint_every_steps": 10}
-
-
-def processes_touching(folder: Path) -> list[str]:
-    """Live processes whose command line, environment or working dir names `folder`."""
-    needle = str(folder).encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmdline = fh.read()
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                environ = fh.read()
-            cwd = os.readlink(f"/proc/{entry}/cwd").encode()
-        except OSError:
-            continue
-        if needle in cmdline or needle in environ or cwd.startswith(needle):
-            found.append(entry + ": " + cmdline.replace(b"\0", b" ").decode(errors="replace")[:200])
-    return found
-
-
-def start_drill(home: Path, keep: Path, log: Path, conf: dict | None = None, api: str | None = None, **env: str) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "operators.cli.drill", "--keep", str(keep), "--conf", json.dumps(conf or CONF)]
-    argv += ["--api", api] if api else []
-    return subprocess.Popen(argv, cwd=PROJECT_ROOT, env=pipeline_env(home, **env), stdout=open(log, "w"), stderr=subprocess.STDOUT)
-
-
-def finish(proc: subprocess.Popen, log: Path, keep: Path, timeout: float = 1200) -> dict:
-    summary, output, code = finish_run(proc, log, timeout)  # the drill ends with a JSON summary line, as demo does
-    report_path = keep / "report.json"
-    report = json.loads(report_path.read_text()) if report_path.exists() else {}
-    return {"code": code, "summary": summary, "output": output, "report": report}
-
-
-@pytest.fixture(scope="module")
-def drill_home(tmp_path_factory) -> Path:
-    home = tmp_path_factory.mktemp("gangflow-drill-home")
-    setup_state(home)
-    return home
 
 
 @pytest.fixture(scope="module")
@@ -74,10 +29,6 @@ def clean_run(drill_home, tmp_path_factory) -> dict:
     result = finish(start_drill(drill_home, keep, log), log, keep)
     result["keep"] = keep
     return result
-
-
-def _pods(report: dict) -> list[dict]:
-    return report.get("pods") or []
 
 
 def test_drill_trains_evaluates_promotes_through_the_kubernetes_backend(clean_run):
@@ -93,7 +44,7 @@ def test_drill_trains_evaluates_promotes_through_the_kubernetes_backend(clean_ru
 
 def test_pods_run_exactly_the_rendered_container(clean_run):
     report = clean_run["report"]
-    pods = _pods(report)
+    pods = report_pods(report)
     assert len(pods) == 2, [p["pod"] for p in pods]
     keep = str(clean_run["keep"])
     for index, pod in enumerate(sorted(pods, key=lambda p: p["pod"])):
@@ -130,7 +81,7 @@ def test_no_pod_touched_the_worker_state_dir(clean_run, drill_home):
     report = clean_run["report"]
     state = str(Path(report["state_dir"]).resolve())
     assert state == str(drill_home.resolve())
-    for pod in _pods(report):
+    for pod in report_pods(report):
         paths = read(pod["audit_path"])
         # the hook saw the rank at work: the dataset it fetched into its own /tmp, the image's params
         assert any(p.startswith(pod["dir"] + "/tmp/") and p.endswith(".parquet") for p in paths), paths[-50:]
@@ -162,7 +113,7 @@ def test_killed_rank_is_retried_once_and_resumes_from_step_30(fault_run):
     assert fault_run["code"] == 0, fault_run["output"][-8000:]
     assert summary["state"] == "success" and summary["train_attempts"] == 2
     assert summary["resumed_from_step"] == 30
-    pods = _pods(fault_run["report"])
+    pods = report_pods(fault_run["report"])
     assert len(pods) == 4
     first_try = [p for p in pods if "-t1-" in p["pod"]]
     assert any(p["exit_code"] not in (0, None) for p in first_try)
@@ -171,44 +122,6 @@ def test_killed_rank_is_retried_once_and_resumes_from_step_30(fault_run):
     assert all("GANGFLOW_FAULT" not in p["rendered_env"] for p in pods)
     assert any("JobSet" in e and "failed" in e for e in fault_run["report"]["events"])
     assert processes_touching(fault_run["keep"]) == []
-
-
-@pytest.fixture(scope="module")
-def preempt_run(drill_home, tmp_path_factory) -> dict:
-    keep = tmp_path_factory.mktemp("drill-preempt")
-    log = keep.parent / "drill-preempt.log"
-    started = time.monotonic()
-    # long enough that the eviction (polled every 0.25 s once step 30 is committed) lands mid-run
-    conf = {"max_steps": 150, "checkpoint_every_steps": 10}
-    result = finish(start_drill(drill_home, keep, log, conf, GANGFLOW_DRILL_EVENT="preempt@step=30"), log, keep)
-    result["keep"], result["seconds"] = keep, time.monotonic() - started
-    return result
-
-
-def test_a_kueue_preemption_costs_no_retry_and_resumes(preempt_run):
-    """The drill's Kueue evicts the running Workload (reason Preempted) once checkpoint step 30 is
-    committed: the pods get DisruptionTarget and SIGTERM, the ranks commit a final checkpoint and
-    exit 75; the task re-launches the gang, which Kueue admits again (issue 25.1)."""
-    summary = preempt_run["summary"]
-    assert preempt_run["code"] == 0, preempt_run["output"][-8000:]
-    assert summary["state"] == "success" and summary["train_attempts"] == 1, summary
-    assert summary["preemptions"] == 1, summary
-    assert "Kueue" in summary["preemption_reasons"][0] and "Preempted" in summary["preemption_reasons"][0], summary
-    assert summary["resumed_from_step"] and 30 <= summary["resumed_from_step"] < 150, summary
-    events = preempt_run["report"]["events"]
-    assert any("evicted" in e and "Preempted" in e for e in events), events
-    assert sum("Kueue admitted JobSet" in e for e in events) == 2, events
-    pods = _pods(preempt_run["report"])
-    assert len(pods) == 4 and all("-t1-" in p["pod"] for p in pods)  # one Airflow try, two gangs
-    stopped = [p for p in pods if "gangflow: preempted (SIGTERM)" in (Path(p["dir"]) / "container.log").read_text(errors="replace")]
-    assert len(stopped) == 1, [p["pod"] for p in pods]  # rank 0 of the first gang: every rank committed, then exited 75
-    # the MLflow run says it too
-    import sqlite3
-
-    with sqlite3.connect(preempt_run["keep"] / "mlflow" / "mlflow.db") as db:
-        tags = dict(db.execute("select key, value from tags where key like 'gangflow.preemption%'").fetchall())
-    assert tags["gangflow.preemptions"] == "1" and json.loads(tags["gangflow.preemption_reasons"]) == summary["preemption_reasons"]
-    assert processes_touching(preempt_run["keep"]) == []
 
 
 def test_an_interrupted_drill_stops_everything_it_started(drill_home, tmp_path):
@@ -234,68 +147,4 @@ def test_an_interrupted_drill_stops_everything_it_started(drill_home, tmp_path):
 
 def test_summary_names_the_jobset_api_that_ran(clean_run):
     assert clean_run["summary"]["api"] == "jobset"
-    assert all("-rank-0-" in p["pod"] for p in _pods(clean_run["report"]))
-
-
-# --- api=trainjob: the TrainJob run as Kubeflow Trainer v2 would (operators/cli/drill/trainer_controller.py)
-
-
-@pytest.fixture(scope="module")
-def trainjob_run(drill_home, tmp_path_factory) -> dict:
-    keep = tmp_path_factory.mktemp("drill-trainjob")
-    log = keep.parent / "drill-trainjob.log"
-    result = finish(start_drill(drill_home, keep, log, api="trainjob"), log, keep)
-    result["keep"] = keep
-    return result
-
-
-def test_trainjob_trains_evaluates_promotes_through_trainers_jobset(trainjob_run):
-    summary = trainjob_run["summary"]
-    assert trainjob_run["code"] == 0, trainjob_run["output"][-8000:]
-    assert summary["state"] == "success" and summary["backend"] == "kubernetes" and summary["api"] == "trainjob"
-    assert summary["train_attempts"] == 1 and summary["resumed_from_step"] is None
-    assert summary["model_version"] and summary["accuracy"] > 0.5
-    events = trainjob_run["report"]["events"]
-    assert any("Kueue admitted TrainJob" in e for e in events)
-    assert any("Trainer created JobSet" in e and "ClusterTrainingRuntime torch-distributed" in e for e in events)
-    assert processes_touching(trainjob_run["keep"]) == []
-
-
-def test_trainjob_pods_rendezvous_through_the_pet_variables(trainjob_run):
-    pods = sorted(_pods(trainjob_run["report"]), key=lambda p: p["pod"])
-    assert len(pods) == 2
-    name = pods[0]["pod"].split("-node-0-")[0]
-    for index, pod in enumerate(pods):
-        assert pod["pod"].startswith(f"{name}-node-0-{index}-")
-        rendered, env = pod["rendered_env"], pod["env"]
-        assert (rendered["PET_NNODES"], rendered["PET_NPROC_PER_NODE"], rendered["PET_NODE_RANK"]) == ("2", "1", str(index))
-        assert rendered["PET_MASTER_ADDR"] == f"{name}-node-0-0.{name}" and env["PET_MASTER_ADDR"] == "127.0.0.1"
-        # torchrun got no multi-node flag from the TrainJob: nodes, rank and rendezvous came from PET_*
-        assert pod["rendered_argv"][0] == "torchrun"
-        assert not any(a.startswith(("--nnodes", "--node-rank", "--node_rank", "--rdzv", "--master")) for a in pod["rendered_argv"])
-        assert pod["exit_code"] == 0
-    no_state = [p for p in pods if any(str(trainjob_run["report"]["state_dir"]) in v for v in p["env"].values())]
-    assert no_state == []
-
-
-@pytest.fixture(scope="module")
-def trainjob_fault_run(drill_home, tmp_path_factory) -> dict:
-    keep = tmp_path_factory.mktemp("drill-trainjob-fault")
-    log = keep.parent / "drill-trainjob-fault.log"
-    proc = start_drill(drill_home, keep, log, api="trainjob", GANGFLOW_FAULT="kill@step=30,rank=1", GANGFLOW_RETRY_BASE_DELAY="1")
-    result = finish(proc, log, keep)
-    result["keep"] = keep
-    return result
-
-
-def test_trainjob_killed_rank_is_retried_once_and_resumes(trainjob_fault_run):
-    summary = trainjob_fault_run["summary"]
-    assert trainjob_fault_run["code"] == 0, trainjob_fault_run["output"][-8000:]
-    assert summary["state"] == "success" and summary["api"] == "trainjob" and summary["train_attempts"] == 2
-    assert summary["resumed_from_step"] == 30
-    pods = _pods(trainjob_fault_run["report"])
-    assert len(pods) == 4 and all("-node-0-" in p["pod"] for p in pods)
-    assert any(p["exit_code"] not in (0, None) for p in pods if "-t1-" in p["pod"])
-    # the failed JobSet's condition reached gangflow through the TrainJob, as Trainer mirrors it
-    assert any("TrainJob" in e and "Failed" in e for e in trainjob_fault_run["report"]["events"])
-    assert processes_touching(trainjob_fault_run["keep"]) == []
+    assert all("-rank-0-" in p["pod"] for p in report_pods(clean_run["report"]))

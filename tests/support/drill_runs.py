@@ -1,0 +1,52 @@
+"""Running `python -m operators.cli.drill` from the drill tests (tests/system/drill): start one on a
+state dir, read its summary and report.json, and find what it left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline_runs import PROJECT_ROOT, pipeline_env
+from pipeline_runs import finish as finish_run
+
+CONF = {"max_steps": 60, "checkpoint_every_steps": 10}
+
+
+def processes_touching(folder: Path) -> list[str]:
+    """Live processes whose command line, environment or working dir names `folder`."""
+    needle = str(folder).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                environ = fh.read()
+            cwd = os.readlink(f"/proc/{entry}/cwd").encode()
+        except OSError:
+            continue
+        if needle in cmdline or needle in environ or cwd.startswith(needle):
+            found.append(entry + ": " + cmdline.replace(b"\0", b" ").decode(errors="replace")[:200])
+    return found
+
+
+def start_drill(home: Path, keep: Path, log: Path, conf: dict | None = None, api: str | None = None, **env: str) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "operators.cli.drill", "--keep", str(keep), "--conf", json.dumps(conf or CONF)]
+    argv += ["--api", api] if api else []
+    return subprocess.Popen(argv, cwd=PROJECT_ROOT, env=pipeline_env(home, **env), stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def finish(proc: subprocess.Popen, log: Path, keep: Path, timeout: float = 1200) -> dict:
+    summary, output, code = finish_run(proc, log, timeout)  # the drill ends with a JSON summary line, as demo does
+    report_path = keep / "report.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    return {"code": code, "summary": summary, "output": output, "report": report}
+
+
+def report_pods(report: dict) -> list[dict]:
+    return report.get("pods") or []
