@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,13 +241,54 @@ def publish(
     On a fresh clone (no workspace data, empty cache) DVC reruns the deterministic stage,
     which gives the same bytes, hence the version already pinned in dvc.lock.
     """
+    root = Path(root).resolve()
+    lock = root / "dvc.lock"
+    with _one_publisher(root):
+        before = lock.read_text() if lock.is_file() else None
+        version, pushed, url = _reproduce_and_push(root, stage, out)
+    if before is not None and lock.read_text() != before:
+        log.warning(
+            "dvc repro changed %s: %s is now version %s; commit dvc.lock to pin it", lock, out, version
+        )
+    log.info("Published %s version %s (%d object(s) pushed; %s)", out, version, pushed, redact_url(url))
+    return version
+
+
+#: How long a publish waits for another one in the same project (two `make demo`s, two test workers).
+PUBLISH_WAIT_S = 900.0
+
+
+@contextlib.contextmanager
+def _one_publisher(root: Path) -> Iterator[None]:
+    """One `publish` at a time per project: DVC refuses a second `repro` whose outputs another
+    holds ("... is busy, it is being blocked by"); the second waits for the first instead."""
+    import fcntl
+
+    path = root / ".dvc" / "tmp" / "gangflow-publish.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        deadline = time.monotonic() + PUBLISH_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise UserError(f"another dataset publish in {root} held {path} for {PUBLISH_WAIT_S:.0f} s: "
+                                    "is a `dvc repro` stuck? stop it, then retry") from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _reproduce_and_push(root: Path, stage: str, out: str) -> tuple[str, int, str]:
+    """(version, objects pushed, the version's remote URL)."""
     from dvc.exceptions import DvcException, ReproductionError, UploadError
 
     from trainer.failure_catalogue import transient_exception
 
-    root = Path(root).resolve()
-    lock = root / "dvc.lock"
-    before = lock.read_text() if lock.is_file() else None
     with _in_repo_dir(root), _this_python_first_on_path(), open_repo(root) as repo:
         try:
             repo.reproduce(f"dvc.yaml:{stage}")
@@ -265,12 +307,7 @@ def publish(
         except OSError as exc:
             raise StorageUnavailable(f"`dvc push {out}` to remote {name!r} failed: {exc}") from exc
         url = _remote_url(repo, f"{version}.dir")
-    if before is not None and lock.read_text() != before:
-        log.warning(
-            "dvc repro changed %s: %s is now version %s; commit dvc.lock to pin it", lock, out, version
-        )
-    log.info("Published %s version %s (%d object(s) pushed; %s)", out, version, pushed, redact_url(url))
-    return version
+    return version, pushed, url
 
 
 # --------------------------------------------------------------------------------------------
