@@ -42,11 +42,12 @@ RUN --mount=type=secret,id=ca,required=false \
  && pip install ${WHEELHOUSE:+--find-links "$WHEELHOUSE"} -c constraints.txt -r training-requirements.txt
 
 # Project layer: the gangflow package (packages operators and trainer). --no-deps keeps Airflow,
-# DVC and Great Expectations (the orchestration side) out of the rank image.
+# DVC and Great Expectations (the orchestration side) out of the rank image; --no-build-isolation
+# builds it with the venv's setuptools (torch requires it), so this layer needs no index.
 COPY pyproject.toml README.md ./
 COPY operators/ operators/
 COPY trainer/ trainer/
-RUN pip install --no-deps . \
+RUN pip install --no-deps --no-build-isolation . \
  && python -m trainer --help > /dev/null \
  && pip uninstall -y setuptools wheel pip
 

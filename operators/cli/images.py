@@ -116,6 +116,7 @@ def inspect(ref: str) -> dict[str, Any]:
     if out.returncode != 0:
         raise ImagesError(f"image {ref} is not in podman's storage: run `make images`")
     data = json.loads(out.stdout)
+    data = data[0] if isinstance(data, list) else data  # podman 4 prints a list of one
     return {"id": "sha256:" + data["Id"].removeprefix("sha256:"), "digest": data["Digest"], "size_bytes": int(data["Size"])}
 
 

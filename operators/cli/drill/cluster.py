@@ -428,10 +428,13 @@ class EmulatedCluster:
         from operators.cli.drill.podman import container_argv, container_name
 
         hosts = Rewrites(hosts=self._hosts(pod))
+        subdomain = pod["spec"].get("subdomain")
+        peers = [o["spec"]["hostname"] for o in self.api.items("", "pods", run.namespace)
+                 if (o.get("spec") or {}).get("subdomain") == subdomain and o["spec"].get("hostname")]  # fmt: skip
         env = {**hosts.env(container_env), POD_MARKER: run.marker, **self.extra_env}
         run.argv = container_argv(pod, container, env, name=container_name(run.marker), image=self.runtime.reference,
                                   image_user=self.runtime.image_user, pod_dir=run.dir, termination_log=run.dir / "termination-log",
-                                  hosts=hosts, lookup=self._lookup)  # fmt: skip
+                                  hosts=hosts, lookup=self._lookup, peers=peers)  # fmt: skip
         run.env = env
         (run.dir / "pod.json").write_text(json.dumps(run.record(), indent=1))
         run.proc = self.runtime.run(run.argv, self.runtime.client_env(env, {POD_MARKER: run.marker}), self.runtime.executable)

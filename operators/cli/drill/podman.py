@@ -12,6 +12,8 @@ What maps to what (a pure function of the pod, `container_argv`):
 - emptyDir -> a bind mount of a fresh folder of the pod's drill dir (mode 777, as the kubelet
   makes it), a Memory emptyDir at /dev/shm -> `--shm-size` (its sizeLimit), elsewhere a tmpfs;
   a ConfigMap volume -> its keys as files, bind-mounted read-only; the termination-message file;
+- `spec.hostname` -> `--hostname` (each container has pid 1: the host name tells ranks apart), and
+  the gang's host and DNS names -> `--add-host NAME:127.0.0.1`;
 - `--network host`: the pods reach the drill's S3 API, MLflow server and rank 0 on 127.0.0.1 (the
   gang's DNS names are rewritten to 127.0.0.1 as in the process runtime), no pod network.
 """
@@ -23,7 +25,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,10 +127,17 @@ def _volumes(pod: Mapping[str, Any], container: Mapping[str, Any], pod_dir: Path
 
 def container_argv(
     pod: Mapping[str, Any], container: Mapping[str, Any], env: Mapping[str, str], *, name: str, image: str, image_user: str,
-    pod_dir: Path, termination_log: Path, hosts: Rewrites, lookup,
+    pod_dir: Path, termination_log: Path, hosts: Rewrites, lookup, peers: Sequence[str] = (),
 ) -> list[str]:  # fmt: skip
     """`podman run ...` for one pod's container (see the module doc); env values are not in it."""
     opts = ["run", "--rm", "--name", name, "--pull=never", "--network=host"]
+    hostname = (pod.get("spec") or {}).get("hostname")
+    if hostname:  # the pod's own: torchrun's rendezvous tells nodes apart by host name and pid (1 in each container)
+        opts += ["--hostname", str(hostname)]
+    # the gang's names (its own, the peers' host names and DNS names) resolve to this machine, as the
+    # pod's /etc/hosts and the headless Service's DNS would resolve them to the pods' IPs
+    for host in dict.fromkeys([*([str(hostname)] if hostname else []), *peers, *hosts.hosts]):
+        opts += ["--add-host", f"{host}:127.0.0.1"]
     opts += _security(pod, container, image_user)
     opts += _volumes(pod, container, pod_dir, lookup)
     termination_log.chmod(0o666)

@@ -390,7 +390,7 @@ def _stop_on_signal(drill: Drill) -> None:
         try:
             drill.close(remove=False)
         finally:
-            summary = {"state": "failed", "backend": "kubernetes", "train_attempts": 0, "promoted": False, **_INTERRUPTED}
+            summary = {"state": "failed", "backend": "kubernetes", "train_attempts": 0, "promoted": False, "runtime": drill.runtime_name, **_INTERRUPTED}
             print(json.dumps(summary), flush=True)
             os._exit(128 + signum)
 

@@ -31,6 +31,7 @@ def rendered_pod(**runtime_changes) -> dict:
     template.spec.containers = [build_container(spec, runtime, args=args)]
     pod = ApiClient().sanitize_for_serialization(template)
     pod["metadata"] = {"name": "g-1-rank-0-0-abcde", "namespace": "ml"}
+    pod["spec"] |= {"hostname": "g-1-rank-0-0", "subdomain": "g-1"}  # what the Job controller sets
     pod["spec"]["containers"][0]["env"].append({"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}})
     return pod
 
@@ -63,6 +64,8 @@ def test_the_rendered_pod_runs_as_its_user_on_a_read_only_root_with_its_mounts(t
     pod = rendered_pod()
     argv, env = argv_for(pod, tmp_path)
     assert argv[:2] == ["run", "--rm"] and "--network=host" in argv and "--pull=never" in argv
+    assert option_values(argv, "--hostname") == ["g-1-rank-0-0"]  # torchrun tells the ranks apart by host name
+    assert set(option_values(argv, "--add-host")) == {"g-1-rank-0-0:127.0.0.1", "g-1-rank-0-0.g-1:127.0.0.1"}
     assert option_values(argv, "--user") == ["10001:10001"]
     assert "--read-only" in argv and "--read-only-tmpfs=false" in argv  # only the pod's volumes are writable
     assert option_values(argv, "--security-opt") == ["no-new-privileges"]
