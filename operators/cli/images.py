@@ -6,8 +6,9 @@ Each Dockerfile's base is a build argument whose default is the official image (
 for users who can pull it). Without `--python-image` / `--airflow-image` the bases are built here:
 a Debian bookworm root filesystem (mmdebstrap, Python 3.11) imported as `localhost/gangflow/base`,
 and docker/airflow-base.Dockerfile on it (apache-airflow at the constraints.txt pin). Every pip in
-a build takes the wheels this machine's pip resolves (a wheelhouse under the state dir, mounted
-read-only: the CPU torch) and the host's CA bundle as the build secret `ca` (never in a layer).
+a build trusts the host's CA bundle, the build secret `ca` (never in a layer); the training image's pip also
+takes the wheels this machine's pip resolves (a wheelhouse under the state dir, mounted
+read-only: the CPU torch).
 podman runs with the state dir's containers.conf (CONTAINERS_CONF): nothing global is changed.
 The last line is JSON: per image its tag, image id, `sha256:` digest, reference by digest and size,
 also written to <state dir>/images/images.json (read by `make cluster-drill RUNTIME=podman`).
@@ -23,7 +24,6 @@ import ssl
 import subprocess
 import sys
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,12 +137,11 @@ def local_base(*, rebuild: bool = False) -> str:
 
 
 def requirements(name: str, project: Path) -> list[str]:
-    """What the image's pip installs from an index, as requirement strings (versions: constraints.txt)."""
-    if name == "training":
-        lines = (project / "docker" / "training-requirements.txt").read_text().splitlines()
-        return [*BUILD_TOOLS, *[line.strip() for line in lines if line.strip() and not line.startswith("#")]]
-    pyproject = tomllib.loads((project / "pyproject.toml").read_text())["project"]
-    return [*BUILD_TOOLS, "apache-airflow==3.3.2", *pyproject["dependencies"], *pyproject["optional-dependencies"]["kubernetes"]]
+    """What the training image's pip installs, as requirement strings (versions: constraints.txt).
+    The Airflow images take theirs from the index (no torch there; some of DVC's dependencies
+    have no wheel for `pip download --only-binary`)."""
+    lines = (project / "docker" / "training-requirements.txt").read_text().splitlines()
+    return [*BUILD_TOOLS, *[line.strip() for line in lines if line.strip() and not line.startswith("#")]]
 
 
 def wheelhouse(name: str, project: Path) -> Path:
@@ -195,7 +194,7 @@ def build(spec: ImageSpec, *, base: str, project: Path, ca: Path | None, use_whe
           build_args: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     commit, _ = git_commit(project)
     tags = [f"{spec.repository}:{commit[:12] if commit != 'unknown' else 'dev'}", f"{spec.repository}:local"]
-    wheels = wheelhouse(spec.name if spec.name != "airflow-base" else "airflow", project) if use_wheelhouse else None
+    wheels = wheelhouse(spec.name, project) if use_wheelhouse else None
     iidfile = images_dir() / f"{spec.name}.iid"
     started = time.monotonic()
     print(f"images: building {tags[0]} from {spec.dockerfile} ({spec.base_arg}={base})", flush=True)
@@ -232,9 +231,9 @@ def build_images(names: list[str], *, python_image: str | None = None, airflow_i
         else:
             af_base = airflow_image
             if af_base is None:
-                built["airflow-base"] = build(AIRFLOW_BASE, base=base, project=project, ca=ca)
+                built["airflow-base"] = build(AIRFLOW_BASE, base=base, project=project, ca=ca, use_wheelhouse=False)
                 af_base = built["airflow-base"]["id"]
-            built[name] = build(spec, base=af_base, project=project, ca=ca, use_wheelhouse=airflow_image is None,
+            built[name] = build(spec, base=af_base, project=project, ca=ca, use_wheelhouse=False,
                                 build_args={"GANGFLOW_GIT_COMMIT": commit, "GANGFLOW_GIT_DIRTY": dirty})  # fmt: skip
     record_path().parent.mkdir(parents=True, exist_ok=True)
     record_path().write_text(json.dumps(built, indent=1))
