@@ -6,9 +6,9 @@ Each Dockerfile's base is a build argument whose default is the official image (
 for users who can pull it). Without `--python-image` / `--airflow-image` the bases are built here:
 a Debian bookworm root filesystem (mmdebstrap, Python 3.11) imported as `localhost/gangflow/base`,
 and docker/airflow-base.Dockerfile on it (apache-airflow at the constraints.txt pin). Every pip in
-a build trusts the host's CA bundle, the build secret `ca` (never in a layer); the training image's pip also
-takes the wheels this machine's pip resolves (a wheelhouse under the state dir, mounted
-read-only: the CPU torch).
+a build trusts the host's CA bundle, the build secret `ca` (never in a layer); the training and
+Airflow images' pip also take the wheels this machine's pip resolves (a wheelhouse under the state
+dir, mounted read-only: the CPU torch; PyPI's is the CUDA build, several GB).
 podman runs with the state dir's containers.conf (CONTAINERS_CONF): nothing global is changed.
 The last line is JSON: per image its tag, image id, `sha256:` digest, reference by digest and size,
 also written to <state dir>/images/images.json (read by `make cluster-drill RUNTIME=podman`).
@@ -137,9 +137,12 @@ def local_base(*, rebuild: bool = False) -> str:
 
 
 def requirements(name: str, project: Path) -> list[str]:
-    """What the training image's pip installs, as requirement strings (versions: constraints.txt).
-    The Airflow images take theirs from the index (no torch there; some of DVC's dependencies
-    have no wheel for `pip download --only-binary`)."""
+    """What the image's pip takes from the wheelhouse, as requirement strings (versions:
+    constraints.txt): the training image's packages; for the Airflow image torch only (the
+    gangflow package needs it: evaluate runs the model), the rest from the index (some of DVC's
+    dependencies have no wheel for `pip download --only-binary`)."""
+    if name != "training":
+        return [*BUILD_TOOLS, "torch"]
     lines = (project / "docker" / "training-requirements.txt").read_text().splitlines()
     return [*BUILD_TOOLS, *[line.strip() for line in lines if line.strip() and not line.startswith("#")]]
 
@@ -233,7 +236,7 @@ def build_images(names: list[str], *, python_image: str | None = None, airflow_i
             if af_base is None:
                 built["airflow-base"] = build(AIRFLOW_BASE, base=base, project=project, ca=ca, use_wheelhouse=False)
                 af_base = built["airflow-base"]["id"]
-            built[name] = build(spec, base=af_base, project=project, ca=ca, use_wheelhouse=False,
+            built[name] = build(spec, base=af_base, project=project, ca=ca,
                                 build_args={"GANGFLOW_GIT_COMMIT": commit, "GANGFLOW_GIT_DIRTY": dirty})  # fmt: skip
     record_path().parent.mkdir(parents=True, exist_ok=True)
     record_path().write_text(json.dumps(built, indent=1))

@@ -126,6 +126,26 @@ def test_training_image_has_no_compiler_no_airflow_and_the_files_the_pods_name(b
     assert found == {"compilers": [], "airflow": False, "torch": "2.13.0+cpu", "uid": 10001, "missing": [], "writable_root": False}
 
 
+def test_airflow_image_parses_every_dag_with_its_own_packages_and_files(built, images_home):
+    """The DAG processor's view: every DAG file imports inside the Airflow image (the gangflow
+    package, its Kubernetes extra, the pipeline files under GANGFLOW_PROJECT), as the image's user."""
+    from operators.config.pipelines import pipeline_files
+
+    code = (
+        "import json\n"
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        "bag = DagBag(dag_folder='/opt/airflow/dags', include_examples=False)\n"
+        "import kubernetes_asyncio, os\n"
+        "print(json.dumps({'errors': {k: v[-300:] for k, v in bag.import_errors.items()}, 'dags': sorted(bag.dags), 'uid': os.getuid()}))"
+    )
+    done = podman(images_home, "run", "--rm", "--pull=never", "--network=none", "--tmpfs", "/tmp", "--env", "AIRFLOW__CORE__LOAD_EXAMPLES=False",
+                  "--entrypoint", "python", built["images"]["airflow"]["reference"], "-c", code, timeout=300)  # fmt: skip
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["errors"] == {} and found["uid"] == 50000
+    expected = {c.dag_id for c in pipeline_files().configs.values()}
+    assert expected <= set(found["dags"]), found["dags"]
+
+
 # --- the cluster drill with podman -------------------------------------------------------------
 
 
