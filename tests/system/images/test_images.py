@@ -92,7 +92,9 @@ def _layer_findings(home: Path, ref: str, folder: Path) -> list[str]:
             with tarfile.open(fileobj=outer.extractfile(layer)) as inner:
                 for member in inner:
                     name = member.name.lstrip("./")
-                    if name.startswith("run/secrets") or name.endswith(("pip.conf", "pip/pip.ini")) or "/wheelhouse" in "/" + name:
+                    if member.isdir():  # an empty mount point (/run/secrets, /wheelhouse) holds nothing
+                        continue
+                    if name.startswith("run/secrets") or name.endswith(("pip.conf", "pip/pip.ini")) or "/wheelhouse/" in "/" + name:
                         findings.append(f"{layer.name}: {name}")
                     elif member.isfile() and member.size == ca_size:
                         if hashlib.sha256(inner.extractfile(member).read()).hexdigest() == ca_sha:
