@@ -54,7 +54,7 @@ images: install podman-deps
 
 # podman and what `make images` builds bases with; installed when missing (root, apt).
 podman-deps:
-	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null && command -v runc >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman buildah mmdebstrap runc >/dev/null; } || echo "podman, mmdebstrap or runc missing: the image test will fail; install Debian's podman buildah mmdebstrap runc"
+	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null && command -v runc >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman buildah mmdebstrap runc >/dev/null; } || echo "podman, mmdebstrap or runc missing: make images cannot build and the image tests (tests/system/images) skip; install Debian's podman buildah mmdebstrap runc"
 
 # Every test on 2 pytest-xdist workers; tests that share a session fixture (a prepared state dir)
 # stay on one worker (tests/conftest.py).
