@@ -144,3 +144,16 @@ def test_the_drill_refuses_an_unknown_runtime():
 
     with pytest.raises(DrillError, match="process, podman"):
         Drill(runtime="docker")
+
+
+def test_without_podman_both_commands_say_what_to_install(monkeypatch, tmp_path, capsys):
+    from operators.cli import images
+    from operators.cli.drill.podman import PodmanError, PodmanRuntime
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no podman, no mmdebstrap
+    monkeypatch.setenv("GANGFLOW_HOME", str(tmp_path / "home"))
+    assert images.main(["--image", "training"]) == 1
+    failure = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert failure["state"] == "failed" and "make podman-deps" in failure["reason"] and "podman" in failure["reason"]
+    with pytest.raises(PodmanError, match="make podman-deps"):
+        PodmanRuntime()
