@@ -9,7 +9,7 @@ PIPELINE ?= digits
 # Launch API of the cluster drill: jobset, or trainjob (run as Kubeflow Trainer v2 would run it)
 API ?= jobset
 
-.PHONY: install browser-deps prometheus-deps setup data demo baseline cluster-drill test test-fast ui benchmarks constraints clean
+.PHONY: install browser-deps prometheus-deps podman-deps images setup data demo baseline cluster-drill test test-fast ui benchmarks constraints clean
 
 install: $(STAMP)
 
@@ -42,15 +42,26 @@ baseline: setup
 	$(BIN)/python -m operators.cli.baseline
 
 # One pipeline's DAG (PIPELINE=, as demo) with backend=kubernetes, the rendered pods run as local
-# processes, S3 (moto) and MLflow servers on 127.0.0.1 (docs/kubernetes.md, "The cluster drill");
-# honours GANGFLOW_FAULT. API=trainjob submits a TrainJob that the drill's Kubeflow Trainer v2
-# controller turns into a JobSet from the chart's ClusterTrainingRuntime.
+# processes (RUNTIME=process) or as podman containers of the image `make images` built
+# (RUNTIME=podman), S3 (moto) and MLflow servers on 127.0.0.1 (docs/kubernetes.md, "The cluster
+# drill"); honours GANGFLOW_FAULT. API=trainjob submits a TrainJob that the drill's Kubeflow Trainer
+# v2 controller turns into a JobSet from the chart's ClusterTrainingRuntime.
+RUNTIME ?= process
 cluster-drill: setup
-	$(BIN)/python -m operators.cli.drill --pipeline $(PIPELINE) --api $(API)
+	$(BIN)/python -m operators.cli.drill --pipeline $(PIPELINE) --api $(API) --runtime $(RUNTIME)
+
+# The training and Airflow images of docker/, built with podman from bases made here when the
+# official ones cannot be pulled; tags and sha256 digests in .gangflow/images/images.json.
+images: install podman-deps
+	$(BIN)/python -m operators.cli.images
+
+# podman and what `make images` builds bases with; installed when missing (root, apt).
+podman-deps:
+	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null && command -v runc >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman buildah mmdebstrap runc >/dev/null; } || echo "podman, mmdebstrap or runc missing: make images cannot build and the image tests (tests/system/images) skip; install Debian's podman buildah mmdebstrap runc"
 
 # Every test on 2 pytest-xdist workers; tests that share a session fixture (a prepared state dir)
 # stay on one worker (tests/conftest.py).
-test: install browser-deps prometheus-deps
+test: install browser-deps prometheus-deps podman-deps
 	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=30
 
 # The UI test drives Debian's chromium headless; install it when missing (root, apt).

@@ -8,6 +8,8 @@
 #   docker buildx build -f docker/airflow.Dockerfile \
 #     -t registry.example.com/gangflow/airflow:3.3.2-gangflow-0.1.0 --push .
 # Put the digest the push prints into helm/airflow-values.yaml (images.airflow.digest).
+# Where apache/airflow cannot be pulled, `make images` builds docker/airflow-base.Dockerfile (Debian,
+# the user airflow, apache-airflow 3.3.2) and passes it as AIRFLOW_IMAGE.
 
 # Replace the digest with the one of apache/airflow:3.3.2-python3.11 you audited
 # (docker buildx imagetools inspect apache/airflow:3.3.2-python3.11).
@@ -25,7 +27,11 @@ ENV GANGFLOW_PROJECT=/opt/gangflow \
 COPY --chown=airflow:0 constraints.txt pyproject.toml README.md /opt/gangflow/
 COPY --chown=airflow:0 operators/ /opt/gangflow/operators/
 COPY --chown=airflow:0 trainer/ /opt/gangflow/trainer/
-RUN pip install -c /opt/gangflow/constraints.txt "apache-airflow==3.3.2" "/opt/gangflow[kubernetes]"
+# WHEELHOUSE and the secret `ca`: as in docker/training.Dockerfile (both optional; `make images` gives them).
+ARG WHEELHOUSE=
+RUN --mount=type=secret,id=ca,required=false,mode=0444 \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+ && pip install ${WHEELHOUSE:+--find-links "$WHEELHOUSE"} -c /opt/gangflow/constraints.txt "apache-airflow==3.3.2" "/opt/gangflow[kubernetes]"
 
 # Project layer 2: what the DAGs read beside the package (GANGFLOW_PROJECT: params.yaml, the
 # pipeline files, the DVC pipeline and its lock, the data stages and expectation suites), then

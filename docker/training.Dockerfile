@@ -14,6 +14,9 @@
 # constraints.txt) changes only with constraints.txt; the project layer (the gangflow package and
 # params.yaml) changes with every commit and rebuilds in seconds.
 # torch==2.13.0 from PyPI is the CUDA build on linux/amd64; torch pins its nvidia-* wheels itself.
+# `make images` (operators/cli/images.py) builds it with podman instead: from a Debian base it makes
+# itself when PYTHON_IMAGE cannot be pulled, with the wheels this machine's pip resolves (the CPU
+# torch) mounted at WHEELHOUSE, and the host's CA bundle as the build secret `ca` (never in a layer).
 
 # Replace the digest with the one of the python:3.11-slim-bookworm image you audited
 # (docker buildx imagetools inspect python:3.11-slim-bookworm).
@@ -28,17 +31,23 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 
-# Platform layer: pinned third-party dependencies.
+# Platform layer: pinned third-party dependencies. WHEELHOUSE (optional): a folder of wheels mounted
+# into the build (podman build -v DIR:/wheelhouse:ro) that pip prefers, e.g. the CPU torch. The
+# secret `ca` (optional): a CA bundle pip trusts, for an index behind a TLS-intercepting proxy.
+ARG WHEELHOUSE=
 COPY constraints.txt docker/training-requirements.txt ./
-RUN pip install "pip==25.3" \
- && pip install -c constraints.txt -r training-requirements.txt
+RUN --mount=type=secret,id=ca,required=false \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+ && pip install ${WHEELHOUSE:+--find-links "$WHEELHOUSE"} "pip==25.3" \
+ && pip install ${WHEELHOUSE:+--find-links "$WHEELHOUSE"} -c constraints.txt -r training-requirements.txt
 
 # Project layer: the gangflow package (packages operators and trainer). --no-deps keeps Airflow,
-# DVC and Great Expectations (the orchestration side) out of the rank image.
+# DVC and Great Expectations (the orchestration side) out of the rank image; --no-build-isolation
+# builds it with the venv's setuptools (torch requires it), so this layer needs no index.
 COPY pyproject.toml README.md ./
 COPY operators/ operators/
 COPY trainer/ trainer/
-RUN pip install --no-deps . \
+RUN pip install --no-deps --no-build-isolation . \
  && python -m trainer --help > /dev/null \
  && pip uninstall -y setuptools wheel pip
 

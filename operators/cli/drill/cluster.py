@@ -150,6 +150,7 @@ class EmulatedCluster:
         controllers=(),
         event: DrillEvent | None = None,
         committed_step: Callable[[], int | None] | None = None,
+        runtime=None,
     ):
         self.api = api
         self.workdir = Path(workdir)
@@ -160,6 +161,7 @@ class EmulatedCluster:
         self.period = period
         self.echo = echo
         self.controllers = list(controllers)  # reconciled before the JobSets (trainer_controller.TrainerController)
+        self.runtime = runtime  # None: each pod's container as local processes; else a PodmanRuntime
         self.runs: dict[tuple[str, str], PodRun] = {}
         self.history: list[PodRun] = []
         self.events: list[str] = []
@@ -427,7 +429,7 @@ class EmulatedCluster:
             elif pod is not None:
                 self.api.logs[key] = "".join(run.log_lines)
 
-    def _rewrites(self, pod: dict[str, Any], run: PodRun) -> Rewrites:
+    def _hosts(self, pod: dict[str, Any]) -> dict[str, str]:
         ns = pod["metadata"]["namespace"]
         hosts = {}
         subdomain = pod["spec"].get("subdomain")
@@ -436,6 +438,10 @@ class EmulatedCluster:
             if spec.get("subdomain") == subdomain and spec.get("hostname"):
                 for suffix in ("", f".{ns}.svc.cluster.local", f".{ns}.svc", f".{ns}"):
                     hosts[f"{spec['hostname']}.{subdomain}{suffix}"] = "127.0.0.1"
+        return dict(sorted(hosts.items(), key=lambda kv: -len(kv[0])))
+
+    def _rewrites(self, pod: dict[str, Any], run: PodRun) -> Rewrites:
+        hosts = self._hosts(pod)
         tmp = run.dir / "tmp"
         mounts = {**self.image.mounts}
         for volume_mount in pod["spec"]["containers"][0].get("volumeMounts") or []:
@@ -446,7 +452,7 @@ class EmulatedCluster:
             else:
                 raise ContainerConfigError(f"volume mount {volume_mount['mountPath']}: the drill provides /tmp and /dev/shm only (use checkpoint.uri)")
         mounts[pod["spec"]["containers"][0].get("terminationMessagePath") or TERMINATION_LOG] = str(run.dir / "termination-log")
-        return Rewrites(hosts=dict(sorted(hosts.items(), key=lambda kv: -len(kv[0]))), mounts=mounts)
+        return Rewrites(hosts=hosts, mounts=mounts)
 
     def _set_pod(self, key: tuple[str, str], status: dict[str, Any], **spec: Any) -> None:
         with self.api._lock:
@@ -472,7 +478,10 @@ class EmulatedCluster:
             container_env = resolve_env(container, {**pod, "spec": {**pod["spec"], "nodeName": NODE}, "status": status}, self._lookup)
             run.rendered_argv = expand_argv(container, container_env)
             run.rendered_env = container_env
-            rewrites = self._rewrites(pod, run)
+            if self.runtime is not None:
+                self._container(pod, container, run, container_env)
+            else:
+                rewrites = self._rewrites(pod, run)
         except ContainerConfigError as exc:
             status["containerStatuses"] = [{"name": container["name"], "ready": False, "restartCount": 0, "image": container.get("image"),
                                             "state": {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}}]  # fmt: skip
@@ -480,6 +489,42 @@ class EmulatedCluster:
             run.exit_code = -1
             self._note(f"pod {key[1]}: CreateContainerConfigError: {exc}")
             return
+        if self.runtime is None and not self._process(run, container, rewrites, container_env, key, status):
+            return
+        run.started_at = now()
+        run.reader = threading.Thread(target=self._read, args=(run,), name=f"log-{key[1]}", daemon=True)
+        run.reader.start()
+        status.update(
+            phase="Running", startTime=run.started_at,
+            conditions=[scheduled, {"type": "Initialized", "status": "True", "lastTransitionTime": run.started_at},
+                        {"type": "Ready", "status": "True", "lastTransitionTime": run.started_at},
+                        {"type": "ContainersReady", "status": "True", "lastTransitionTime": run.started_at}],
+            containerStatuses=[{"name": container["name"], "image": container.get("image"), "imageID": self.runtime.reference if self.runtime else container.get("image"),
+                                "ready": True, "started": True, "restartCount": 0, "state": {"running": {"startedAt": run.started_at}}, "lastState": {}}],
+        )  # fmt: skip
+        self._set_pod(key, status, nodeName=NODE)
+        self._note(f"pod {key[1]} started (pid {run.proc.pid}): {' '.join(run.argv)}")
+
+    def _container(self, pod: dict[str, Any], container: dict[str, Any], run: PodRun, container_env: dict[str, str]) -> None:
+        """Start the pod's container with podman (operators/cli/drill/podman.py); the container
+        gets the process marker and the fault too, so that `kill_marked` finds its processes."""
+        from operators.cli.drill.podman import container_argv, container_name
+
+        hosts = Rewrites(hosts=self._hosts(pod))
+        subdomain = pod["spec"].get("subdomain")
+        peers = [o["spec"]["hostname"] for o in self.api.items("", "pods", run.namespace)
+                 if (o.get("spec") or {}).get("subdomain") == subdomain and o["spec"].get("hostname")]  # fmt: skip
+        env = {**hosts.env(container_env), POD_MARKER: run.marker, **self.extra_env}
+        run.argv = container_argv(pod, container, env, name=container_name(run.marker), image=self.runtime.reference,
+                                  image_user=self.runtime.image_user, pod_dir=run.dir, termination_log=run.dir / "termination-log",
+                                  hosts=hosts, lookup=self._lookup, peers=peers)  # fmt: skip
+        run.env = env
+        (run.dir / "pod.json").write_text(json.dumps(run.record(), indent=1))
+        run.proc = self.runtime.run(run.argv, self.runtime.client_env(env, {POD_MARKER: run.marker}), self.runtime.executable)
+
+    def _process(self, run: PodRun, container: dict[str, Any], rewrites: Rewrites, container_env: dict[str, str],
+                 key: tuple[str, str], status: dict[str, Any]) -> bool:  # fmt: skip
+        """Start the pod's container as local processes in the emulated image; False when it cannot."""
         # the image's PATH already names this machine's folders (build_image mapped it): rewriting
         # it again would map a venv that happens to live under /tmp into the pod's /tmp
         image_env = {k: v if k == "PATH" else rewrites.apply(v) for k, v in self.image.env.items()}
@@ -498,26 +543,14 @@ class EmulatedCluster:
                                             "state": {"waiting": {"reason": "CreateContainerError", "message": f'exec: "{argv[0]}": executable file not found in $PATH'}}}]  # fmt: skip
             self._set_pod(key, status, nodeName=NODE)
             run.exit_code = -1
-            return
+            return False
         (run.dir / "pod.json").write_text(json.dumps(run.record(), indent=1))
         run.proc = subprocess.Popen(
             [executable, *argv[1:]], env=env, cwd=run.dir / "tmp", stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         self._pin(run, container)
-        run.started_at = now()
-        run.reader = threading.Thread(target=self._read, args=(run,), name=f"log-{key[1]}", daemon=True)
-        run.reader.start()
-        status.update(
-            phase="Running", startTime=run.started_at,
-            conditions=[scheduled, {"type": "Initialized", "status": "True", "lastTransitionTime": run.started_at},
-                        {"type": "Ready", "status": "True", "lastTransitionTime": run.started_at},
-                        {"type": "ContainersReady", "status": "True", "lastTransitionTime": run.started_at}],
-            containerStatuses=[{"name": container["name"], "image": container.get("image"), "imageID": container.get("image"), "ready": True,
-                                "started": True, "restartCount": 0, "state": {"running": {"startedAt": run.started_at}}, "lastState": {}}],
-        )  # fmt: skip
-        self._set_pod(key, status, nodeName=NODE)
-        self._note(f"pod {key[1]} started (pid {run.proc.pid}): {' '.join(argv)}")
+        return True
 
     def _pin(self, run: PodRun, container: dict[str, Any]) -> None:
         cpu = str(((container.get("resources") or {}).get("limits") or {}).get("cpu", ""))

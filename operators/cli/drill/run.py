@@ -1,13 +1,15 @@
 """`make cluster-drill`: `train_pipeline` with `backend=kubernetes`, the gang's pods run locally.
 
-    python -m operators.cli.drill [--pipeline NAME] [--api jobset|trainjob] [--conf JSON] [--keep DIR]
+    python -m operators.cli.drill [--pipeline NAME] [--api jobset|trainjob] [--runtime process|podman] [--conf JSON] [--keep DIR]
     GANGFLOW_FAULT="kill@step=30,rank=1" python -m operators.cli.drill
     GANGFLOW_DRILL_EVENT="preempt@step=30" python -m operators.cli.drill
 
 Starts an S3 API (moto), an MLflow server, the Kubernetes API test double and the emulated cluster
 on 127.0.0.1, and runs the DAG with dag.test(). With --api trainjob the cluster also runs Kubeflow
-Trainer v2's controller (trainer_controller.py) on the chart's ClusterTrainingRuntime. The last line
-is `make demo`'s JSON plus `backend`, `api`, `checkpoint_uri` and `resumed_from_step`; exit 0 only when the run succeeded and no pod touched
+Trainer v2's controller (trainer_controller.py) on the chart's ClusterTrainingRuntime; with --runtime
+podman each pod is a container of the training image `make images` built. The last line is `make
+demo`'s JSON plus `backend`, `api`, `checkpoint_uri`, `resumed_from_step`, `runtime` and
+`image_digest`; exit 0 only when the run succeeded and no pod touched
 the worker's state dir (docs/kubernetes.md, "The cluster drill").
 """
 
@@ -37,6 +39,9 @@ BUCKET = "gangflow-drill"
 CONN_ID = "kubernetes_default"
 S3_SECRET = "gangflow-s3"
 MLFLOW_SECRET = "gangflow-mlflow"
+# How a pod's container runs: as local processes in an emulation of the image, or as a podman
+# container of the image `make images` built (operators/cli/drill/podman.py).
+RUNTIMES = ("process", "podman")
 DEFAULT_CONF = {"backend": "kubernetes", "world_size": 2, "max_steps": 120, "checkpoint_every_steps": 10}
 # Per pipeline, over DEFAULT_CONF: 120 digits steps reach about 0.9 accuracy, under the file's
 # floor; other pipelines keep their gate.
@@ -190,10 +195,21 @@ class Drill:
     """Owns every server, thread and process of one drill; `close()` ends them all."""
 
     def __init__(self, *, keep: Path | None = None, fault: str = "", conf: dict[str, Any] | None = None, pipeline: str = "digits",
-                 api: str = "jobset", event=None):
+                 api: str = "jobset", event=None, runtime: str = "process"):  # fmt: skip
         from operators.config.pipelines import pipeline as load_pipeline
 
         self.event = event  # a DrillEvent the emulated cluster fires at the running gang, or None
+        if runtime not in RUNTIMES:
+            raise DrillError(f"runtime {runtime!r}: must be one of {', '.join(RUNTIMES)}")
+        self.container_runtime = None
+        if runtime == "podman":  # before any server starts: a missing podman or image is said at once
+            from operators.cli.drill.podman import PodmanError, PodmanRuntime
+
+            try:
+                self.container_runtime = PodmanRuntime()
+            except PodmanError as exc:
+                raise DrillError(str(exc)) from None
+
         self.id = f"drill-{uuid.uuid4().hex[:10]}"
         self.keep = keep
         self.fault = fault
@@ -208,6 +224,7 @@ class Drill:
             raise DrillError(f"drill dir {base} and the state dir {self.state} must not contain each other: pods must not reach the worker's files")
         base.mkdir(parents=True, exist_ok=True)
         self.dir = base.resolve()
+        self.runtime_name = runtime
         self.servers: list = []
         self.api = None
         self.cluster = None
@@ -238,8 +255,8 @@ class Drill:
         echo(f"drill: MLflow server on {mlflow.url} (artifacts proxied from {mlflow.artifacts})")
         os.environ["MLFLOW_TRACKING_URI"] = mlflow.url
         self.runtime = drill_runtime(
-            image=image_reference(settings.PROJECT_ROOT), mlflow_url=mlflow.url, s3_url=moto.url,
-            rendezvous_port=free_port(), dataset_remote=remote, api=self.launch_api,
+            image=self.container_runtime.reference if self.container_runtime else image_reference(settings.PROJECT_ROOT),
+            mlflow_url=mlflow.url, s3_url=moto.url, rendezvous_port=free_port(), dataset_remote=remote, api=self.launch_api,
         )  # fmt: skip
         self._api(s3_key, s3_secret)
         self._cluster()
@@ -320,6 +337,7 @@ class Drill:
         self.cluster = EmulatedCluster(
             self.api, workdir=self.dir / "pods", image=image, audit_dir=audit_dir, drill_id=self.id, extra_env=extra, echo=echo,
             controllers=controllers, event=self.event, committed_step=self._committed_step,
+            runtime=self.container_runtime,
         ).start()  # fmt: skip
 
     def _committed_step(self) -> int | None:
@@ -358,6 +376,9 @@ class Drill:
             # where the pods really wrote: the --run-dir of the containers the backend rendered
             "checkpoint_uri": next((run.rendered_argv[i + 1] for run in runs for i, a in enumerate(run.rendered_argv[:-1]) if a == "--run-dir"), None),
             "resumed_from_step": resumed[-1] if resumed else None,
+            "runtime": self.runtime_name,
+            # the image that really ran (podman's digest of it); no image runs in the process runtime
+            "image_digest": self.container_runtime.image_digest if self.container_runtime else None,
         }
         findings = isolation_findings(runs, self.state)
         if self.cluster.error is not None:
@@ -387,6 +408,8 @@ class Drill:
         if self.cluster is not None:
             self.cluster.stop()
         kill_marked(self.id + "/")
+        if self.container_runtime is not None:
+            self.container_runtime.remove(self.id)
         if self.api is not None:
             self.api.stop()
         for server in reversed(self.servers):
@@ -419,7 +442,8 @@ def _stop_on_signal(drill: Drill) -> None:
         try:
             drill.close(remove=False)
         finally:
-            summary = {"state": "failed", "backend": "kubernetes", "api": drill.launch_api, "train_attempts": 0, "promoted": False, **_INTERRUPTED}
+            summary = {"state": "failed", "backend": "kubernetes", "api": drill.launch_api, "train_attempts": 0, "promoted": False,
+                       "runtime": drill.runtime_name, **_INTERRUPTED}
             print(json.dumps(summary), flush=True)
             os._exit(128 + signum)
 
@@ -442,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
                         + "; per pipeline: " + json.dumps(PIPELINE_CONF))
     parser.add_argument("--api", default="jobset", choices=APIS, help="launch API the backend submits (runtime.yaml `api`): jobset (default) or "
                         "trainjob, run as Kubeflow Trainer v2 would run it")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="process",
+                        help="process: each pod's container as local processes (default); podman: as a container of the training image `make images` built")
     parser.add_argument("--keep", type=Path, help="keep the drill's files (servers' data, pod dirs and logs, report.json) in this folder")
     args = parser.parse_args(argv)
     try:
@@ -470,9 +496,9 @@ def main(argv: list[str] | None = None) -> int:
         event = parse_drill_event(os.environ.pop(EVENT_ENV, ""))
     except ValueError as exc:
         parser.error(str(exc))
-    summary: dict[str, Any] = {"state": "failed", "backend": "kubernetes", "api": args.api, "train_attempts": 0, "promoted": False}
+    summary: dict[str, Any] = {"state": "failed", "backend": "kubernetes", "api": args.api, "train_attempts": 0, "promoted": False, "runtime": args.runtime}
     try:
-        drill = Drill(keep=args.keep, fault=fault, conf=conf, pipeline=args.pipeline, api=args.api, event=event)
+        drill = Drill(keep=args.keep, fault=fault, conf=conf, pipeline=args.pipeline, api=args.api, event=event, runtime=args.runtime)
     except DrillError as exc:
         print(json.dumps(summary | {"failure": {"kind": "user", "reason": str(exc)}}), flush=True)
         return 2

@@ -37,6 +37,7 @@ def test_drill_trains_evaluates_promotes_through_the_kubernetes_backend(clean_ru
     assert summary["state"] == "success" and summary["backend"] == "kubernetes"
     assert summary["checkpoint_uri"].startswith("s3://gangflow-drill/checkpoints/train-pipeline-")
     assert summary["train_attempts"] == 1 and summary["resumed_from_step"] is None
+    assert summary["runtime"] == "process" and summary["image_digest"] is None  # no image runs: local processes
     assert summary["tracking_uri"].startswith("http://127.0.0.1:")
     assert summary["model_version"] and summary["accuracy"] > 0.5
     assert len(summary["dataset_version"]) == 32
