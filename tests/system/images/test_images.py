@@ -110,7 +110,7 @@ def test_no_layer_holds_a_secret_the_ca_bundle_or_a_pip_config(built, images_hom
     assert _layer_findings(images_home, built["images"][name]["reference"], tmp_path) == []
 
 
-def test_training_image_has_no_compiler_no_airflow_and_the_files_the_pods_name(built, images_home):
+def test_training_image_has_no_compiler_no_airflow_its_frameworks_and_the_files_the_pods_name(built, images_home):
     from operators.config.pipelines import pipeline_files
 
     expected = {"/app/params.yaml"}
@@ -123,11 +123,13 @@ def test_training_image_has_no_compiler_no_airflow_and_the_files_the_pods_name(b
         f"print(json.dumps({{'compilers': [c for c in {list(COMPILERS)!r} if shutil.which(c)],"
         " 'airflow': importlib.util.find_spec('airflow') is not None,"
         " 'torch': __import__('torch').__version__, 'uid': os.getuid(),"
+        " 'frameworks': [m for m in ('transformers', 'accelerate', 'lightning', 's3fs') if importlib.util.find_spec(m) is None],"
         f" 'missing': [p for p in {sorted(expected)!r} if not os.path.exists(p)],"
         " 'writable_root': os.access('/app', os.W_OK)}))"
     )
     found = json.loads(run_in(images_home, built["images"]["training"]["reference"], code).strip().splitlines()[-1])
-    assert found == {"compilers": [], "airflow": False, "torch": "2.13.0+cpu", "uid": 10001, "missing": [], "writable_root": False}
+    assert found == {"compilers": [], "airflow": False, "torch": "2.13.0+cpu", "uid": 10001, "frameworks": [], "missing": [],
+                     "writable_root": False}  # fmt: skip
 
 
 def test_airflow_image_parses_every_dag_with_its_own_packages_and_files(built, images_home):
