@@ -20,8 +20,8 @@ CRDS_DIR = PROJECT_ROOT / "operators" / "kubernetes" / "crds"
 # test there reads what a test of the other group left. (The xdist_group marks of --dist loadgroup are
 # lost under pytest 9: xdist 3.8 renames item._nodeid.)
 ONE_WORKER_FOLDERS = ("tests/system/dags/", "tests/system/ui/")
-SECOND_DAG_GROUP = ("test_baseline.py", "test_byo_pipeline.py", "test_demo_cli.py", "test_framework_pipelines.py",
-                    "test_prometheus.py")
+SECOND_DAG_GROUP = ("test_baseline.py", "test_byo_pipeline.py", "test_checkpoint_auto_pipeline.py", "test_demo_cli.py",
+                    "test_framework_pipelines.py", "test_prometheus.py")
 
 
 def worker_scope(path: str) -> str:
