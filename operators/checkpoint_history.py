@@ -20,6 +20,7 @@ from operators.config import settings
 from operators.failures.preemption import recorded_preemptions
 from trainer.checkpoint_interval import HISTORY_ENV, IntervalInputs
 from trainer.config import AUTO
+from trainer.storage import read_json_record
 from trainer.urls import redact_url
 
 MAX_RUNS = 20  # the latest runs of the DAG that are read
@@ -69,11 +70,8 @@ def platform_failures(run_dir: Path) -> int:
     task's try records) and the preemptions it re-launched without a retry (PREEMPTIONS_FILE)."""
     count = len(recorded_preemptions(run_dir))
     for path in sorted((run_dir / "failures").glob("try-*.json")):
-        try:
-            kind = json.loads(path.read_text()).get("verdict", {}).get("kind")
-        except (OSError, ValueError, AttributeError):
-            continue
-        count += kind in PLATFORM_FAILURES
+        verdict = read_json_record(path).get("verdict")
+        count += isinstance(verdict, dict) and verdict.get("kind") in PLATFORM_FAILURES
     return count
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from operators.config import settings
+from trainer.storage import read_json_record
 
 __all__ = ["IDENTITY_TAG", "REACHED_STEP_TAG", "failed_step", "gather", "node_failures", "passed_step", "record_node_failure",
            "training_identity"]  # fmt: skip
@@ -99,21 +100,11 @@ def nodes_to_avoid(run_dir: str | Path, attempt: int) -> tuple[str, ...]:
     `failures/try-N.json`, N < attempt), oldest first, each once."""
     nodes: list[str] = []
     for earlier in range(1, attempt):
-        record = _read_record(Path(run_dir) / "failures" / f"try-{earlier}.json")
+        record = read_json_record(Path(run_dir) / "failures" / f"try-{earlier}.json")
         verdict = record.get("verdict") if isinstance(record.get("verdict"), dict) else {}
         named = verdict.get("exclude_nodes") if isinstance(verdict.get("exclude_nodes"), list) else []
         nodes += [n for n in named if isinstance(n, str) and _NODE_NAME.match(n) and n not in nodes]
     return tuple(nodes)
-
-
-def _read_record(path: Path) -> dict:
-    try:
-        if path.is_symlink() or path.stat().st_size > 4 << 20:  # a run dir is not trusted: no link, bounded
-            return {}
-        data = json.loads(path.read_text(errors="replace"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def failed_step(evidence: Mapping[str, Any]) -> int | None:

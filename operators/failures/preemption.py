@@ -9,10 +9,11 @@ these stays `infra` (the corpus scores kinds); this module answers the separate 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from trainer.storage import read_json_record
 
 #: In a DAG run's run dir: its preemptions, across its tries (written by the training task).
 PREEMPTIONS_FILE = "preemptions.json"
@@ -41,11 +42,5 @@ def preemption_reason(evidence: Mapping[str, Any]) -> str | None:
 
 def recorded_preemptions(run_dir: str | Path) -> list[str]:
     """The reasons of the preemptions a DAG run's run dir recorded (PREEMPTIONS_FILE); [] if none."""
-    path = Path(run_dir) / PREEMPTIONS_FILE
-    try:
-        if path.is_symlink():  # a run dir is not trusted: a link is not the task's record
-            return []
-        reasons = json.loads(path.read_text()).get("reasons")
-    except (OSError, ValueError, AttributeError):
-        return []
+    reasons = read_json_record(Path(run_dir) / PREEMPTIONS_FILE).get("reasons")
     return [str(r) for r in reasons] if isinstance(reasons, list) else []
