@@ -34,6 +34,24 @@ def worker_scope(path: str) -> str:
     return folder
 
 
+# The image build `make test` starts beside the other tests (tests/support/early_images.py).
+EARLY_IMAGES = pytest.StashKey()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist), before the workers start
+        import early_images
+
+        config.stash[EARLY_IMAGES] = early_images.start()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        import early_images
+
+        early_images.stop(config.stash.get(EARLY_IMAGES, None))
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     if config.getvalue("dist") != "loadfile":
@@ -75,17 +93,3 @@ def _environment_restored():
     if os.environ != before:
         os.environ.clear()
         os.environ.update(before)
-
-
-@pytest.fixture(autouse=True)
-def _no_running_event_loop_left():
-    """A test that leaves an asyncio loop marked running in this thread (seen once on a fresh-clone run,
-    culprit not yet found) made every later `asyncio.run()` on that worker fail with "cannot be called
-    from a running event loop": the mark is cleared, with a warning naming the test that left it."""
-    import asyncio
-    import warnings
-
-    yield
-    if asyncio._get_running_loop() is not None:
-        asyncio._set_running_loop(None)
-        warnings.warn("this test left an asyncio loop marked running in the main thread; cleared", stacklevel=1)

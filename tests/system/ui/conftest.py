@@ -61,8 +61,11 @@ def airflow_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowUI]:
         ui.stop(proc)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """Chromium for one module's tests. Module scope, not session: between calls Playwright's sync API
+    leaves its loop marked running in this thread, and every later `asyncio.run()` on the worker (the
+    Airflow and Ray clients of other test files) failed while a session-wide browser stayed open."""
     if not shutil.which(CHROMIUM):
         pytest.fail(f"no chromium at {CHROMIUM}: `make browser-deps` (Debian: apt-get install chromium)")
     from playwright.sync_api import sync_playwright
