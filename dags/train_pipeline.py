@@ -24,6 +24,10 @@ from operators.retry import ClassifiedRetryPolicy
 from operators.training import GangTrainingOperator, gang_task_id
 from operators.validation import DatasetValidationOperator
 
+# training.max_run_time_seconds + this is the gang task's execution_timeout (local and Ray): the ranks'
+# SIGTERM grace (60 s) and the task's own work before and after the gang.
+RUN_TIME_LIMIT_MARGIN_S = 600
+
 DOC = """
 ### gangflow pipeline `{name}`: {description}
 
@@ -224,11 +228,15 @@ def build_pipeline_dag(p: PipelineConfig):
             "checkpoint.every_steps": "{{ params.checkpoint_every_steps }}",
         }
         user_code = p.training_kwargs()  # the package roots and training code of one's own (`training:`), if any
+        limits = {"max_preemptions": p.max_preemptions, "max_run_time_seconds": p.max_run_time_seconds}
+        # A gang beside the task: Airflow's own timeout comes after gangflow's run-time limit and the
+        # ranks' final checkpoint (SIGTERM grace), so the limit, with its reason, always ends it first.
+        beside = {"execution_timeout": timedelta(seconds=p.max_run_time_seconds + RUN_TIME_LIMIT_MARGIN_S)} if p.max_run_time_seconds else {}
         gangs = [
             classes["train"](
                 task_id=f"train_local_{n}", world_size=n, backend="local", pool=settings.TRAINING_POOL, pool_slots=n,
                 launcher="{{ params.launcher }}", dataset=validate.output, overrides=overrides, config_path=p.trainer_config,
-                allowed_models=allowed, max_preemptions=p.max_preemptions, **user_code,
+                allowed_models=allowed, **limits, **beside, **user_code,
             )
             for n in p.local_world_sizes
         ]  # fmt: skip
@@ -241,7 +249,7 @@ def build_pipeline_dag(p: PipelineConfig):
                     launcher="{{ params.launcher }}", dataset=validate.output, overrides=overrides,
                     # a local Ray cluster's workers read the config where this machine has it
                     config_path=p.trainer_config if backend == "ray" else in_image, allowed_models=allowed,
-                    max_preemptions=p.max_preemptions, **user_code,
+                    **limits, **(beside if backend == "ray" else {}), **user_code,
                 )
             )  # fmt: skip
 

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
@@ -86,6 +87,10 @@ class GangTrainingOperator(BaseOperator):
         `DisruptionTarget`, node drain, SIGTERM then final checkpoint: `operators.failures.preemption`)
         the task re-launches itself, from the last committed checkpoint, without spending one of
         Airflow's retries; past it a preemption is judged as the `infra` failure it was before.
+    :param max_run_time_seconds: the longest this try's gang may run, counted from its first launch
+        (pipeline file `training.max_run_time_seconds`; None: no limit). Past it the gang is stopped
+        with SIGTERM, so the ranks commit a final checkpoint, and the try fails as the user's (not
+        retried), naming the limit; on Kubernetes the pods' `activeDeadlineSeconds` (a TrainJob's own).
     :returns: (XCom) `model_uri` (`models:/<model_id>`: this task logs the run's `final/` once, after
         the gang, as the MLflow run's LoggedModel: a signed pyfunc with gangflow's installed loader,
         `operators.registry.versions.log_final_model`; evaluate scores it and promote registers
@@ -121,6 +126,7 @@ class GangTrainingOperator(BaseOperator):
         command: Sequence[str] | None = None,
         package_roots: Sequence[str] = (),
         max_preemptions: int = DEFAULT_MAX_PREEMPTIONS,
+        max_run_time_seconds: int | None = None,
         **kwargs,
     ):
         kwargs.setdefault("multiple_outputs", True)  # `train.output["model_uri"]` in a DAG of one's own
@@ -147,6 +153,12 @@ class GangTrainingOperator(BaseOperator):
             raise ValueError(f"max_preemptions={max_preemptions!r}: accepted values: an integer >= 0 (preemptions "
                              "re-launched without spending a retry; 0: every preemption spends one)")
         self.max_preemptions = max_preemptions
+        limit = max_run_time_seconds
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"max_run_time_seconds={limit!r}: accepted values: an integer >= 1 (seconds this try's gang "
+                             "may run), or None for no limit")
+        self.max_run_time_seconds = limit
+        self._first_launch: float | None = None  # monotonic time of this try's first launch (the limit's start)
         self.preemptions: list[str] = []  # why each preemption of this DAG run's gang happened
         self._killed = False
 
@@ -193,6 +205,7 @@ class GangTrainingOperator(BaseOperator):
             package_roots=self.package_roots,
             launcher=self.launcher,
             avoid_nodes=failure_context.nodes_to_avoid(run_dir, ti.try_number),
+            max_run_time_s=self.max_run_time_seconds,
         )
 
     def mlflow_run(self, context) -> str | None:
@@ -260,7 +273,7 @@ class GangTrainingOperator(BaseOperator):
                         "preemptions": list(self.preemptions)},
             )
         note = ProgressNote(context["ti"], self.log.info)
-        result = self.run_through_preemptions(spec, lambda: self._backend.run(spec, note))
+        result = self.run_through_preemptions(spec, lambda: self._run_gang(spec, note))
         return self._finish(spec, result)
 
     def _execute_relayed(self, context):
@@ -311,7 +324,7 @@ class GangTrainingOperator(BaseOperator):
         try:
             try:
                 note = ProgressNote(context["ti"], self.log.info)
-                result = self.run_through_preemptions(spec, lambda: self._backend.run(spec, note))
+                result = self.run_through_preemptions(spec, lambda: self._run_gang(spec, note))
             except BaseException:
                 self._relay.stop()
                 raise
@@ -337,6 +350,42 @@ class GangTrainingOperator(BaseOperator):
                        kwargs={"handle": handle, "spec": spec, "links": dict(self.link_urls),
                                "preemptions": list(self.preemptions)})
         return self._finish(gang, result)
+
+    def _run_gang(self, spec: GangSpec, note) -> GangResult:
+        """`backend.run` of one gang (a process beside this task). Past `max_run_time_s`, counted from
+        this try's first launch, the gang is stopped as on_kill stops it (SIGTERM: the ranks commit a
+        final checkpoint) and its evidence says why, as a pod's DeadlineExceeded does on Kubernetes."""
+        limit = spec.max_run_time_s
+        if limit is None:
+            return self._backend.run(spec, note)
+        self._first_launch = self._first_launch or time.monotonic()
+        reached = threading.Event()
+
+        def stop() -> None:
+            reached.set()
+            self.log.warning("gangflow: training.max_run_time_seconds=%d reached: stopping the gang (SIGTERM: the ranks "
+                             "commit a final checkpoint)", limit)
+            self._backend.kill()
+
+        timer = threading.Timer(max(0.0, limit - (time.monotonic() - self._first_launch)), stop)
+        timer.daemon = True
+        timer.start()
+        try:
+            result = self._backend.run(spec, note)
+        finally:
+            timer.cancel()
+        if result.succeeded or not reached.is_set():
+            return result
+        from trainer.checkpoint_commit import committed_steps
+
+        steps = committed_steps(Path(spec.run_dir) / "checkpoints")
+        saved = f"the newest committed checkpoint is step {steps[0]}" if steps else "no checkpoint was committed"
+        # the verdict's reason keeps about 170 characters of this: what to do comes before the detail
+        message = (f"training.max_run_time_seconds={limit} reached after {time.monotonic() - self._first_launch:.0f}s; "
+                   f"{saved}; not retried: raise the limit or clear the task to resume (the gang was stopped with "
+                   "SIGTERM: each rank commits a final checkpoint)")
+        return dataclasses.replace(result, evidence={**result.evidence, "termination_reason": "DeadlineExceeded",
+                                                     "pod_message": message})
 
     # -- preemption: re-launched, no retry spent ---------------------------------------------
 

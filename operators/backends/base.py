@@ -103,6 +103,9 @@ class GangSpec:
     # Nodes an earlier try's verdict named suspect (contract 4's `exclude_nodes`): a backend that
     # places pods keeps this try off them (Kubernetes: node affinity); the others have one node.
     avoid_nodes: tuple[str, ...] = ()
+    # The longest the ranks may run (training.max_run_time_seconds), None: no limit. Past it they are
+    # stopped with SIGTERM (a final checkpoint) and the try fails as the user's, naming the limit.
+    max_run_time_s: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "overrides", tuple(self.overrides))
@@ -117,6 +120,9 @@ class GangSpec:
                 raise ValueError(f"package_roots item {root!r}: must be a path relative to the project, without '..'")
         if self.launcher not in LAUNCHERS:
             raise ValueError(f"launcher={self.launcher!r}: accepted values are {', '.join(LAUNCHERS)}")
+        limit = self.max_run_time_s
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"max_run_time_s={limit!r}: must be an integer >= 1 (seconds) or None")
         if not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"world_size={self.world_size!r}: must be an integer >= 1")
         if not _NAME.match(self.name):

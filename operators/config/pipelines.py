@@ -105,6 +105,8 @@ class PipelineConfig:
     training: Mapping[str, Any] | None = None  # the `training:` section as written
     # training.max_preemptions: preemptions the training task re-launches without spending a retry
     max_preemptions: int = DEFAULT_MAX_PREEMPTIONS
+    # training.max_run_time_seconds: the longest a try's gang may run (None: no limit)
+    max_run_time_seconds: int | None = None
 
     def training_kwargs(self) -> dict[str, Any]:
         """GangTrainingOperator's arguments for the pipeline's own training code and package roots
@@ -143,7 +145,9 @@ _KEYS = {
     "gate", "model_name", "backends", "default_backend", "world_size", "local_world_sizes", "retries",
     "retry_base_delay_seconds", "allowed_models", "package_roots", "operators", "training", "evaluation",
 }  # fmt: skip
-_TRAINING_KEYS = {"entrypoint", "kwargs", "command", "launcher", "max_preemptions"}
+_TRAINING_KEYS = {"entrypoint", "kwargs", "command", "launcher", "max_preemptions", "max_run_time_seconds"}
+# the `training:` keys that leave gangflow's own loop in place
+_PLATFORM_TRAINING_KEYS = {"launcher", "max_preemptions", "max_run_time_seconds"}
 _EVALUATION_KEYS = {"entrypoint"}
 
 _DATASET_KEYS = {"stage", "out", "asset", "suite"}
@@ -309,7 +313,7 @@ def _training_code(source: str, training: Any) -> tuple[str, ...]:
         raise PipelineConfigError(f"{source}: training must be a mapping with keys {', '.join(sorted(_TRAINING_KEYS))}")
     _check_keys(f"{source}: training", training, _TRAINING_KEYS)
     if "entrypoint" not in training and "command" not in training:
-        if training and set(training) <= {"launcher", "max_preemptions"}:  # gangflow's loop, its launcher and budget
+        if training and set(training) <= _PLATFORM_TRAINING_KEYS:  # gangflow's loop, its launcher and limits
             return ()
         raise PipelineConfigError(f"{source}: training: give exactly one of training.entrypoint (module:function) and "
                                   "training.command; leave the section out for gangflow's own loop")
@@ -428,6 +432,11 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
     if isinstance(max_preemptions, bool) or not isinstance(max_preemptions, int) or max_preemptions < 0:
         raise PipelineConfigError(f"{source}: training.max_preemptions={max_preemptions!r}: accepted values: an integer "
                                   ">= 0 (preemptions re-launched without spending a retry; 0: each one spends a retry)")
+    max_run_time = training.get("max_run_time_seconds")
+    if max_run_time is not None and (isinstance(max_run_time, bool) or not isinstance(max_run_time, int) or max_run_time < 1):
+        raise PipelineConfigError(f"{source}: training.max_run_time_seconds={max_run_time!r}: accepted values: an integer "
+                                  ">= 1 (seconds a try's gang may run; past it the ranks are stopped with a final "
+                                  "checkpoint and the try fails), or leave it out for no limit")
     config = PipelineConfig(
         name=pname,
         dag_id=_string(f"{source}: dag_id", raw.get("dag_id", f"train_{pname}"), _ID_RE, "an Airflow DAG id"),
@@ -468,6 +477,7 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         training=dict(raw["training"]) if raw.get("training") else None,
         evaluation_entrypoint=evaluation_entrypoint,
         max_preemptions=max_preemptions,
+        max_run_time_seconds=max_run_time,
     )
     if default_backend not in config.backend_names:
         raise PipelineConfigError(f"{source}: default_backend={default_backend!r}: accepted values are "

@@ -488,7 +488,8 @@ def _slurm_cancelled(f: Evidence, why: str) -> Hit | None:
 
 def _deadline_exceeded(f: Evidence) -> Hit | None:
     if f.pod_reason == "DeadlineExceeded" or f.termination_reason == "DeadlineExceeded":
-        return Hit("pod reason DeadlineExceeded: the job's activeDeadlineSeconds is too short", f.pod_message)
+        # a pod's activeDeadlineSeconds, or gangflow's own stop at training.max_run_time_seconds
+        return Hit("reason DeadlineExceeded: the gang's run-time limit was reached", f.pod_message)
     hit = _slurm_cancelled(f, "TIME LIMIT")
     return Hit(hit.what + " (the job's --time is too short)", hit.excerpt, focus=hit.focus) if hit else None
 

@@ -448,6 +448,8 @@ def build_pod_template(spec: GangSpec, runtime: RuntimeDefaults, *, args: list[s
             enable_service_links=False,
             security_context=pod_security_context(runtime),
             termination_grace_period_seconds=runtime.termination_grace_period_seconds,
+            # the kubelet stops the ranks (SIGTERM: a final checkpoint) and marks the pod DeadlineExceeded
+            active_deadline_seconds=spec.max_run_time_s,
             priority_class_name=runtime.priority_class_name,
             node_selector=dict(runtime.node_selector) or None,
             tolerations=_tolerations(runtime) or None,
@@ -621,6 +623,7 @@ def build_trainjob(spec: GangSpec, runtime: RuntimeDefaults, namespace: str) -> 
                 )
             ],
             suspend=True,  # Kueue unsuspends on admission
+            active_deadline_seconds=spec.max_run_time_s,  # from the TrainJob's start (Trainer stops it)
         ),
     )
     return _plan("TrainJob", body, name, namespace, spec, runtime, None)

@@ -258,6 +258,7 @@ class TrainJobSpec:
     trainer: Trainer
     runtime_patches: list[RuntimePatch] = field(default_factory=list, metadata={"omitempty": True})
     suspend: bool | None = None
+    active_deadline_seconds: int | None = None
 
 
 @dataclass

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from safetensors.numpy import load_file
 
 from pipeline_runs import FAST, PROJECT_ROOT, finish, last_line_of_python, pipeline_env, run_pipeline, start_pipeline
@@ -176,6 +177,34 @@ def test_preemption_commits_a_checkpoint_and_loses_no_steps(pipeline_home, tmp_p
     # The SIGTERM path checkpoints at the step where it stopped: the re-launch resumes there.
     assert summary["resumed_from_step"] in (25, 26), summary
     assert "resumed from checkpoint step 25" in output or "resumed from checkpoint step 26" in output, output[-3000:]
+
+
+@pytest.mark.slow
+def test_a_gang_past_its_run_time_limit_commits_a_checkpoint_and_fails_once_as_the_users(pipeline_home, tmp_path):
+    """Issue 25.3: `training.max_run_time_seconds` in the pipeline file. The gang still training at the
+    limit is stopped with SIGTERM (each rank commits a final checkpoint, exit 75), which is no
+    preemption: the try fails as the user's, not retried, and the reason names the limit."""
+    limit = 45
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    digits = yaml.safe_load((PROJECT_ROOT / "pipelines" / "digits.yaml").read_text())
+    digits["training"] = {"max_run_time_seconds": limit}
+    (pipelines / "digits.yaml").write_text(yaml.safe_dump(digits))
+    records = lambda: set((pipeline_home / "runs").glob("train_pipeline/*/failures/try-1.json"))  # noqa: E731
+    earlier = records()  # other tests' runs share this state dir
+    summary, output, code = run_pipeline(pipeline_home, {**FAST, "max_steps": 100000}, tmp_path / "run.log",
+                                         GANGFLOW_PIPELINES=str(pipelines))  # fmt: skip
+    assert code != 0 and summary["state"] == "failed", output[-6000:]
+    assert summary["train_attempts"] == 1 and summary["preemptions"] == 0, summary
+    assert summary["failure"]["kind"] == "user" and f"training.max_run_time_seconds={limit} reached" in summary["failure"]["reason"], summary
+    record_path = next(iter(records() - earlier))
+    record = json.loads(record_path.read_text())
+    assert record["evidence"]["termination_reason"] == "DeadlineExceeded" and record["verdict"]["retryable"] is False
+    # the final checkpoint the ranks committed on SIGTERM, named in the
+    # reason: a cleared task resumes from it
+    steps = sorted(int(p.name.removeprefix("step-")) for p in (record_path.parent.parent / "checkpoints").glob("step-*"))
+    assert steps and f"the newest committed checkpoint is step {steps[-1]}" in record["verdict"]["reason"], (steps, record["verdict"])
+    assert "got signal: 15" in record["evidence"]["log_tail"]  # torchrun and the ranks were stopped with SIGTERM
 
 
 @pytest.mark.slow

@@ -4,6 +4,8 @@ address), never a path of the worker's DVC cache; the result names the model by 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,7 +14,7 @@ import pytest
 from operators.config import settings
 from operators.backends import GangResult
 from operators.backends.local import LocalBackend
-from operators.exceptions import UserError
+from operators.exceptions import UserError, UserFailure
 from operators.training import GangTrainingOperator
 
 VERSION = "d82dc74b3a3f4e8b3b51d13271f59bb3"
@@ -223,3 +225,53 @@ def test_a_gang_the_task_itself_stopped_is_not_relaunched(worker_manifest):
     op._killed = True
     run, calls = _gang([PREEMPTED, GangResult(succeeded=True, exit_code=0)])
     assert not op.run_through_preemptions(spec, run).succeeded and len(calls) == 1 and op.preemptions == []
+
+
+# --- the run-time limit: stopped with a checkpoint, failed as the user's (issue 25.3) -----------
+
+
+class _GangUntilStopped:
+    """A local gang that trains until it is stopped: on SIGTERM its ranks commit and exit 75."""
+
+    deferrable = False
+
+    def __init__(self):
+        self.stopped, self.kills = threading.Event(), 0
+
+    def run(self, spec, log):
+        self.stopped.wait(60)
+        return PREEMPTED
+
+    def kill(self):
+        self.kills += 1
+        self.stopped.set()
+
+
+def test_a_gang_past_its_run_time_limit_is_stopped_and_fails_at_once_naming_the_limit(worker_manifest):
+    op, spec = _spec(worker_manifest, max_run_time_seconds=1)
+    assert spec.max_run_time_s == 1
+    op._backend = gang = _GangUntilStopped()
+    started = time.monotonic()
+    result = op.run_through_preemptions(spec, lambda: op._run_gang(spec, print))
+    assert time.monotonic() - started < 20 and gang.kills == 1
+    # its SIGTERM ending (exit 75) is the limit's doing, not a preemption to re-launch
+    assert not result.succeeded and op.preemptions == []
+    assert result.evidence["termination_reason"] == "DeadlineExceeded"
+    with pytest.raises(UserFailure) as failure:
+        op._finish(spec, result)
+    assert not failure.value.retryable
+    assert "training.max_run_time_seconds=1" in str(failure.value) and "checkpoint" in str(failure.value)
+
+
+def test_a_gang_within_its_run_time_limit_is_left_alone(worker_manifest):
+    op, spec = _spec(worker_manifest, max_run_time_seconds=60)
+    op._backend = gang = _GangUntilStopped()
+    gang.stopped.set()  # it ends by itself at once
+    result = op._run_gang(spec, print)
+    assert gang.kills == 0 and "termination_reason" not in result.evidence
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, "1h", True])
+def test_the_run_time_limit_is_checked_naming_the_field(value):
+    with pytest.raises(ValueError, match=r"max_run_time_seconds=.*accepted values: an integer >= 1"):
+        GangTrainingOperator(task_id="t", world_size=1, max_run_time_seconds=value)

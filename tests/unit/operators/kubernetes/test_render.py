@@ -316,3 +316,30 @@ def test_a_retry_keeps_off_the_nodes_an_earlier_verdict_named(scheduler, api, cr
 def test_avoid_nodes_takes_node_names_only():
     with pytest.raises(ValueError, match="avoid_nodes item '../etc': must be a node name"):
         GangSpec(name="run-1", run_dir="/x", world_size=1, avoid_nodes=("../etc",))
+
+
+@pytest.mark.parametrize("scheduler,api", [("kueue", "jobset"), ("kueue", "trainjob"), ("volcano", "jobset")])
+def test_the_run_time_limit_is_the_gangs_active_deadline(scheduler, api, crd_registry):
+    """Issue 25.3: `GangSpec.max_run_time_s` is every rank pod's activeDeadlineSeconds (the kubelet
+    stops the containers with SIGTERM: the ranks commit a final checkpoint; the pod's reason is
+    DeadlineExceeded), on a TrainJob its own activeDeadlineSeconds; schema-valid, absent by default."""
+    mapping = {"scheduler": scheduler, "api": api}
+    if scheduler == "volcano":
+        mapping["topology"] = {"level": "kubernetes.io/hostname"}
+    runtime = RuntimeDefaults.from_mapping(merge_runtime(example_runtime_mapping(), mapping))
+    spec = GangSpec(name="run-1", run_dir="/x", world_size=2, overrides=(f"data.version={VERSION}",), max_run_time_s=5400)
+    body = build_gang(spec, runtime).body
+    validate_object(body, crd_registry)
+    if body["kind"] == "TrainJob":
+        assert body["spec"]["activeDeadlineSeconds"] == 5400
+    else:
+        templates = _pod_templates(body)
+        assert templates and all(t["spec"]["activeDeadlineSeconds"] == 5400 for t in templates)
+    unlimited = build_gang(GangSpec(name="run-1", run_dir="/x", world_size=2, overrides=(f"data.version={VERSION}",)), runtime).body
+    assert "activeDeadlineSeconds" not in json.dumps(unlimited)
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, "1h", True])
+def test_the_run_time_limit_is_a_positive_integer(value):
+    with pytest.raises(ValueError, match=r"max_run_time_s=.*must be an integer >= 1"):
+        GangSpec(name="run-1", run_dir="/x", world_size=1, max_run_time_s=value)
