@@ -228,7 +228,8 @@ def build_pipeline_dag(p: PipelineConfig):
             "checkpoint.every_steps": "{{ params.checkpoint_every_steps }}",
         }
         user_code = p.training_kwargs()  # the package roots and training code of one's own (`training:`), if any
-        limits = {"max_preemptions": p.max_preemptions, "max_run_time_seconds": p.max_run_time_seconds}
+        limits = {"max_preemptions": p.max_preemptions, "max_run_time_seconds": p.max_run_time_seconds,
+                  "max_queue_wait_seconds": p.max_queue_wait_seconds}
         # A gang beside the task: Airflow's own timeout comes after gangflow's run-time limit and the
         # ranks' final checkpoint (SIGTERM grace), so the limit, with its reason, always ends it first.
         beside = {"execution_timeout": timedelta(seconds=p.max_run_time_seconds + RUN_TIME_LIMIT_MARGIN_S)} if p.max_run_time_seconds else {}

@@ -91,6 +91,9 @@ class GangTrainingOperator(BaseOperator):
         (pipeline file `training.max_run_time_seconds`; None: no limit). Past it the gang is stopped
         with SIGTERM, so the ranks commit a final checkpoint, and the try fails as the user's (not
         retried), naming the limit; on Kubernetes the pods' `activeDeadlineSeconds` (a TrainJob's own).
+    :param max_queue_wait_seconds: the longest the gang may wait for admission where it queues
+        (pipeline file `training.max_queue_wait_seconds`; Kubernetes: instead of the runtime's
+        `admissionTimeoutSeconds`). The local and Ray gangs do not queue: Airflow's pool does.
     :returns: (XCom) `model_uri` (`models:/<model_id>`: this task logs the run's `final/` once, after
         the gang, as the MLflow run's LoggedModel: a signed pyfunc with gangflow's installed loader,
         `operators.registry.versions.log_final_model`; evaluate scores it and promote registers
@@ -127,6 +130,7 @@ class GangTrainingOperator(BaseOperator):
         package_roots: Sequence[str] = (),
         max_preemptions: int = DEFAULT_MAX_PREEMPTIONS,
         max_run_time_seconds: int | None = None,
+        max_queue_wait_seconds: int | None = None,
         **kwargs,
     ):
         kwargs.setdefault("multiple_outputs", True)  # `train.output["model_uri"]` in a DAG of one's own
@@ -153,11 +157,11 @@ class GangTrainingOperator(BaseOperator):
             raise ValueError(f"max_preemptions={max_preemptions!r}: accepted values: an integer >= 0 (preemptions "
                              "re-launched without spending a retry; 0: every preemption spends one)")
         self.max_preemptions = max_preemptions
-        limit = max_run_time_seconds
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"max_run_time_seconds={limit!r}: accepted values: an integer >= 1 (seconds this try's gang "
-                             "may run), or None for no limit")
-        self.max_run_time_seconds = limit
+        for name, limit in (("max_run_time_seconds", max_run_time_seconds), ("max_queue_wait_seconds", max_queue_wait_seconds)):
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+                raise ValueError(f"{name}={limit!r}: accepted values: an integer >= 1 (seconds), or None for no limit")
+        self.max_run_time_seconds = max_run_time_seconds
+        self.max_queue_wait_seconds = max_queue_wait_seconds
         self._first_launch: float | None = None  # monotonic time of this try's first launch (the limit's start)
         self.preemptions: list[str] = []  # why each preemption of this DAG run's gang happened
         self._killed = False
@@ -206,6 +210,7 @@ class GangTrainingOperator(BaseOperator):
             launcher=self.launcher,
             avoid_nodes=failure_context.nodes_to_avoid(run_dir, ti.try_number),
             max_run_time_s=self.max_run_time_seconds,
+            max_queue_wait_s=self.max_queue_wait_seconds,
         )
 
     def mlflow_run(self, context) -> str | None:
@@ -355,10 +360,14 @@ class GangTrainingOperator(BaseOperator):
         """`backend.run` of one gang (a process beside this task). Past `max_run_time_s`, counted from
         this try's first launch, the gang is stopped as on_kill stops it (SIGTERM: the ranks commit a
         final checkpoint) and its evidence says why, as a pod's DeadlineExceeded does on Kubernetes."""
+        if spec.max_queue_wait_s and self._first_launch is None:
+            self.log.info("gangflow: training.max_queue_wait_seconds=%d bounds the wait where a gang queues (Kubernetes); "
+                          "a %s gang waits in Airflow's pool before this task starts, which it does not bound",
+                          spec.max_queue_wait_s, self.backend)
+        self._first_launch = self._first_launch or time.monotonic()
         limit = spec.max_run_time_s
         if limit is None:
             return self._backend.run(spec, note)
-        self._first_launch = self._first_launch or time.monotonic()
         reached = threading.Event()
 
         def stop() -> None:

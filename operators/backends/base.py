@@ -106,6 +106,9 @@ class GangSpec:
     # The longest the ranks may run (training.max_run_time_seconds), None: no limit. Past it they are
     # stopped with SIGTERM (a final checkpoint) and the try fails as the user's, naming the limit.
     max_run_time_s: int | None = None
+    # The longest the gang may wait for admission where it queues (training.max_queue_wait_seconds;
+    # Kubernetes: instead of the runtime's admissionTimeoutSeconds), None: the backend's own bound.
+    max_queue_wait_s: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "overrides", tuple(self.overrides))
@@ -120,9 +123,10 @@ class GangSpec:
                 raise ValueError(f"package_roots item {root!r}: must be a path relative to the project, without '..'")
         if self.launcher not in LAUNCHERS:
             raise ValueError(f"launcher={self.launcher!r}: accepted values are {', '.join(LAUNCHERS)}")
-        limit = self.max_run_time_s
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"max_run_time_s={limit!r}: must be an integer >= 1 (seconds) or None")
+        for name in ("max_run_time_s", "max_queue_wait_s"):
+            limit = getattr(self, name)
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+                raise ValueError(f"{name}={limit!r}: must be an integer >= 1 (seconds) or None")
         if not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"world_size={self.world_size!r}: must be an integer >= 1")
         if not _NAME.match(self.name):

@@ -181,7 +181,9 @@ class KubernetesBackend(GangBackend):
             "container": TRAINJOB_NODE if plan.kind == "TrainJob" else CONTAINER,
             "pod_selector": f"{GANG_LABEL}={plan.gang},{ATTEMPT_LABEL}={attempt}",
             "run_dir": plan.run_dir,
-            "admission_timeout_seconds": runtime.admission_timeout_seconds,
+            # the pipeline's bound on the queue wait, else the runtime's (the timeout names which)
+            "admission_timeout_seconds": plan.max_queue_wait_s or runtime.admission_timeout_seconds,
+            "admission_timeout_field": "training.max_queue_wait_seconds" if plan.max_queue_wait_s else "admissionTimeoutSeconds",
             "startup_timeout_seconds": runtime.startup_timeout_seconds,
             "reattached": reattached,
         }

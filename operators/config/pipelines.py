@@ -107,6 +107,8 @@ class PipelineConfig:
     max_preemptions: int = DEFAULT_MAX_PREEMPTIONS
     # training.max_run_time_seconds: the longest a try's gang may run (None: no limit)
     max_run_time_seconds: int | None = None
+    # training.max_queue_wait_seconds: the longest a gang may wait for admission where it queues
+    max_queue_wait_seconds: int | None = None
 
     def training_kwargs(self) -> dict[str, Any]:
         """GangTrainingOperator's arguments for the pipeline's own training code and package roots
@@ -145,9 +147,10 @@ _KEYS = {
     "gate", "model_name", "backends", "default_backend", "world_size", "local_world_sizes", "retries",
     "retry_base_delay_seconds", "allowed_models", "package_roots", "operators", "training", "evaluation",
 }  # fmt: skip
-_TRAINING_KEYS = {"entrypoint", "kwargs", "command", "launcher", "max_preemptions", "max_run_time_seconds"}
+_TRAINING_KEYS = {"entrypoint", "kwargs", "command", "launcher", "max_preemptions", "max_run_time_seconds",
+                  "max_queue_wait_seconds"}
 # the `training:` keys that leave gangflow's own loop in place
-_PLATFORM_TRAINING_KEYS = {"launcher", "max_preemptions", "max_run_time_seconds"}
+_PLATFORM_TRAINING_KEYS = {"launcher", "max_preemptions", "max_run_time_seconds", "max_queue_wait_seconds"}
 _EVALUATION_KEYS = {"entrypoint"}
 
 _DATASET_KEYS = {"stage", "out", "asset", "suite"}
@@ -432,11 +435,14 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
     if isinstance(max_preemptions, bool) or not isinstance(max_preemptions, int) or max_preemptions < 0:
         raise PipelineConfigError(f"{source}: training.max_preemptions={max_preemptions!r}: accepted values: an integer "
                                   ">= 0 (preemptions re-launched without spending a retry; 0: each one spends a retry)")
-    max_run_time = training.get("max_run_time_seconds")
-    if max_run_time is not None and (isinstance(max_run_time, bool) or not isinstance(max_run_time, int) or max_run_time < 1):
-        raise PipelineConfigError(f"{source}: training.max_run_time_seconds={max_run_time!r}: accepted values: an integer "
-                                  ">= 1 (seconds a try's gang may run; past it the ranks are stopped with a final "
-                                  "checkpoint and the try fails), or leave it out for no limit")
+    limits = {"max_run_time_seconds": "seconds a try's gang may run; past it the ranks are stopped with a final "
+                                      "checkpoint and the try fails",
+              "max_queue_wait_seconds": "seconds a gang may wait for admission where it queues (Kubernetes)"}
+    for key, meaning in limits.items():
+        value = training.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise PipelineConfigError(f"{source}: training.{key}={value!r}: accepted values: an integer >= 1 ({meaning}), "
+                                      "or leave it out for no limit")
     config = PipelineConfig(
         name=pname,
         dag_id=_string(f"{source}: dag_id", raw.get("dag_id", f"train_{pname}"), _ID_RE, "an Airflow DAG id"),
@@ -477,7 +483,8 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         training=dict(raw["training"]) if raw.get("training") else None,
         evaluation_entrypoint=evaluation_entrypoint,
         max_preemptions=max_preemptions,
-        max_run_time_seconds=max_run_time,
+        max_run_time_seconds=training.get("max_run_time_seconds"),
+        max_queue_wait_seconds=training.get("max_queue_wait_seconds"),
     )
     if default_backend not in config.backend_names:
         raise PipelineConfigError(f"{source}: default_backend={default_backend!r}: accepted values are "

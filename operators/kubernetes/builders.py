@@ -115,6 +115,7 @@ class GangPlan:
     api: str
     pods: int = 0  # world_size / processes_per_pod
     processes_per_pod: int = 1
+    max_queue_wait_s: int | None = None  # GangSpec's: bounds the wait for admission instead of the runtime's
 
     def objects(self) -> list[dict[str, Any]]:
         """Every object the backend submits for this gang, in creation order."""
@@ -648,6 +649,7 @@ def _plan(kind: str, body: m.CustomObject, name: str, namespace: str, spec: Gang
         api=runtime.api,
         pods=pod_count(spec, runtime),
         processes_per_pod=runtime.processes_per_pod,
+        max_queue_wait_s=spec.max_queue_wait_s,
     )
 
 

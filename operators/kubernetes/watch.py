@@ -115,6 +115,7 @@ class GangWatcher:
         self.namespace = handle["namespace"]
         self.world_size = int(handle.get("pods") or handle["world_size"])  # pods to watch (world size / processes per pod)
         self.admission_timeout = float(handle["admission_timeout_seconds"])
+        self.admission_timeout_field = str(handle.get("admission_timeout_field") or "admissionTimeoutSeconds")
         self.startup_timeout = float(handle["startup_timeout_seconds"])
         self.image_pull_grace = float(image_pull_grace_seconds)
         self.log_interval = float(log_interval)
@@ -262,7 +263,7 @@ class GangWatcher:
                 if waited >= self.admission_timeout:
                     return self._event(
                         "timeout",
-                        f"{self.where} was not admitted within admissionTimeoutSeconds={int(self.admission_timeout)} "
+                        f"{self.where} was not admitted within {self.admission_timeout_field}={int(self.admission_timeout)} "
                         f"(waited {format_duration(waited)}); last reason: {reason}",
                         now,
                     )

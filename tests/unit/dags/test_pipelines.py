@@ -89,7 +89,7 @@ def test_a_new_pipeline_file_is_a_new_dag_with_its_own_backend_and_gate(tmp_path
         "metric": {"name": "mae", "direction": "lower", "minimum": 0},
         "gate": {"floor": 50.0, "min_improvement": 0.5}, "schedule": "none",
         "backends": {"slurm": "mypkg.slurm:SlurmBackend"}, "package_roots": [str(tmp_path / "pkgs")],
-        "training": {"max_run_time_seconds": 1800},
+        "training": {"max_run_time_seconds": 1800, "max_queue_wait_seconds": 900},
     }  # fmt: skip
     (tmp_path / "third.yaml").write_text(yaml.safe_dump(third))
     code = (
@@ -104,7 +104,7 @@ def test_a_new_pipeline_file_is_a_new_dag_with_its_own_backend_and_gate(tmp_path
         "  'floor': dag.params['promotion_floor'], 'task': __import__('operators.config.pipelines', fromlist=['pipeline']).pipeline('third').task, 'suite': dag.get_task('validate_dataset').suite,\n"
         "  'out': dag.get_task('validate_dataset').dvc_out, 'model': dag.get_task('promote').model_name,\n"
         "  'pipelines': {d: tagged_pipeline(bag.dags[d].tags) for d in bag.dags},\n"
-        "  'limits': {t.task_id: [t.max_run_time_seconds, t.execution_timeout and t.execution_timeout.total_seconds()]\n"
+        "  'limits': {t.task_id: [t.max_run_time_seconds, t.execution_timeout and t.execution_timeout.total_seconds(), t.max_queue_wait_seconds]\n"
         "             for t in dag.tasks if t.task_id.startswith('train_')}}))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=180,
@@ -121,12 +121,12 @@ def test_a_new_pipeline_file_is_a_new_dag_with_its_own_backend_and_gate(tmp_path
     # Each DAG names its pipeline (a tag): `make demo` reads it from there, not back from the dag_id.
     assert shape["pipelines"] == {"publish_dataset": "digits", "publish_third": "third", "train_pipeline": "digits",
                                   "train_third": "third", "platform_baseline": None}  # the platform's, no pipeline's
-    # training.max_run_time_seconds reaches every gang task; Airflow's own timeout comes after it where
+    # training.max_run_time_seconds and max_queue_wait_seconds reach every gang task; Airflow's own timeout comes after it where
     # the gang runs beside the task (local, Ray), never before gangflow's checkpointed stop
     limits = shape["limits"]
-    assert {task: limit for task, (limit, _) in limits.items()} == dict.fromkeys(limits, 1800)
-    assert {task for task, (_, timeout) in limits.items() if timeout} == {t for t in limits if t.startswith(("train_local_", "train_ray"))}
-    assert {timeout for _, timeout in limits.values() if timeout} == {1800 + 600}
+    assert {task: (limit, wait) for task, (limit, _, wait) in limits.items()} == dict.fromkeys(limits, (1800, 900))
+    assert {task for task, (_, timeout, _) in limits.items() if timeout} == {t for t in limits if t.startswith(("train_local_", "train_ray"))}
+    assert {timeout for _, timeout, _ in limits.values() if timeout} == {1800 + 600}
 
 
 def test_admission_picks_a_registered_backends_task(monkeypatch):

@@ -271,7 +271,13 @@ def test_a_gang_within_its_run_time_limit_is_left_alone(worker_manifest):
     assert gang.kills == 0 and "termination_reason" not in result.evidence
 
 
+@pytest.mark.parametrize("field", ["max_run_time_seconds", "max_queue_wait_seconds"])
 @pytest.mark.parametrize("value", [0, -1, 2.5, "1h", True])
-def test_the_run_time_limit_is_checked_naming_the_field(value):
-    with pytest.raises(ValueError, match=r"max_run_time_seconds=.*accepted values: an integer >= 1"):
-        GangTrainingOperator(task_id="t", world_size=1, max_run_time_seconds=value)
+def test_the_time_limits_are_checked_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=rf"{field}=.*accepted values: an integer >= 1"):
+        GangTrainingOperator(task_id="t", world_size=1, **{field: value})
+
+
+def test_the_queue_wait_limit_reaches_the_spec(worker_manifest):
+    assert _spec(worker_manifest, max_queue_wait_seconds=900)[1].max_queue_wait_s == 900
+    assert _spec(worker_manifest)[1].max_queue_wait_s is None

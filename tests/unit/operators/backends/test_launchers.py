@@ -289,13 +289,16 @@ def test_the_pipeline_file_sets_the_preemption_budget():
             parse_pipeline({**base, "training": {"max_preemptions": bad}}, source="p.yaml", name="p")
 
 
-def test_the_pipeline_file_sets_the_run_time_limit():
+def test_the_pipeline_file_sets_the_run_time_and_queue_wait_limits():
     from operators.config.pipelines import PipelineConfigError, parse_pipeline
 
     base = {"dataset": {"stage": "prepare", "out": "data/digits", "suite": "data.expectations:digits_suite"}}
     assert parse_pipeline(base, source="p.yaml", name="p").max_run_time_seconds is None
     limited = parse_pipeline({**base, "training": {"max_run_time_seconds": 3600}}, source="p.yaml", name="p")
     assert limited.max_run_time_seconds == 3600 and limited.training_code == ()  # still gangflow's own loop
-    for bad in (0, -5, "1h", 1.5, True):
-        with pytest.raises(PipelineConfigError, match=r"training.max_run_time_seconds=.*accepted values: an integer >= 1"):
-            parse_pipeline({**base, "training": {"max_run_time_seconds": bad}}, source="p.yaml", name="p")
+    waiting = parse_pipeline({**base, "training": {"max_queue_wait_seconds": 1800}}, source="p.yaml", name="p")
+    assert waiting.max_queue_wait_seconds == 1800 and waiting.max_run_time_seconds is None
+    for key in ("max_run_time_seconds", "max_queue_wait_seconds"):
+        for bad in (0, -5, "1h", 1.5, True):
+            with pytest.raises(PipelineConfigError, match=rf"training.{key}=.*accepted values: an integer >= 1"):
+                parse_pipeline({**base, "training": {key: bad}}, source="p.yaml", name="p")

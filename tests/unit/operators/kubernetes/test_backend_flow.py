@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 from datetime import datetime, timedelta, timezone
 
@@ -251,6 +252,33 @@ def test_admission_timeout_raises_with_kueues_reason_and_tears_down(fake_k8s):
     with pytest.raises(GangAdmissionTimeout, match="admissionTimeoutSeconds=2 "):
         b.collect(handle, event)
     assert api.get(*JS, NAMESPACE, handle["name"]) is None
+
+
+def test_the_pipelines_queue_wait_limit_bounds_admission_and_is_named(fake_k8s):
+    """Issue 25.3: `training.max_queue_wait_seconds` (GangSpec.max_queue_wait_s) bounds the wait for
+    admission instead of the runtime's admissionTimeoutSeconds; the timeout names the pipeline key,
+    the time waited and Kueue's last reason, and the gang is deleted so it holds no quota."""
+    api = fake_k8s
+    b = backend(runtime={"admissionTimeoutSeconds": 3600}, poll_interval=0.2)
+    handle = b.submit(dataclasses.replace(spec(), max_queue_wait_s=2))
+    assert handle["admission_timeout_seconds"] == 2
+    fx = fixtures_for(handle)
+    api.steps = [kueue_pending(fx, "pending_topology")]
+    event = run_trigger(b.trigger(handle))
+    assert event["status"] == "timeout" and event["phase"] == "admission"
+    assert "not admitted within training.max_queue_wait_seconds=2 (waited " in event["message"]
+    assert 'topology \\"gpu-topology\\" doesn\'t allow to fit any of 4 pod(s)' in json.dumps(event["message"])
+    with pytest.raises(GangAdmissionTimeout, match="training.max_queue_wait_seconds=2 "):
+        b.collect(handle, event)
+    assert api.get(*JS, NAMESPACE, handle["name"]) is None
+    # without it, the runtime's admissionTimeoutSeconds
+    assert b.submit(spec(attempt=2))["admission_timeout_seconds"] == 3600
+
+
+@pytest.mark.parametrize("value", [0, -3, 1.5, "30m", True])
+def test_the_queue_wait_limit_is_a_positive_integer(value):
+    with pytest.raises(ValueError, match=r"max_queue_wait_s=.*must be an integer >= 1"):
+        dataclasses.replace(spec(), max_queue_wait_s=value)
 
 
 def test_startup_timeout_names_unschedulable_ranks(fake_k8s):
