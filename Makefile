@@ -60,10 +60,9 @@ podman-deps:
 	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null && command -v runc >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman buildah mmdebstrap runc >/dev/null; } || echo "podman, mmdebstrap or runc missing: make images cannot build and the image tests (tests/system/images) skip; install Debian's podman buildah mmdebstrap runc"
 
 # Every test on 2 pytest-xdist workers; tests that share a session fixture (a prepared state dir)
-# stay on one worker (tests/conftest.py). GANGFLOW_TEST_EARLY_IMAGES=1: `make images` for the image
-# tests starts with the session, beside the other tests (tests/support/early_images.py).
+# stay on one worker (tests/conftest.py).
 test: install browser-deps prometheus-deps podman-deps
-	GANGFLOW_TEST_EARLY_IMAGES=1 $(BIN)/python -m pytest -n 2 --dist loadfile --durations=60
+	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=60
 
 # The UI test drives Debian's chromium headless; install it when missing (root, apt).
 browser-deps:

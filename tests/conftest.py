@@ -34,24 +34,6 @@ def worker_scope(path: str) -> str:
     return folder
 
 
-# The image build `make test` starts beside the other tests (tests/support/early_images.py).
-EARLY_IMAGES = pytest.StashKey()
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist), before the workers start
-        import early_images
-
-        config.stash[EARLY_IMAGES] = early_images.start()
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    if not hasattr(config, "workerinput"):
-        import early_images
-
-        early_images.stop(config.stash.get(EARLY_IMAGES, None))
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     if config.getvalue("dist") != "loadfile":

@@ -16,7 +16,6 @@ import tarfile
 import time
 from pathlib import Path
 
-import early_images
 import pytest
 from pipeline_runs import PROJECT_ROOT, pipeline_env, setup_state
 from pipeline_runs import finish as finish_run
@@ -44,15 +43,8 @@ def images_home(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def built(images_home) -> dict:
-    """`python -m operators.cli.images` (both images) and its record in images_home; `make test` started
-    it when the session started (tests/support/early_images.py), else it runs here."""
+    """`python -m operators.cli.images` (both images), its record and how long it took."""
     started = time.monotonic()
-    early = early_images.wait()
-    if early is not None:
-        summary, record_dir, waited = early
-        shutil.copytree(record_dir, images_home / "images", ignore=shutil.ignore_patterns("wheelhouse"), dirs_exist_ok=True)
-        print(f"make images (started with the session): waited {waited:.0f}s for it", file=sys.stderr)
-        return summary
     done = subprocess.run([sys.executable, "-m", "operators.cli.images"], cwd=PROJECT_ROOT, env=pipeline_env(images_home),
                           capture_output=True, text=True, timeout=1800)  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-8000:]
