@@ -25,7 +25,7 @@ from operators import checkpoint_history, failure_context
 from operators.config import settings
 from operators.config.pipelines import DEFAULT_MAX_PREEMPTIONS  # training.max_preemptions's default
 from operators.backends import GangResult, GangSpec, check_combination, get_backend
-from operators.backends.base import user_code_args
+from operators.backends.base import is_count, user_code_args
 from operators.links import DashboardLink, KubernetesObjectLink, MlflowRunLink
 from operators.failures.preemption import PREEMPTIONS_FILE, recorded_preemptions
 from operators.exceptions import GangCapacityError, GangConfigError, GangFailure, InfraFailure, UnknownFailure, UserError, UserFailure
@@ -153,12 +153,12 @@ class GangTrainingOperator(BaseOperator):
         self._relay = None
         self._exporter = None
         self.link_urls: dict[str, str] = {}  # the extra links' URLs, by link key (operators/links.py)
-        if isinstance(max_preemptions, bool) or not isinstance(max_preemptions, int) or max_preemptions < 0:
+        if not is_count(max_preemptions, 0):
             raise ValueError(f"max_preemptions={max_preemptions!r}: accepted values: an integer >= 0 (preemptions "
                              "re-launched without spending a retry; 0: every preemption spends one)")
         self.max_preemptions = max_preemptions
         for name, limit in (("max_run_time_seconds", max_run_time_seconds), ("max_queue_wait_seconds", max_queue_wait_seconds)):
-            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            if limit is not None and not is_count(limit, 1):
                 raise ValueError(f"{name}={limit!r}: accepted values: an integer >= 1 (seconds), or None for no limit")
         self.max_run_time_seconds = max_run_time_seconds
         self.max_queue_wait_seconds = max_queue_wait_seconds

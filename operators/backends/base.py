@@ -25,6 +25,11 @@ _MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _PYTHONS = ("python", "python3")
 
 
+def is_count(value: Any, minimum: int) -> bool:
+    """`value` is an integer (not a bool) >= `minimum`: the check behind every count and limit in seconds."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
 def _relative(where: str, text: str) -> str:
     if not text or text.startswith("/") or ".." in text.split("/"):
         raise ValueError(f"{where}={text!r}: must be a path relative to the project, without '..'")
@@ -125,7 +130,7 @@ class GangSpec:
             raise ValueError(f"launcher={self.launcher!r}: accepted values are {', '.join(LAUNCHERS)}")
         for name in ("max_run_time_s", "max_queue_wait_s"):
             limit = getattr(self, name)
-            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            if limit is not None and not is_count(limit, 1):
                 raise ValueError(f"{name}={limit!r}: must be an integer >= 1 (seconds) or None")
         if not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"world_size={self.world_size!r}: must be an integer >= 1")

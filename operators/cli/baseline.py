@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from operators.cli.demo import parse_with_conf, run_dag
 from operators.config import embedded
@@ -49,4 +48,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from operators.utils.processes import exit_without_teardown
+
+    exit_without_teardown(main())

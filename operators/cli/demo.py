@@ -310,4 +310,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from operators.utils.processes import exit_without_teardown
+
+    exit_without_teardown(main())

@@ -9,8 +9,6 @@ remote, and creates the MLflow experiment. Run again at any time; it changes onl
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import time
 
@@ -20,8 +18,15 @@ from operators.config import settings
 from trainer.urls import redact_url
 
 
-def airflow(*args: str, env: dict[str, str]) -> None:
-    subprocess.run([sys.executable, "-m", "airflow", *args], env=env, check=True, stdout=subprocess.DEVNULL)
+def prepare_airflow_db(slots: int) -> None:
+    """What `airflow db migrate` and `airflow pools set` do, in this process: each command would start
+    an interpreter and import Airflow again (about 8 s each on these machines)."""
+    from airflow.models.pool import Pool
+    from airflow.utils import db
+
+    db.upgradedb()
+    Pool.create_or_update_pool(settings.TRAINING_POOL, slots, "gang admission: a training task takes world-size slots",
+                               include_deferred=False)
 
 
 def selected_pipelines(name: str | None) -> list:
@@ -37,13 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline", help="publish this pipeline's dataset only (default: every pipeline's)")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    embedded.apply()  # into os.environ: the airflow subprocesses and dataset/tracking below read it
-    env = dict(os.environ)
+    embedded.apply()  # into os.environ before Airflow is imported: it binds its config at import
     for path in (settings.state_dir(), settings.airflow_home(), settings.runs_dir(), settings.artifact_root()):
         path.mkdir(parents=True, exist_ok=True)
-    airflow("db", "migrate", env=env)
     slots = settings.pool_slots()
-    airflow("pools", "set", settings.TRAINING_POOL, str(slots), "gang admission: a training task takes world-size slots", env=env)
+    prepare_airflow_db(slots)
 
     from operators.hooks import dvc as dataset
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from operators.backends.base import ENTRYPOINT_RE as _ENTRYPOINT_RE
-from operators.backends.base import user_code_args
+from operators.backends.base import is_count, user_code_args
 from operators.config import settings
 from operators.exceptions import InvalidParams, UserError
 from trainer.config import FACTORY_RE
@@ -432,7 +432,7 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         raise PipelineConfigError(f"{source}: training.launcher={launcher!r}: training code of one's own "
                                   "(training.entrypoint / training.command) runs under launcher 'torchrun' only")
     max_preemptions = training.get("max_preemptions", DEFAULT_MAX_PREEMPTIONS)
-    if isinstance(max_preemptions, bool) or not isinstance(max_preemptions, int) or max_preemptions < 0:
+    if not is_count(max_preemptions, 0):
         raise PipelineConfigError(f"{source}: training.max_preemptions={max_preemptions!r}: accepted values: an integer "
                                   ">= 0 (preemptions re-launched without spending a retry; 0: each one spends a retry)")
     limits = {"max_run_time_seconds": "seconds a try's gang may run; past it the ranks are stopped with a final "
@@ -440,7 +440,7 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
               "max_queue_wait_seconds": "seconds a gang may wait for admission where it queues (Kubernetes)"}
     for key, meaning in limits.items():
         value = training.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if value is not None and not is_count(value, 1):
             raise PipelineConfigError(f"{source}: training.{key}={value!r}: accepted values: an integer >= 1 ({meaning}), "
                                       "or leave it out for no limit")
     config = PipelineConfig(

@@ -1,11 +1,25 @@
-"""Stopping a process started in a session of its own (`start_new_session=True`), with its group."""
+"""Stopping a process started in a session of its own (`start_new_session=True`), with its group;
+ending a command-line program without interpreter teardown."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
+from typing import NoReturn
+
+
+def exit_without_teardown(code: int) -> NoReturn:
+    """Exit with `code` once logs and output are flushed. After a DAG run in this process (Airflow,
+    MLflow, Great Expectations and torch imported) the interpreter's teardown takes 5-10 s on these
+    machines and does nothing the run needs: the metadata DB is committed, files are closed."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -1,7 +1,6 @@
 """`python -m operators.cli.drill`: see operators/cli/drill/run.py."""
 
-import sys
-
 from operators.cli.drill.run import main
+from operators.utils.processes import exit_without_teardown
 
-sys.exit(main())
+exit_without_teardown(main())

@@ -50,8 +50,8 @@ def test_impossible_gang_is_refused_with_a_reason(pipeline_home, tmp_path):
     ("conf", "needles"),
     [
         # JSON Schema counts 2.0 as an integer: admit_gang must not branch to "train_local_2.0".
+        # (batch_size not a multiple of world_size goes through the same check: tests/unit/dags/test_params.py)
         ({"world_size": 2.0, "max_steps": 60.0}, ["world_size=2.0: must be an integer", "max_steps=60.0: must be an integer"]),
-        ({"world_size": 2, "batch_size": 63}, ["batch_size=63 is not a multiple of world_size=2"]),
         # a launcher the backend cannot run, named with it (issue 24.4)
         ({"backend": "ray", "launcher": "mpirun"}, ["backend='ray' with launcher='mpirun' cannot run", "(local)"]),
     ],

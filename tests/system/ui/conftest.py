@@ -96,8 +96,13 @@ class Shots:
 
 @pytest.fixture
 def page(browser, tmp_path: Path, request: pytest.FixtureRequest):
+    from playwright.sync_api import expect
+
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    # Actions and assertions alike wait up to 30 s: expect()'s own default (5 s) was too short for
+    # the DAG page's first render on a loaded 2-core machine (CI: a test failed on it).
     context.set_default_timeout(30_000)
+    expect.set_options(timeout=30_000)
     page = context.new_page()
     page.shots = Shots(page, tmp_path)
     try:

@@ -1,4 +1,5 @@
-"""operators.utils.processes: the one way the UI runner, the drill's servers and the local backend stop what they started."""
+"""operators.utils.processes: the one way the UI runner, the drill's servers and the local backend stop what they
+started, and how the command-line programs that ran a DAG end."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
@@ -109,3 +111,23 @@ def test_pids_with_env_finds_a_process_by_exact_value_or_prefix():
     finally:
         proc.kill()
         proc.wait()
+
+
+EXITING = """
+import atexit, logging, sys
+from operators.utils.processes import exit_without_teardown
+logging.basicConfig(filename=sys.argv[1])
+logging.warning("a log line, buffered until the end")
+atexit.register(lambda: print("teardown ran"))
+print("the summary", end="")  # no newline: still in stdout's buffer
+exit_without_teardown(3)
+"""
+
+
+def test_exit_without_teardown_keeps_the_code_the_output_and_the_log_and_skips_the_teardown(tmp_path):
+    log = tmp_path / "run.log"
+    done = subprocess.run([sys.executable, "-c", EXITING, str(log)], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[4])  # the project root: operators importable
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "the summary"  # flushed; atexit's line never printed
+    assert "a log line, buffered until the end" in log.read_text()
