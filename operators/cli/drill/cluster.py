@@ -110,6 +110,10 @@ class PodRun:
     exit_code: int | None = None
     deleting_since: float | None = None
     grace: float = 30.0
+    # spec.activeDeadlineSeconds: past it the kubelet stops the container and fails the pod DeadlineExceeded
+    deadline_s: float | None = None
+    running_since: float | None = None  # monotonic
+    deadline_exceeded: bool = False
     log_lines: collections.deque = field(default_factory=lambda: collections.deque(maxlen=2000))
     reader: threading.Thread | None = None
     gang: str = ""  # the pod's gangflow.io/gang label
@@ -416,7 +420,11 @@ class EmulatedCluster:
         for key, run in list(self.runs.items()):
             pod = live.get(key)
             alive = run.proc is not None and run.proc.poll() is None
-            if alive and (pod is None or pod["metadata"].get("deletionTimestamp")):
+            if alive and not run.deadline_exceeded and run.deadline_s is not None and run.running_since is not None \
+                    and time.monotonic() - run.running_since >= run.deadline_s:
+                run.deadline_exceeded = True
+                self._note(f"pod {run.name} active longer than its activeDeadlineSeconds={run.deadline_s:.0f}")
+            if alive and (pod is None or pod["metadata"].get("deletionTimestamp") or run.deadline_exceeded):
                 self._terminate(run)
             if run.proc is not None and run.proc.poll() is not None and run.exit_code is None:
                 self._finished(run)
@@ -468,6 +476,8 @@ class EmulatedCluster:
         run = PodRun(namespace=key[0], name=key[1], dir=self.workdir / key[1], marker=f"{self.drill_id}/{key[1]}",
                      gang=(meta.get("labels") or {}).get("gangflow.io/gang", ""))
         run.grace = float(pod["spec"].get("terminationGracePeriodSeconds") or 30)
+        if pod["spec"].get("activeDeadlineSeconds"):
+            run.deadline_s = float(pod["spec"]["activeDeadlineSeconds"])
         self.runs[key] = run
         self.history.append(run)
         (run.dir / "tmp").mkdir(parents=True)
@@ -491,7 +501,7 @@ class EmulatedCluster:
             return
         if self.runtime is None and not self._process(run, container, rewrites, container_env, key, status):
             return
-        run.started_at = now()
+        run.started_at, run.running_since = now(), time.monotonic()
         run.reader = threading.Thread(target=self._read, args=(run,), name=f"log-{key[1]}", daemon=True)
         run.reader.start()
         status.update(
@@ -579,7 +589,8 @@ class EmulatedCluster:
         assert run.proc is not None
         if run.deleting_since is None:
             run.deleting_since = time.monotonic()
-            self._note(f"pod {run.name} deleted: SIGTERM, SIGKILL after {run.grace:.0f}s")
+            why = "past its deadline" if run.deadline_exceeded else "deleted"
+            self._note(f"pod {run.name} {why}: SIGTERM, SIGKILL after {run.grace:.0f}s")
             try:
                 run.proc.send_signal(signal.SIGTERM)  # like the container runtime: to the container's first process
             except OSError:
@@ -601,7 +612,7 @@ class EmulatedCluster:
         (run.dir / "pod.json").write_text(json.dumps(run.record(), indent=1))
         key = (run.namespace, run.name)
         self.api.logs[key] = "".join(run.log_lines)
-        phase = "Succeeded" if run.exit_code == 0 else "Failed"
+        phase = "Succeeded" if run.exit_code == 0 and not run.deadline_exceeded else "Failed"
         with self.api._lock:
             pod = self.api.get("", "pods", *key)
             if pod is None:
@@ -620,4 +631,6 @@ class EmulatedCluster:
                 "containerStatuses": [{"name": container["name"], "image": container.get("image"), "ready": False, "started": False,
                                        "restartCount": 0, "state": {"terminated": terminated}, "lastState": {}}],
             }  # fmt: skip
+            if run.deadline_exceeded:  # the kubelet's words (pkg/kubelet/active_deadline.go)
+                pod["status"].update(reason="DeadlineExceeded", message="Pod was active on the node longer than the specified deadline")
         self._note(f"pod {run.name} {phase} (exit code {run.exit_code})")

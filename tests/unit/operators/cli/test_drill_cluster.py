@@ -198,3 +198,22 @@ def test_a_bad_drill_event_is_refused_naming_the_variable(text):
 
     with pytest.raises(ValueError, match=r"GANGFLOW_DRILL_EVENT=.*accepted values: preempt@step=N"):
         parse_drill_event(text)
+
+
+def test_a_pod_past_its_active_deadline_is_stopped_and_failed_deadline_exceeded_as_the_kubelet_does(cluster):
+    """issue 25.3: the drill enforces the activeDeadlineSeconds the builders render (training.max_run_time_seconds)."""
+    from operators.failures import classify
+
+    api, emu = cluster
+    gang = jobset("late-t1", script=TERM_SCRIPT, completions=1)
+    pod_spec = gang["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod_spec["activeDeadlineSeconds"] = 1
+    api.put(*JS, gang)
+    failed = wait(lambda: [p for p in pods(api) if p["status"]["phase"] == "Failed"])
+    assert failed[0]["status"]["reason"] == "DeadlineExceeded"
+    assert failed[0]["status"]["message"] == "Pod was active on the node longer than the specified deadline"
+    assert emu.history[0].exit_code == 75  # SIGTERM first: the rank's final checkpoint
+    assert "final checkpoint, exiting 75" in api.logs[(NS, failed[0]["metadata"]["name"])]
+    wait(lambda: st.gang_state("JobSet", api.get(*JS, NS, "late-t1")).state == "failed")
+    verdict = classify({"ranks": [st.pod_evidence(failed[0])]}, precedents=False)
+    assert verdict.kind == "user" and "DeadlineExceeded" in verdict.reason, verdict
