@@ -22,18 +22,27 @@ USER airflow
 ENV GANGFLOW_PROJECT=/opt/gangflow \
     PIP_NO_CACHE_DIR=1
 
-# Project layer 1: the package with the Kubernetes extra, versions from constraints.txt. Naming
-# apache-airflow==3.3.2 too keeps pip from moving the Airflow the base image ships.
-COPY --chown=airflow:0 constraints.txt pyproject.toml README.md /opt/gangflow/
-COPY --chown=airflow:0 operators/ /opt/gangflow/operators/
-COPY --chown=airflow:0 trainer/ /opt/gangflow/trainer/
+# Project layer 1: the dependencies of the package and of its Kubernetes extra, read from
+# pyproject.toml, versions from constraints.txt. Naming apache-airflow==3.3.2 too keeps pip from
+# moving the Airflow the base image ships. Before the source, so a code change rebuilds from layer 2.
+COPY --chown=airflow:0 constraints.txt pyproject.toml /opt/gangflow/
 # WHEELHOUSE and the secret `ca`: as in docker/training.Dockerfile (both optional; `make images` gives them).
 ARG WHEELHOUSE=
 RUN --mount=type=secret,id=ca,required=false,mode=0444 \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
- && pip install ${WHEELHOUSE:+--find-links "$WHEELHOUSE"} -c /opt/gangflow/constraints.txt "apache-airflow==3.3.2" "/opt/gangflow[kubernetes]"
+ && python -c 'import tomllib; p = tomllib.load(open("/opt/gangflow/pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["kubernetes"]))' > /tmp/gangflow-requirements.txt \
+ && pip install ${WHEELHOUSE:+--find-links "$WHEELHOUSE"} -c /opt/gangflow/constraints.txt "apache-airflow==3.3.2" -r /tmp/gangflow-requirements.txt \
+ && rm /tmp/gangflow-requirements.txt
 
-# Project layer 2: what the DAGs read beside the package (GANGFLOW_PROJECT: params.yaml, the
+# Project layer 2: the package itself (operators, trainer); its dependencies are layer 1's.
+COPY --chown=airflow:0 README.md /opt/gangflow/
+COPY --chown=airflow:0 operators/ /opt/gangflow/operators/
+COPY --chown=airflow:0 trainer/ /opt/gangflow/trainer/
+RUN --mount=type=secret,id=ca,required=false,mode=0444 \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+ && pip install ${WHEELHOUSE:+--find-links "$WHEELHOUSE"} --no-deps /opt/gangflow
+
+# Project layer 3: what the DAGs read beside the package (GANGFLOW_PROJECT: params.yaml, the
 # pipeline files, the DVC pipeline and its lock, the data stages and expectation suites), then
 # the DAGs. User model packages: add a layer `COPY mypkg/ /opt/gangflow/mypkg/` (importable from
 # GANGFLOW_PROJECT by the DAG processor and tasks) or pip-install them here (docs/extending.md).

@@ -126,7 +126,15 @@ def test_airflow_image_installs_the_package_with_constraints_and_copies_dags(air
     runs = " ".join(a for i, a in airflow if i == "RUN")
     assert "-c /opt/gangflow/constraints.txt" in runs
     assert f'"apache-airflow=={constraints["apache-airflow"]}"' in runs
-    assert '"/opt/gangflow[kubernetes]"' in runs and "kubernetes" in pyproject["project"]["optional-dependencies"]
+    # dependencies (the package's and its Kubernetes extra's, from pyproject.toml) in a layer before
+    # the source, the package itself after it: a code change does not reinstall every dependency
+    assert '["optional-dependencies"]["kubernetes"]' in runs and "kubernetes" in pyproject["project"]["optional-dependencies"]
+    steps = [(i, a) for i, a in airflow if i in ("RUN", "COPY")]
+    deps = next(n for n, (i, a) in enumerate(steps) if i == "RUN" and "-r /tmp/gangflow-requirements.txt" in a)
+    source = next(n for n, (i, a) in enumerate(steps) if i == "COPY" and "operators/" in a)
+    package = next(n for n, (i, a) in enumerate(steps) if i == "RUN" and "--no-deps /opt/gangflow" in a)
+    assert deps < source < package
+    assert not any("operators" in a or "trainer" in a or "README" in a for i, a in steps[:deps] if i == "COPY")
     assert constraints["apache-airflow"] == "3.3.2"
     copies = [a for i, a in airflow if i == "COPY"]
     assert "--chown=airflow:0 dags/ /opt/airflow/dags/" in copies
