@@ -1,13 +1,15 @@
 """Committing checkpoints to local disk, in a writer process beside the training process.
 
-Rank 0 starts `python -m trainer.checkpoint_commit` and sends it each checkpoint's files over a
-pipe; the writer hashes, writes, commits (rename) and prunes them off the training process's GIL.
+Rank 0 starts `python -m trainer.checkpoint_commit` and hands it each checkpoint: a small one's
+files over a pipe, a larger one already written into its temporary folder; the writer hashes,
+writes or fsyncs, commits (rename) and prunes them off the training process's GIL.
 It imports the standard library, trainer.storage and trainer.console only (never torch).
 docs/design/checkpoints.md describes the protocol, its timing and the recycling of pruned folders.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,12 +22,12 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 from trainer.console import say
-from trainer.storage import is_real_dir, publish_folder, remove_local, write_folder
+from trainer.storage import Buffer, is_real_dir, mapped_regular, publish_folder, remove_local, write_all, write_folder
 
 FORMAT = "gangflow-checkpoint/1"
 MANIFEST = "manifest.json"
@@ -44,24 +46,21 @@ class _WriterDied(WriterError):
     """The writer process ended in the middle of a commit."""
 
 
-def file_entry(data: bytes) -> dict[str, Any]:
+def file_entry(data: Buffer) -> dict[str, Any]:
     """A manifest's (and a model card's) record of one file."""
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def manifest_bytes(step: int, files: dict[str, bytes]) -> bytes:
+def manifest_bytes(step: int, files: dict[str, Buffer]) -> bytes:
     entries = {name: file_entry(data) for name, data in files.items()}
     return json.dumps({"format": FORMAT, "step": step, "files": entries, "time": time.time()}, indent=1).encode()
 
 
-def commit_local(root: Path, step: int, files: dict[str, bytes], *, before_commit: Callable[[], None] | None = None) -> int:
-    """Write `files` and their manifest to `root/.tmp-step-N-*`, the manifest last, fsync every
-    file and the folder, rename it to `step-N` (an existing one is moved away first) and fsync
-    `root`. `before_commit` runs when the data files are written and the manifest is not.
-    Returns the bytes of the data files."""
-    name = f"step-{step}"
+def new_folder(root: Path, step: int, names: Collection[str]) -> Path:
+    """A temporary folder `root/.tmp-step-N-*` for a commit to write `names` into: the spare folder
+    a prune left, when there is one, or a new one."""
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
+    tmp = root / f".tmp-step-{step}-{uuid.uuid4().hex[:8]}"
     if _recycle_spare(root, tmp):
         # Files the new checkpoint does not have go; the rest, its old manifest too, is overwritten
         # in place (deleting a file costs as much as writing it here). The old manifest cannot pass
@@ -69,14 +68,51 @@ def commit_local(root: Path, step: int, files: dict[str, bytes], *, before_commi
         # Anything but a regular file (a link planted in the run dir) goes too: never written through.
         with os.scandir(tmp) as it:
             for entry in it:
-                if entry.name not in {*files, MANIFEST} or not entry.is_file(follow_symlinks=False):
+                if entry.name not in {*names, MANIFEST} or not entry.is_file(follow_symlinks=False):
                     remove_local(entry.path)
     else:
         tmp.mkdir()
+    return tmp
+
+
+def commit_local(root: Path, step: int, files: dict[str, bytes], *, before_commit: Callable[[], None] | None = None) -> int:
+    """Write `files` and their manifest to `root/.tmp-step-N-*`, the manifest last, fsync every
+    file and the folder, rename it to `step-N` (an existing one is moved away first) and fsync
+    `root`. `before_commit` runs when the data files are written and the manifest is not.
+    Returns the bytes of the data files."""
+    tmp = new_folder(root, step, files)
     # The manifest hashes the files while their fsyncs run (hashlib lets go of the GIL).
     write_folder(tmp, {**files, MANIFEST: lambda: manifest_bytes(step, files)}, before_last=before_commit)
-    publish_folder(tmp, root / name, aside=f".trash-{name}")  # a re-save (e.g. after a resume at it) replaces
+    publish_folder(tmp, root / f"step-{step}", aside=f".trash-step-{step}")  # a re-save (e.g. after a resume at it) replaces
     return sum(len(data) for data in files.values())
+
+
+def stage_local(root: Path, step: int, files: dict[str, Sequence[Buffer]]) -> Path:
+    """Write `files` (each a sequence of buffers) into a new `root/.tmp-step-N-*` folder, without
+    fsyncs and without a manifest: for `commit_staged` to commit. Returns the folder."""
+    tmp = new_folder(root, step, files)
+    try:
+        write_folder(tmp, {name: list(parts) for name, parts in files.items()}, durable=False)
+    except BaseException:
+        remove_local(tmp)
+        raise
+    return tmp
+
+
+def commit_staged(root: Path, step: int, folder: str, sizes: dict[str, int], *,
+                  before_commit: Callable[[], None] | None = None) -> int:
+    """Commit `root/folder`, which `stage_local` filled with files of these `sizes`: fsync them and
+    the folder, hashing them from the page cache meanwhile, write the manifest last, rename the
+    folder to `step-N` and fsync `root` (as `commit_local`). Returns the bytes of the data files."""
+    tmp = root / folder
+    if not (re.fullmatch(rf"\.tmp-step-{step}-[0-9a-f]{{8}}", folder) and is_real_dir(tmp)):
+        raise NotADirectoryError(f"{tmp} is not a temporary folder of step-{step}")
+    with contextlib.ExitStack() as stack:
+        # Regular files of exactly these sizes, never through a link; mapped, so hashing copies nothing.
+        contents = {name: stack.enter_context(mapped_regular(tmp / name, size=size)) for name, size in sizes.items()}
+        write_folder(tmp, {MANIFEST: lambda: manifest_bytes(step, contents)}, written=list(sizes), before_last=before_commit)
+    publish_folder(tmp, root / f"step-{step}", aside=f".trash-step-{step}")
+    return sum(sizes.values())
 
 
 def _entries(root: Path) -> list[os.DirEntry]:
@@ -142,27 +178,23 @@ def drop_spares(root: Path) -> None:
 # --- the rank's side ------------------------------------------------------------------------------
 
 
-def _nbytes(part: bytes | memoryview) -> int:
+def _nbytes(part: Buffer) -> int:
     return part.nbytes if isinstance(part, memoryview) else len(part)
 
 
-def _write_all(fd: int, parts: list[bytes | memoryview]) -> None:
-    """Every byte of `parts`, in order, in as few writev calls as the kernel allows (no copy)."""
-    views = [memoryview(p).cast("B") for p in parts if _nbytes(p)]
-    while views:
-        done = os.writev(fd, views[:512])  # IOV_MAX is 1024 on Linux
-        while views and done >= views[0].nbytes:
-            done -= views[0].nbytes
-            views.pop(0)
-        if done:
-            views[0] = views[0][done:]
+def _nbytes_of(files: dict[str, Sequence[Buffer]]) -> int:
+    return sum(_nbytes(part) for parts in files.values() for part in parts)
 
 
-def _job(root: Path, step: int, files: dict[str, Sequence[bytes | memoryview]], keep_last: int,
-         handshake: bool) -> list[bytes | memoryview]:
-    """One job as the writer reads it: the length-prefixed header, then every file's buffers."""
+def _job(root: Path, step: int, files: dict[str, Sequence[Buffer]], keep_last: int, handshake: bool,
+         folder: Path | None = None) -> list[Buffer]:
+    """One job as the writer reads it: the length-prefixed header, then every file's buffers (none
+    when the files are already written into `folder`)."""
     header = json.dumps({"root": str(root), "step": step, "keep_last": keep_last, "handshake": handshake,
-                         "files": [[name, sum(map(_nbytes, parts))] for name, parts in files.items()]}).encode()
+                         "files": [[name, sum(map(_nbytes, parts))] for name, parts in files.items()],
+                         **({"folder": folder.name} if folder is not None else {})}).encode()
+    if folder is not None:
+        return [_HEADER.pack(len(header)) + header]
     return [_HEADER.pack(len(header)) + header, *(part for parts in files.values() for part in parts)]
 
 
@@ -205,7 +237,7 @@ class WriterProcess:
             self._pipe_bytes = _grow_pipe(self._proc.stdin.fileno())
         return self._proc
 
-    def send_nowait(self, root: Path, step: int, files: dict[str, Sequence[bytes | memoryview]], *, keep_last: int) -> bool:
+    def send_nowait(self, root: Path, step: int, files: dict[str, Sequence[Buffer]], *, keep_last: int) -> bool:
         """Hand a job to the running writer from the caller's own thread, when it fits in the input
         pipe: between jobs the pipe is empty (the writer reads a whole job before it replies), so
         the write cannot block. `commit(..., sent=True)` then only waits for the reply. False when
@@ -218,12 +250,12 @@ class WriterProcess:
             if sum(map(_nbytes, job)) > self._pipe_bytes:
                 return False
             try:
-                _write_all(proc.stdin.fileno(), job)
+                write_all(proc.stdin.fileno(), job)
             except BrokenPipeError:
                 return False  # it died since the last job: commit() starts another and sends it there
             return True
 
-    def commit(self, root: Path, step: int, files: dict[str, Sequence[bytes | memoryview]], *, keep_last: int,
+    def commit(self, root: Path, step: int, files: dict[str, Sequence[Buffer]], *, keep_last: int,
                before_commit: Callable[[], None] | None = None, sent: bool = False) -> int:
         """Commit `files` (each a sequence of buffers, written in order) as `root/step-N`, then prune
         to `keep_last`. Returns the bytes written; WriterError when it failed. A writer that died
@@ -243,7 +275,7 @@ class WriterProcess:
             except _WriterDied as exc:
                 raise WriterError(f"{exc}; {WRITER_STARTS} writers died committing step-{step}") from None
 
-    def _commit(self, root: Path, step: int, files: dict[str, Sequence[bytes | memoryview]], keep_last: int,
+    def _commit(self, root: Path, step: int, files: dict[str, Sequence[Buffer]], keep_last: int,
                 before_commit: Callable[[], None] | None, sent: bool) -> int:
         # A job already sent is answered by the process that took it, or by nobody: if that one
         # died, waiting on a fresh one would wait forever; its end of input says so, and the retry sends.
@@ -252,11 +284,14 @@ class WriterProcess:
         fd = proc.stdin.fileno()
         try:
             if not sent:
-                _write_all(fd, _job(root, step, files, keep_last, handshake))
+                # A job larger than the pipe is written by this process straight into the commit's
+                # folder (one copy, as a plain write) rather than copied through the pipe and again.
+                staged = stage_local(root, step, files) if _nbytes_of(files) > self._pipe_bytes else None
+                write_all(fd, _job(root, step, files, keep_last, handshake, staged))
             if handshake:
                 self._expect(proc, b"written")
                 before_commit()
-                _write_all(fd, [b"commit\n"])
+                write_all(fd, [b"commit\n"])
             return int(json.loads(self._expect(proc, b"committed"))["bytes"])
         except (BrokenPipeError, ValueError) as exc:
             raise self._died(proc, exc) from None
@@ -332,9 +367,10 @@ class _Input:
         return out
 
 
-# One job at a time: its header (length first) and every file's bytes, then "committed <JSON>" or
-# "error <message>". "written" / "commit" come between only with the handshake, which only an armed
-# kill@save fault asks for: each wait on the pipe costs the rank a GIL switch (docs/design/checkpoints.md).
+# One job at a time: its header (length first) and every file's bytes (none when the header names
+# the folder the rank wrote them into), then "committed <JSON>" or "error <message>". "written" /
+# "commit" come between only with the handshake, which only an armed kill@save fault asks for: each
+# wait on the pipe costs the rank a GIL switch (docs/design/checkpoints.md).
 def serve(inp: _Input, out: Any) -> None:
     def reply(text: bytes) -> None:
         out.write(text + b"\n")
@@ -347,11 +383,15 @@ def serve(inp: _Input, out: Any) -> None:
 
     while True:
         job = json.loads(inp.exact(_HEADER.unpack(inp.exact(_HEADER.size))[0]))
-        files = {name: inp.exact(size) for name, size in job["files"]}
+        root, step, folder = Path(job["root"]), int(job["step"]), job.get("folder")
+        before_commit = handshake if job.get("handshake") else None
+        files = {name: inp.exact(size) for name, size in job["files"]} if folder is None else {}
         try:
-            written = commit_local(Path(job["root"]), int(job["step"]), files,
-                                   before_commit=handshake if job.get("handshake") else None)
-            prune_local(Path(job["root"]), int(job["keep_last"]))
+            if folder is None:
+                written = commit_local(root, step, files, before_commit=before_commit)
+            else:
+                written = commit_staged(root, step, folder, dict(job["files"]), before_commit=before_commit)
+            prune_local(root, int(job["keep_last"]))
         except OSError as exc:
             reply(b"error " + f"{type(exc).__name__}: {exc}".replace("\n", " ").encode())
             continue

@@ -7,10 +7,13 @@ differs is refused (`DataError`). Torch-free and Airflow-free: both sides import
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import mmap
 import os
 import re
+import stat
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +25,8 @@ from trainer.storage import UnsafePath, inside, plain_name, replacing
 DATASET_FILES = ("train.parquet", "test.parquet")
 _MD5 = re.compile(r"^[0-9a-f]{32}$")
 _CHUNK = 1 << 20
+_COPY_CHUNK = 32 << 20  # copied in the kernel while the chunk before it is hashed
+_NO_KERNEL_COPY = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSOCK}  # sendfile cannot copy between these files
 
 
 class DatasetNotFound(DataError):
@@ -105,28 +110,77 @@ def file_md5(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def _download(fs, src: str, target: Path, expected: str, what: str) -> None:
-    """Copy src to target through a unique temporary file, hashing as it goes; rename if it matches
-    (atomic: another rank's copy, if any, has the same bytes)."""
+def _copy_in_kernel(source: int, out: int, size: int) -> str:
+    """Copy the first `size` bytes of `source` to the empty file `out` with sendfile (no copy
+    through this process), a chunk at a time in a thread while this one hashes the chunk before
+    from `out` (mapped: the page cache's pages); returns the md5 of what `out` holds."""
+    def copy(start: int) -> None:
+        count = min(_COPY_CHUNK, size - start)
+        while count:
+            done = os.sendfile(out, source, start, count)  # at `out`'s position: the chunks go in order
+            if not done:
+                return  # the object is shorter than it was: the md5 of what `out` holds says so
+            start, count = start + done, count - done
+
+    os.ftruncate(out, size)  # the length to map; the copy fills it
     digest = hashlib.md5()
+    with mmap.mmap(out, size, access=mmap.ACCESS_READ) as copied, memoryview(copied) as view, \
+         ThreadPoolExecutor(1) as copier:
+        copying = copier.submit(copy, 0)
+        for start in range(0, size, _COPY_CHUNK):
+            copying.result()
+            if start + _COPY_CHUNK < size:
+                copying = copier.submit(copy, start + _COPY_CHUNK)
+            digest.update(view[start:start + _COPY_CHUNK])
+    return digest.hexdigest()
+
+
+def _copy_through(source: Any, out: Any) -> str:
+    """Copy the open file `source` to `out` through this process; returns the md5 of the bytes."""
+    digest = hashlib.md5()
+    # One thread writes chunk n while this one hashes it (both let go of the GIL): the copy costs
+    # about the read and the md5, not their sum with the write.
+    with ThreadPoolExecutor(1) as writer:
+        written = None
+        for chunk in iter(lambda: source.read(_CHUNK), b""):
+            if written is not None:
+                written.result()
+            written = writer.submit(out.write, chunk)
+            digest.update(chunk)
+        if written is not None:
+            written.result()
+    return digest.hexdigest()
+
+
+def _copy(fs, src: str, tmp: Path) -> str:
+    """Copy the object `src` to the new file `tmp`; returns the md5 of the copy. From a local
+    remote the kernel copies (sendfile) and the copy is hashed, so reading the object costs no
+    pass of its own."""
+    from fsspec.implementations.local import LocalFileSystem  # noqa: PLC0415 - fsspec is imported by _fs already
+
+    with fs.open(src, "rb") as source, open(tmp, "w+b") as out:
+        if isinstance(fs, LocalFileSystem):
+            st = os.fstat(source.fileno())
+            if stat.S_ISREG(st.st_mode) and st.st_size:  # a FIFO or a device is read as it comes
+                try:
+                    return _copy_in_kernel(source.fileno(), out.fileno(), st.st_size)
+                except OSError as exc:
+                    if exc.errno not in _NO_KERNEL_COPY:
+                        raise
+                    out.seek(0)  # sendfile moved `out`'s offset (not `source`'s: it was given offsets)
+                    out.truncate()
+        return _copy_through(source, out)
+
+
+def _download(fs, src: str, target: Path, expected: str, what: str) -> None:
+    """Copy src to target through a unique temporary file, hashing the copy; rename if it matches
+    (atomic: another rank's copy, if any, has the same bytes). No fsync: a file already there is
+    verified again before it is reused, so one a crash cut short is fetched again."""
     with replacing(target) as tmp:
         try:
-            # One thread writes chunk n while this one hashes it (both let go of the GIL): the
-            # fetch costs about the read and the md5, not their sum with the write.
-            with fs.open(src, "rb") as source, open(tmp, "wb") as out, ThreadPoolExecutor(1) as writer:
-                written = None
-                for chunk in iter(lambda: source.read(_CHUNK), b""):
-                    if written is not None:
-                        written.result()
-                    written = writer.submit(out.write, chunk)
-                    digest.update(chunk)
-                if written is not None:
-                    written.result()
-                out.flush()
-                os.fsync(out.fileno())
+            actual = _copy(fs, src, tmp)
         except FileNotFoundError:
             raise DatasetNotFound(f"{what}: the object {src} is missing on the remote") from None
-        actual = digest.hexdigest()
         if actual != expected:
             raise ChecksumMismatch(f"{what}: md5 mismatch: expected {expected}, actual {actual} "
                                    f"(the remote's object {src} is corrupt or was changed; refusing it)",

@@ -10,12 +10,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import mmap
 import os
 import posixpath
 import shutil
 import stat
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -89,10 +90,9 @@ def is_real_dir(path: str | os.PathLike) -> bool:
         return False
 
 
-def read_regular(path: str | os.PathLike, *, size: int | None = None, limit: int | None = None) -> bytes:
-    """The bytes of the regular file `path`, opened without following a link and read only when
-    its size is `size` (or at most `limit`): a FIFO, a device, a link or a file of another size
-    is never read. FileNotFoundError, NotRegularFile (a link: ELOOP too) or SizeMismatch otherwise."""
+@contextlib.contextmanager
+def _regular_fd(path: str | os.PathLike, size: int | None, limit: int | None) -> Iterator[tuple[int, int]]:
+    """(fd, size) of the regular file `path`, opened as `read_regular` describes; closed on exit."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -105,10 +105,29 @@ def read_regular(path: str | os.PathLike, *, size: int | None = None, limit: int
             raise NotRegularFile(errno.EINVAL, "not a regular file")
         if (size is not None and st.st_size != size) or (limit is not None and st.st_size > limit):
             raise SizeMismatch(st.st_size)
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            return fh.read(st.st_size)
+        yield fd, st.st_size
     finally:
         os.close(fd)
+
+
+def read_regular(path: str | os.PathLike, *, size: int | None = None, limit: int | None = None) -> bytes:
+    """The bytes of the regular file `path`, opened without following a link and read only when
+    its size is `size` (or at most `limit`): a FIFO, a device, a link or a file of another size
+    is never read. FileNotFoundError, NotRegularFile (a link: ELOOP too) or SizeMismatch otherwise."""
+    with _regular_fd(path, size, limit) as (fd, actual), os.fdopen(os.dup(fd), "rb") as fh:
+        return fh.read(actual)
+
+
+@contextlib.contextmanager
+def mapped_regular(path: str | os.PathLike, *, size: int | None = None) -> Iterator[mmap.mmap | bytes]:
+    """The bytes of the regular file `path`, checked as `read_regular` checks them but mapped, not
+    read: the page cache's own pages, no copy (b"" for an empty file, which cannot be mapped)."""
+    with _regular_fd(path, size, None) as (fd, actual):
+        if not actual:
+            yield b""
+            return
+        with mmap.mmap(fd, actual, access=mmap.ACCESS_READ) as mapped:
+            yield mapped
 
 
 def read_json_record(path: str | os.PathLike, *, limit: int = 4 << 20) -> dict[str, Any]:
@@ -179,45 +198,71 @@ def write_json(path: str | os.PathLike, value: Any, **dumps: Any) -> None:
     replace_file(path, json.dumps(value, **dumps).encode())
 
 
+Buffer = bytes | bytearray | memoryview | mmap.mmap
+
+
+def write_all(fd: int, parts: Sequence[Buffer]) -> int:
+    """Write every byte of `parts`, in order, in as few writev calls as the kernel allows (no
+    copy); returns how many."""
+    views = [view for view in (memoryview(p).cast("B") for p in parts) if view.nbytes]
+    total = sum(view.nbytes for view in views)
+    while views:
+        done = os.writev(fd, views[:512])  # IOV_MAX is 1024 on Linux
+        while views and done >= views[0].nbytes:
+            done -= views[0].nbytes
+            views.pop(0)
+        if done:
+            views[0] = views[0][done:]
+    return total
+
+
 _fsync_pool: ThreadPoolExecutor | None = None
 
 
-def write_folder(folder: str | os.PathLike, files: Mapping[str, bytes | Callable[[], bytes]], *,
-                 before_last: Callable[[], None] | None = None) -> None:
+def write_folder(folder: str | os.PathLike, files: Mapping[str, Buffer | Sequence[Buffer] | Callable[[], Buffer]], *,
+                 before_last: Callable[[], None] | None = None, written: Sequence[str] = (), durable: bool = True) -> None:
     """Write `files` into an existing local `folder` in order and make the files and the folder
     durable, issuing each file's fsync as soon as it is written. A journaling filesystem commits
     concurrent fsyncs in one journal transaction, so four files and a folder cost about one fsync
     and a half here, not five; nothing returns before all of them are on disk (for a folder
-    renamed into place afterwards). A value may be a function returning the bytes: it is called
-    when its turn comes, while the earlier files' fsyncs run (a manifest hashing the files). A
-    file already there is overwritten in place and cut to its new length (a recycled checkpoint
-    folder: no blocks freed and allocated again). `before_last` runs after every file but the
-    last is written."""
+    renamed into place afterwards). A value is the file's bytes, a list of buffers to write in
+    order, or a function returning the bytes: it is called when its turn comes, while the earlier
+    files' fsyncs run (a manifest hashing the files). A file already there is overwritten in place
+    and cut to its new length (a recycled checkpoint folder: no blocks freed and allocated again).
+    `before_last` runs after every file but the last is written. `written`: files another process
+    wrote into the folder, made durable with these (their fsyncs first). `durable=False` only
+    writes: the fsyncs are left to whoever commits the folder."""
     global _fsync_pool
     if _fsync_pool is None:
         _fsync_pool = ThreadPoolExecutor(8, thread_name_prefix="gangflow-fsync")
     fds: list[int] = []
     futures = []
+
+    def sync(fd: int) -> None:
+        if durable:
+            futures.append(_fsync_pool.submit(os.fsync, fd))
+
     # Never through a link: the folder itself and each file are opened with O_NOFOLLOW (ELOOP).
     dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
+        for name in written:
+            fds.append(os.open(plain_name(name, "write_folder"), os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd))
+            sync(fds[-1])
         names = list(files)
         for i, name in enumerate(names):
             if i == len(names) - 1 and before_last is not None:
                 before_last()
             data = files[name]
-            view = memoryview(data() if callable(data) else data).cast("B")
+            data = data() if callable(data) else data
             fd = os.open(plain_name(name, "write_folder"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644,
                          dir_fd=dir_fd)  # no O_TRUNC: see above
             fds.append(fd)
-            size = view.nbytes
-            while view:
-                view = view[os.write(fd, view):]
+            size = write_all(fd, data if isinstance(data, (list, tuple)) else [data])
             if os.fstat(fd).st_size != size:
                 os.ftruncate(fd, size)
-            futures.append(_fsync_pool.submit(os.fsync, fd))
+            sync(fd)
         fds.append(dir_fd)
-        futures.append(_fsync_pool.submit(os.fsync, dir_fd))
+        sync(dir_fd)
     finally:
         wait(futures)  # all of them, so that no fsync is still running when its fd is closed
         for fd in fds:

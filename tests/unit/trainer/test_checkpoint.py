@@ -463,6 +463,123 @@ def test_a_small_checkpoint_is_handed_to_the_writer_by_the_loop_itself(tmp_path)
         ck.verify(tmp_path / "checkpoints" / f"step-{step}")
 
 
+# --- a checkpoint larger than the writer's pipe: written by the rank into its folder ---------------
+
+
+def _large(step: int) -> Snapshot:
+    """A checkpoint of 2.4 MB: more than the writer's input pipe holds (1 MiB at most)."""
+    weight = torch.arange(400_000, dtype=torch.float32) + step
+    state = {"step": step, "optimizer": {"param_groups": [], "state": {}}}
+    return Snapshot(step, {"w": weight}, {"0/momentum_buffer": weight * 2}, state)
+
+
+def _large_files(step: int) -> dict[str, list]:
+    from trainer.checkpoint import encode
+
+    return encode(_large(step))
+
+
+def test_a_large_checkpoint_is_written_by_the_rank_and_made_durable_by_the_writer_before_the_rename(tmp_path, monkeypatch):
+    """The rank writes the data files into the commit's temporary folder without an fsync; the
+    writer fsyncs every one of them, the manifest and the folder before the rename, the parent
+    after, and the manifest holds each file's sha256. (In-process, to watch the calls.)"""
+    from trainer.checkpoint_commit import commit_staged, stage_local
+
+    events = []
+    real_fsync, real_rename = os.fsync, type(tmp_path).rename
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))), real_fsync(fd)))
+    monkeypatch.setattr(type(tmp_path), "rename", lambda self, target: (events.append(("rename", str(self), str(target))),
+                                                                         real_rename(self, target))[1])
+    root = tmp_path / "checkpoints"
+    files = _large_files(7)
+    tmp = stage_local(root, 7, files)
+    assert events == [] and sorted(p.name for p in tmp.iterdir()) == sorted(files)
+    sizes = {name: sum(memoryview(p).nbytes for p in parts) for name, parts in files.items()}
+    assert commit_staged(root, 7, tmp.name, sizes) == sum(sizes.values())
+    [at] = [i for i, e in enumerate(events) if e[0] == "rename"]
+    synced_before = {e[1] for e in events[:at] if e[0] == "fsync"}
+    assert {str(tmp / name) for name in [*files, "manifest.json"]} | {str(tmp)} <= synced_before
+    assert ("fsync", str(root)) in events[at + 1 :] and events[at][2] == str(root / "step-7")
+    manifest = Checkpointer.verify(root / "step-7", parse=True)
+    assert {name: entry["sha256"] for name, entry in manifest["files"].items()} == {
+        name: hashlib.sha256(b"".join(bytes(p) for p in parts)).hexdigest() for name, parts in files.items()}
+
+
+@pytest.mark.parametrize("change", ["link", "resized", "fifo", "not-its-folder"])
+def test_a_staged_file_that_is_not_what_the_rank_wrote_is_never_committed_or_followed(tmp_path, change):
+    from trainer.checkpoint_commit import commit_staged, stage_local
+
+    outside = _outside(tmp_path)
+    before = _snapshot_of(outside)
+    root = tmp_path / "checkpoints"
+    files = _large_files(3)
+    tmp = stage_local(root, 3, files)
+    sizes = {name: sum(memoryview(p).nbytes for p in parts) for name, parts in files.items()}
+    model = tmp / "model.safetensors"
+    folder = tmp.name
+    if change == "link":
+        model.unlink()
+        model.symlink_to(outside / "model.safetensors")
+        sizes["model.safetensors"] = (outside / "model.safetensors").stat().st_size
+    elif change == "resized":
+        os.truncate(model, 10)
+    elif change == "fifo":
+        model.unlink()
+        os.mkfifo(model)
+    else:
+        folder = "../outside"
+    with pytest.raises(OSError):
+        commit_staged(root, 3, folder, sizes)
+    assert _snapshot_of(outside) == before
+    assert not (root / "step-3").exists()
+
+
+def test_large_checkpoints_recycle_the_spare_survive_a_killed_writer_and_load_exactly(tmp_path, monkeypatch):
+    """Through the Checkpointer: every save of a large checkpoint goes through the rank's staging;
+    the next commit overwrites the spare's files in place (same inodes); a writer SIGKILLed between
+    the data files and the manifest is replaced and the commit made again; each one loads bitwise."""
+    import signal
+
+    from trainer import checkpoint_commit
+
+    staged: list[int] = []
+    real_stage = checkpoint_commit.stage_local
+    monkeypatch.setattr(checkpoint_commit, "stage_local",
+                        lambda root, step, files: (staged.append(step), real_stage(root, step, files))[1])
+    root = tmp_path / "checkpoints"
+    ck = _ckpt(tmp_path, keep_last=2, async_save=True)
+    ck.start_writer()
+    for step in (1, 2, 3):
+        ck.save(_large(step))
+    ck.wait()
+    [spare] = [p for p in root.iterdir() if p.name.startswith(".spare-")]
+    old = _tree(spare)
+    ck.save(_large(4))
+    ck.wait()
+    new = _tree(root / "step-4")
+    assert new["step-4"] == old[spare.name]  # the spare folder itself, renamed, and its files overwritten in place
+    assert {n: new[n] for n in old if n != spare.name} == {n: i for n, i in old.items() if n != spare.name}
+    killed: list[int] = []
+
+    def kill_writer_mid_commit(step):
+        if not killed:
+            killed.append(ck._writer._proc.pid)
+            os.kill(killed[0], signal.SIGKILL)
+
+    ck.at_save = kill_writer_mid_commit
+    ck.save(_large(5))
+    ck.wait()
+    assert killed and ck._writer._proc.pid != killed[0]
+    ck.at_save = None
+    ck.save(_large(6))
+    ck.close()
+    assert staged == [1, 2, 3, 4, 5, 5, 6]  # the commit the killed writer was making, made again
+    assert sorted(p.name for p in root.iterdir()) == ["step-5", "step-6"]
+    for step in (5, 6):
+        loaded = ck.read(step)
+        assert torch.equal(loaded.model["w"], _large(step).model["w"]) and loaded.state["step"] == step
+
+
 def test_rng_words_are_compact_and_checkpoints_with_word_lists_still_load():
     """state.json carries the Mersenne Twister words as base64 (a third of the JSON of a list);
     the lists that checkpoints written before 2026-12-02 carry restore the same sequence."""

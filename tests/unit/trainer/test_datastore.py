@@ -102,6 +102,48 @@ def test_concurrent_fetches_into_one_scratch_do_not_corrupt(remote, tmp_path):
     assert all(r.read_bytes() == DATASET_FILES["test.parquet"] for r in results)
 
 
+@pytest.mark.parametrize("sendfile", ["copies", "cannot copy between files here"])
+def test_a_local_object_is_copied_in_the_kernel_in_chunks_and_the_copy_is_what_is_verified(remote, tmp_path, monkeypatch, sendfile):
+    """From a local remote the kernel copies (sendfile), a chunk at a time, and the md5 is taken of
+    the copy; where sendfile cannot copy a file to a file, the copy goes through the process."""
+    import errno
+    import os
+
+    from trainer import datastore
+
+    root, version = remote
+    calls = []
+    real = os.sendfile
+
+    def fake_sendfile(out, source, offset, count):
+        calls.append(count)
+        if sendfile != "copies" and len(calls) > 1:  # after a first part is copied
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(out, source, offset, min(count, 100))  # short copies, as the kernel may make
+
+    monkeypatch.setattr(os, "sendfile", fake_sendfile)
+    monkeypatch.setattr(datastore, "_COPY_CHUNK", 256)  # train.parquet (1100 bytes) in 5 chunks
+    got = fetch_dataset(f"file://{root}", version, tmp_path / "scratch")
+    assert {name: path.read_bytes() for name, path in got.items()} == {n: DATASET_FILES[n] for n in got}
+    assert len(calls) > 5 if sendfile == "copies" else calls
+    md5 = hashlib.md5(DATASET_FILES["train.parquet"]).hexdigest()
+    Path(object_path(str(root), md5)).write_bytes(b"x" * 1100)  # same size, other bytes
+    with pytest.raises(ChecksumMismatch, match="md5 mismatch"):
+        fetch_dataset(f"file://{root}", version, tmp_path / "again")
+    assert not (tmp_path / "again" / version / "train.parquet").exists()
+
+
+def test_a_local_object_that_ends_before_its_size_is_refused_not_waited_on(remote, tmp_path, monkeypatch):
+    """sendfile copying nothing (the object was cut short since it was opened) ends the copy; what
+    the copy holds then does not hash to the md5, and the file is refused."""
+    import os
+
+    root, version = remote
+    monkeypatch.setattr(os, "sendfile", lambda out, source, offset, count: 0)
+    with pytest.raises(ChecksumMismatch, match="md5 mismatch"):
+        fetch_dataset(f"file://{root}", version, tmp_path / "scratch")
+
+
 def test_the_module_is_torch_and_airflow_free():
     code = "import sys, trainer.datastore; print(sorted(m for m in ('torch', 'airflow', 'mlflow') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)

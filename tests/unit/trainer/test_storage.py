@@ -37,6 +37,28 @@ def test_write_folder_reports_a_failed_fsync_after_all_have_finished(tmp_path, m
     assert len(finished) == 3  # two files and the folder: none was abandoned on a closed fd
 
 
+def test_write_folder_writes_buffer_lists_without_fsync_and_syncs_files_another_wrote(tmp_path, monkeypatch):
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd)))
+    storage.write_folder(tmp_path, {"parts.bin": [b"ab", memoryview(b"cd"), b""], "one": b"1"}, durable=False)
+    assert synced == [] and (tmp_path / "parts.bin").read_bytes() == b"abcd"
+    storage.write_folder(tmp_path, {"last": b"done"}, written=["parts.bin", "one"])
+    assert sorted(synced) == sorted([*(str(tmp_path / n) for n in ("parts.bin", "one", "last")), str(tmp_path)])
+
+
+def test_mapped_regular_maps_a_regular_file_of_the_size_and_refuses_anything_else(tmp_path):
+    (tmp_path / "f").write_bytes(b"content")
+    (tmp_path / "empty").write_bytes(b"")
+    (tmp_path / "link").symlink_to(tmp_path / "f")
+    with storage.mapped_regular(tmp_path / "f", size=7) as data, storage.mapped_regular(tmp_path / "empty") as empty:
+        assert bytes(data) == b"content" and empty == b""
+    with pytest.raises(storage.SizeMismatch):
+        storage.mapped_regular(tmp_path / "f", size=8).__enter__()
+    with pytest.raises(storage.NotRegularFile):
+        storage.mapped_regular(tmp_path / "link").__enter__()
+
+
 def test_write_json_replaces_the_file_whole_and_leaves_no_temporary(tmp_path):
     """The one atomic write (the retry ledger, the failure records, the rank's error file use it)."""
     path = tmp_path / "new" / "record.json"
