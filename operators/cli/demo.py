@@ -57,11 +57,12 @@ def quiet_waits():
         logger.removeFilter(once)
 
 
-def run_dag(conf: dict, dag_id: str = DAG_ID, dag_file: str = "train_pipeline.py"):
-    """`dag.test()` of DAG `dag_id` from `dags/<dag_file>` (after `embedded.apply()`)."""
+def run_dag(conf: dict, dag_id: str = DAG_ID, dag_file: str = "train_pipeline.py", *, dags: Path | None = None):
+    """`dag.test()` of DAG `dag_id` from `<dags>/<dag_file>` (default: the project's `dags/`;
+    after `embedded.apply()`)."""
     from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=str(settings.PROJECT_ROOT / "dags" / dag_file))
+    bag = DagBag(dag_folder=str((dags or settings.PROJECT_ROOT / "dags") / dag_file))
     if dag_id not in bag.dags:
         raise SystemExit(f"DAG {dag_id!r} did not load: {bag.import_errors}")
     with quiet_waits():

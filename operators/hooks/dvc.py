@@ -129,6 +129,12 @@ def dvc_config() -> dict[str, Any]:
     return config
 
 
+def in_git_work_tree(root: str | os.PathLike) -> bool:
+    """Whether `root` or a folder above it holds `.git` (where DVC would look for git)."""
+    path = Path(root).resolve()
+    return any((folder / ".git").exists() for folder in (path, *path.parents))
+
+
 @contextlib.contextmanager
 def open_repo(root: str | os.PathLike = PROJECT_ROOT) -> Iterator[Repo]:
     """A `dvc.repo.Repo` for `root` with gangflow's cache and remote merged into its config."""
@@ -136,8 +142,11 @@ def open_repo(root: str | os.PathLike = PROJECT_ROOT) -> Iterator[Repo]:
     from dvc.exceptions import NotDvcRepoError
     from dvc.repo import Repo
 
+    config = dvc_config()
+    if not in_git_work_tree(root):  # an image holds the project's DVC files without .git/
+        config["core"]["no_scm"] = True
     try:
-        repo = Repo(os.fspath(root), config=dvc_config())
+        repo = Repo(os.fspath(root), config=config)
     except NotDvcRepoError as exc:
         raise UserError(f"{root} is not a DVC repository (no .dvc/ folder): {exc}") from exc
     except ConfigError as exc:

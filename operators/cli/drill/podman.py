@@ -20,6 +20,7 @@ What maps to what (a pure function of the pod, `container_argv`):
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -195,3 +196,47 @@ class PodmanRuntime:
     def run(argv: list[str], env: dict[str, str], executable: str) -> subprocess.Popen:
         return subprocess.Popen([executable, *argv], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+
+
+AIRFLOW_IMAGE = "localhost/gangflow/airflow:local"
+WORKER_STATE = "/gangflow-state"  # the worker container's GANGFLOW_HOME, a folder of the drill's
+
+
+class PodmanWorker:
+    """The drill's Airflow worker as a container of the Airflow image (operators/cli/drill/worker.py),
+    run as the official chart runs task pods: the image's user, the host's network in place of
+    the cluster's, env by name only; `image_digest` is the digest of the image that ran."""
+
+    def __init__(self, image: str = AIRFLOW_IMAGE):
+        from operators.cli import images
+
+        try:
+            info = images.inspect(image)
+        except images.ImagesError:
+            raise PodmanError(f"the Airflow image {image} is not in podman's storage: run `make images`") from None
+        self.env = images.podman_env()
+        self.image_digest = info["digest"]
+        self.reference = image.rsplit(":", 1)[0] + "@" + info["digest"]
+
+    def argv(self, *, name: str, state: Path, env_names: Sequence[str], dag_id: str, conf: Mapping[str, Any]) -> list[str]:
+        """`podman run ...` of the worker; env values are not in it."""
+        from operators.cli.drill.worker import IMAGE_DAGS
+
+        opts = ["run", "--rm", "--name", name, "--pull=never", "--network=host", "--user", "50000:0",
+                "--mount", f"type=bind,source={state},destination={WORKER_STATE}", "--env", "GANGFLOW_HOME"]  # fmt: skip
+        for key in env_names:
+            opts += ["--env", key]
+        return [*opts, "--entrypoint", "python", self.reference, "-m", "operators.cli.drill.worker",
+                "--dag-id", dag_id, "--conf", json.dumps(dict(conf)), "--dags", IMAGE_DAGS]  # fmt: skip
+
+    def run(self, argv: list[str], env: Mapping[str, str], echo) -> tuple[int, list[str]]:
+        """Run the worker, each output line echoed as it comes; (exit code, its last lines)."""
+        client_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CONTAINERS_CONF": self.env["CONTAINERS_CONF"],
+                      **env, "GANGFLOW_HOME": WORKER_STATE}  # fmt: skip
+        proc = subprocess.Popen([shutil.which("podman") or "podman", *argv], env=client_env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")  # fmt: skip
+        last: collections.deque[str] = collections.deque(maxlen=20)
+        for line in proc.stdout:
+            last.append(line.rstrip("\n"))
+            echo("airflow-worker| " + last[-1])
+        return proc.wait(), list(last)

@@ -42,6 +42,8 @@ MLFLOW_SECRET = "gangflow-mlflow"
 # How a pod's container runs: as local processes in an emulation of the image, or as a podman
 # container of the image `make images` built (operators/cli/drill/podman.py).
 RUNTIMES = ("process", "podman")
+# Settings of this machine the worker container has its own of (operators/cli/drill/worker.py)
+WORKER_OWN = frozenset({"GANGFLOW_HOME", "GANGFLOW_PROJECT", "GANGFLOW_GIT_COMMIT", "GANGFLOW_GIT_DIRTY", "GANGFLOW_REGISTRY_KEY_FILE"})
 DEFAULT_CONF = {"backend": "kubernetes", "world_size": 2, "max_steps": 120, "checkpoint_every_steps": 10}
 # Per pipeline, over DEFAULT_CONF: 120 digits steps reach about 0.9 accuracy, under the file's
 # floor; other pipelines keep their gate.
@@ -191,6 +193,18 @@ def isolation_findings(runs, state: Path) -> list[str]:
     return findings
 
 
+def worker_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:
+    """What the worker container gets of this process's environment: the drill's servers, their
+    credentials and the cluster connection, and the operators' own settings (GANGFLOW_*), but not
+    this machine's paths nor the commit, which the image carries."""
+    from operators.hooks import dvc as dataset
+
+    names = ["MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
+             dataset.REMOTE_ENV, f"AIRFLOW_CONN_{CONN_ID.upper()}"]  # fmt: skip
+    names += [k for k in environ if k.startswith("GANGFLOW_") and k not in WORKER_OWN]
+    return {k: environ[k] for k in names if k in environ}
+
+
 class Drill:
     """Owns every server, thread and process of one drill; `close()` ends them all."""
 
@@ -201,12 +215,12 @@ class Drill:
         self.event = event  # a DrillEvent the emulated cluster fires at the running gang, or None
         if runtime not in RUNTIMES:
             raise DrillError(f"runtime {runtime!r}: must be one of {', '.join(RUNTIMES)}")
-        self.container_runtime = None
+        self.container_runtime = self.worker = None
         if runtime == "podman":  # before any server starts: a missing podman or image is said at once
-            from operators.cli.drill.podman import PodmanError, PodmanRuntime
+            from operators.cli.drill.podman import PodmanError, PodmanRuntime, PodmanWorker
 
             try:
-                self.container_runtime = PodmanRuntime()
+                self.container_runtime, self.worker = PodmanRuntime(), PodmanWorker()
             except PodmanError as exc:
                 raise DrillError(str(exc)) from None
 
@@ -364,10 +378,12 @@ class Drill:
         from operators.cli import demo
         from operators.backends.local import _RESUMED  # the trainer's resume line, read as the local backend reads it
 
-        if backport_dag_test_defer_kwargs():
-            echo("drill: dag.test() keeps defer kwargs on resume (apache/airflow#69942 backported for this run)")
-        dag_run = demo.run_dag(self.conf, self.pipeline.dag_id)
-        summary = demo.summarize(dag_run, self.pipeline.dag_id)
+        if self.worker is not None:
+            summary = self._run_in_airflow_image()
+        else:
+            if backport_dag_test_defer_kwargs():
+                echo("drill: dag.test() keeps defer kwargs on resume (apache/airflow#69942 backported for this run)")
+            summary = demo.summarize(demo.run_dag(self.conf, self.pipeline.dag_id), self.pipeline.dag_id)
         runs = list(self.cluster.history)
         resumed = [int(m.group(1)) for run in runs for m in _RESUMED.finditer("".join(run.log_lines))]
         summary |= {
@@ -379,14 +395,39 @@ class Drill:
             "runtime": self.runtime_name,
             # the image that really ran (podman's digest of it); no image runs in the process runtime
             "image_digest": self.container_runtime.image_digest if self.container_runtime else None,
+            # the Airflow image the DAG's tasks ran in (podman runtime); None: in this process
+            "worker_image_digest": self.worker.image_digest if self.worker else None,
         }
         findings = isolation_findings(runs, self.state)
+        if self.worker is not None:  # the worker container's state dir is the worker's too
+            findings += isolation_findings(runs, self.dir / "airflow-worker")
         if self.cluster.error is not None:
             findings.append(f"cluster emulation error: {self.cluster.error}")
         if findings:
             summary["state"] = "failed"
             summary["failure"] = {"kind": "drill", "reason": "; ".join(findings[:5]) + (f" (+{len(findings) - 5} more)" if len(findings) > 5 else "")}
         self._report(summary, runs)
+        return summary
+
+    def _run_in_airflow_image(self) -> dict[str, Any]:
+        """dag.test() in a container of the Airflow image, with the drill's servers and Secrets as this
+        process has them (env by name); its summary, or a failed one naming why there is none."""
+        from operators.cli.drill.podman import WORKER_STATE
+
+        state = self.dir / "airflow-worker"
+        state.mkdir()
+        state.chmod(0o777)  # the image's user (uid 50000) writes there, as in an emptyDir
+        env = worker_env(os.environ)
+        argv = self.worker.argv(name=f"{self.id}-airflow-worker", state=state, env_names=sorted(env), dag_id=self.pipeline.dag_id, conf=self.conf)
+        echo(f"drill: the DAG runs in the Airflow image {self.worker.reference} (state dir {state} as {WORKER_STATE})")
+        code, last = self.worker.run(argv, env, echo)
+        try:
+            summary = json.loads(last[-1])
+        except (IndexError, ValueError):
+            summary = None
+        if code != 0 or not isinstance(summary, dict):
+            reason = f"the Airflow worker container exited {code} without a summary: " + " | ".join(last[-5:])
+            return {"state": "failed", "train_attempts": 0, "promoted": False, "failure": {"kind": "drill", "reason": reason}}
         return summary
 
     def api_that_ran(self) -> str:

@@ -188,6 +188,15 @@ def test_podman_drill_runs_every_pod_in_the_training_image_and_a_killed_rank_res
     assert summary["resumed_from_step"] == 30
     digest = built["images"]["training"]["digest"]
     assert summary["image_digest"] == digest
+    # the DAG's own tasks ran in the Airflow image just built, as its user, with their own state dir
+    assert summary["worker_image_digest"] == built["images"]["airflow"]["digest"]
+    worker_lines = [line for line in podman_fault["output"].splitlines() if line.startswith("airflow-worker| ")]
+    for task_id in ("validate_dataset", "evaluate", "promote"):
+        assert any(f"task_id={task_id}" in line and "end task" in line for line in worker_lines), task_id
+    worker_state = podman_fault["keep"] / "airflow-worker"
+    assert (worker_state / "airflow" / "airflow.db").stat().st_uid == 50000
+    assert any((worker_state / "reports").iterdir())  # validate's data docs
+    assert summary["promoted"] is True and summary["model_version"] == "1"
     assert report["runtime"]["image"] == f"localhost/gangflow/training@{digest}"  # what the pods were rendered with
     assert "is not pinned by digest" not in podman_fault["output"]
     pods = report["pods"]

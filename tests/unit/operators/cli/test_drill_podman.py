@@ -157,3 +157,43 @@ def test_without_podman_both_commands_say_what_to_install(monkeypatch, tmp_path,
     assert failure["state"] == "failed" and "make podman-deps" in failure["reason"] and "podman" in failure["reason"]
     with pytest.raises(PodmanError, match="make podman-deps"):
         PodmanRuntime()
+
+
+def test_the_airflow_worker_runs_as_the_image_user_from_the_image_by_digest_with_env_by_name(monkeypatch, tmp_path):
+    from operators.cli import images
+    from operators.cli.drill.podman import WORKER_STATE, PodmanWorker
+    from operators.cli.drill.run import worker_env
+
+    digest = "sha256:" + "ab" * 32
+    monkeypatch.setenv("GANGFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(images, "inspect", lambda ref: {"id": "sha256:" + "cd" * 32, "digest": digest, "size_bytes": 1})
+    environ = {"AWS_SECRET_ACCESS_KEY": "s3-secret-value", "AWS_ACCESS_KEY_ID": "drillkey", "MLFLOW_TRACKING_URI": "http://127.0.0.1:5001",
+               "AIRFLOW_CONN_KUBERNETES_DEFAULT": '{"conn_type": "kubernetes"}', "GANGFLOW_RETRY_BASE_DELAY": "1",
+               "GANGFLOW_DVC_REMOTE": "s3://b/dvc", "GANGFLOW_HOME": "/host/state", "GANGFLOW_PROJECT": "/host/clone",
+               "GANGFLOW_GIT_COMMIT": "host-commit", "AIRFLOW__CORE__DAGS_FOLDER": "/host/clone/dags", "HOME": "/root"}  # fmt: skip
+    env = worker_env(environ)
+    # this machine's paths and commit stay here: the image has its own
+    assert set(env) == {"AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "MLFLOW_TRACKING_URI", "AIRFLOW_CONN_KUBERNETES_DEFAULT",
+                        "GANGFLOW_RETRY_BASE_DELAY", "GANGFLOW_DVC_REMOTE"}  # fmt: skip
+    worker = PodmanWorker()
+    argv = worker.argv(name="drill-x-airflow-worker", state=tmp_path / "w", env_names=sorted(env), dag_id="train_pipeline", conf={"world_size": 2})
+    assert f"localhost/gangflow/airflow@{digest}" in argv and worker.image_digest == digest
+    assert argv[argv.index("--user") + 1] == "50000:0"  # the official image's airflow user
+    assert f"type=bind,source={tmp_path / 'w'},destination={WORKER_STATE}" in argv
+    assert argv[argv.index("--entrypoint") + 1] == "python" and argv[-8:-6] == ["-m", "operators.cli.drill.worker"]
+    assert argv[argv.index("--dags") + 1] == "/opt/airflow/dags"
+    assert not any("s3-secret-value" in a or "/host/" in a for a in argv)  # values go by name only
+    assert {argv[i + 1] for i, a in enumerate(argv) if a == "--env"} == set(env) | {"GANGFLOW_HOME"}
+
+
+def test_without_the_airflow_image_the_drill_says_to_build_it(monkeypatch, tmp_path):
+    from operators.cli import images
+    from operators.cli.drill.podman import PodmanError, PodmanWorker
+
+    def missing(ref):
+        raise images.ImagesError(f"image {ref} is not in podman's storage: run `make images`")
+
+    monkeypatch.setenv("GANGFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(images, "inspect", missing)
+    with pytest.raises(PodmanError, match=r"Airflow image localhost/gangflow/airflow:local .*make images"):
+        PodmanWorker()

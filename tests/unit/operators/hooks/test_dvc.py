@@ -143,6 +143,19 @@ def test_resolve_fetches_from_the_remote_when_the_cache_is_gone(project):
     assert all(path.is_file() for path in resolved.files.values())
 
 
+def test_a_project_without_git_as_the_airflow_image_holds_it_fetches_and_verifies(project, monkeypatch, tmp_path):
+    """docker/airflow.Dockerfile copies dvc.yaml, dvc.lock and .dvc/config, not .git/: DVC must not need git."""
+    image_root = tmp_path / "opt-gangflow"
+    for rel in ("dvc.yaml", "dvc.lock", "params.yaml", ".dvc/config"):
+        (image_root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(project.root / rel, image_root / rel)
+    assert not dataset.in_git_work_tree(image_root) and dataset.in_git_work_tree(project.root)
+    monkeypatch.setenv("GANGFLOW_HOME", str(tmp_path / "worker-state"))  # an empty cache
+    monkeypatch.setenv(dataset.REMOTE_ENV, str(project.home / "dvc-remote"))
+    resolved = dataset.verify(dataset.resolve(project.version, image_root))
+    assert all(path.is_file() and str(path).startswith(str(tmp_path / "worker-state")) for path in resolved.files.values())
+
+
 def test_changed_bytes_are_refused_against_the_pinned_hash(project):
     resolved = dataset.resolve(project.version, project.root)
     path = resolved.files["train.parquet"]
