@@ -23,6 +23,7 @@ def test_the_guides_pipeline_block_parses_into_a_pipeline_of_its_own_code(tmp_pa
     (tmp_path / "pipelines" / "trainer").mkdir(parents=True)
     shutil.copy(PROJECT_ROOT / "pipelines" / "trainer" / "digits-cnn.yaml", tmp_path / "pipelines" / "trainer")
     monkeypatch.setattr(settings, "PROJECT_ROOT", tmp_path)
+    monkeypatch.syspath_prepend(str(PROJECT_ROOT))  # the guide's pipeline keeps this project's data suite (data.expectations)
     p = parse_pipeline(yaml.safe_load(body), source="pipelines/mydigits.yaml", name="mydigits")
     assert p.training_code == ("--module", "mytrain.train", "--") and p.package_roots == (str(tmp_path),)
     assert p.training_kwargs()["package_roots"] == (".",)
