@@ -448,7 +448,8 @@ def test_a_small_checkpoint_is_handed_to_the_writer_by_the_loop_itself(tmp_path)
     for step, size in ((1, 16), (2, 4_000_000)):  # 16 floats; 16 MB, far beyond a 1 MiB pipe
         ck._pool.submit(gate.wait)  # the thread is busy until the gate opens
         ck.save(Snapshot(step, {"w": torch.ones(size)}, {}, {"step": step}))
-        deadline = time.monotonic() + 10
+        # the small one is committed within seconds; the large one cannot be while the thread is held
+        deadline = time.monotonic() + (10 if step == 1 else 1)
         while not (tmp_path / "checkpoints" / f"step-{step}").exists() and time.monotonic() < deadline:
             time.sleep(0.01)
         committed_while_held = (tmp_path / "checkpoints" / f"step-{step}").exists()
