@@ -24,6 +24,7 @@ from typing import Any
 
 from operators.config import settings
 from trainer.storage import read_json_record
+from trainer.checks import is_integer
 
 __all__ = ["IDENTITY_TAG", "REACHED_STEP_TAG", "failed_step", "gather", "node_failures", "passed_step", "record_node_failure",
            "training_identity"]  # fmt: skip
@@ -110,7 +111,7 @@ def nodes_to_avoid(run_dir: str | Path, attempt: int) -> tuple[str, ...]:
 def failed_step(evidence: Mapping[str, Any]) -> int | None:
     """The furthest step any rank was at when the gang failed (the evidence's `step`s)."""
     steps = [evidence.get("step"), *(r.get("step") for r in evidence.get("ranks") or [] if isinstance(r, Mapping))]
-    known = [s for s in steps if isinstance(s, int) and not isinstance(s, bool) and s >= 0]
+    known = [s for s in steps if is_integer(s) and s >= 0]
     return max(known) if known else None
 
 

@@ -29,6 +29,7 @@ from operators.backends.base import is_count, user_code_args
 from operators.links import DashboardLink, KubernetesObjectLink, MlflowRunLink
 from operators.failures.preemption import PREEMPTIONS_FILE, recorded_preemptions
 from operators.exceptions import GangCapacityError, GangConfigError, GangFailure, InfraFailure, UnknownFailure, UserError, UserFailure
+from trainer.checks import is_integer
 
 _FAILURES: dict[str, type[GangFailure]] = {"infra": InfraFailure, "user": UserFailure, "unknown": UnknownFailure}
 
@@ -612,7 +613,7 @@ def _final_steps(spec: GangSpec) -> int | None:
         steps = json.loads((Path(spec.run_dir) / "final" / CARD).read_text()).get("steps")
     except (OSError, ValueError, AttributeError):
         return None
-    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+    return steps if is_integer(steps) else None
 
 
 def _spec_to_dict(spec: GangSpec) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from trainer.config import FACTORY_RE
+from trainer.checks import is_integer
 
 ENTRY_POINT_GROUP = "gangflow.models"
 ALLOWED_ENV = "GANGFLOW_ALLOWED_MODELS"
@@ -118,7 +119,7 @@ def _type_ok(value: Any, annotation: Any) -> bool:
     if annotation is bool:
         return isinstance(value, bool)
     if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return is_integer(value)
     if annotation is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if annotation is str:

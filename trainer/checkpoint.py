@@ -31,6 +31,7 @@ from trainer.checkpoint_commit import (FORMAT, MANIFEST, SPARE_PREFIX, WriterPro
                                       manifest_bytes, prune_local)
 from trainer.checkpoint_commit import STEP_DIR as _STEP_DIR
 from trainer.storage import NotRegularFile, SizeMismatch, Storage, read_regular
+from trainer.checks import is_integer
 
 __all__ = ["FORMAT", "MANIFEST", "Checkpointer", "CorruptCheckpoint", "Loaded", "Snapshot", "cpu_copy", "encode", "file_entry",
            "flatten_optimizer", "rng_state", "safetensors_parts", "set_rng_state", "unflatten_optimizer"]
@@ -234,7 +235,7 @@ def _manifest(folder: Storage, required: tuple[str, ...] = REQUIRED) -> dict[str
     if missing:
         raise CorruptCheckpoint(f"{MANIFEST} does not list {', '.join(missing)}")
     for name, entry in files.items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int) and not isinstance(entry["bytes"], bool)
+        if not (isinstance(entry, dict) and is_integer(entry.get("bytes"))
                 and isinstance(entry.get("sha256"), str)):
             raise CorruptCheckpoint(f"{MANIFEST}: the entry of {name} is malformed (expected {{bytes: int, sha256: str}}, "
                                     f"got {json.dumps(entry)[:80]})")

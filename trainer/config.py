@@ -22,6 +22,7 @@ import yaml
 
 from trainer.errors import ConfigError
 from trainer.urls import credentials_refusal, has_credentials
+from trainer.checks import is_integer
 
 #: `module:name`, a dotted module path and a name in it: how a factory, a model architecture, an
 #: expectation suite or a backend class is named (here, in trainer.allowlist and in pipeline files).
@@ -192,7 +193,7 @@ class CheckpointConfig(_Section):
 
     def validate(self) -> None:
         every = self.every_steps
-        self._require("every_steps", every == AUTO or (isinstance(every, int) and not isinstance(every, bool) and every >= 1),
+        self._require("every_steps", every == AUTO or (is_integer(every) and every >= 1),
                       f"must be an integer >= 1 or {AUTO!r} (chosen from the measured save cost and failure rate)")
         self._require("mtbf_prior_s", self.mtbf_prior_s > 0, "must be a number of seconds > 0 (e.g. 86400: one failure a day)")
         self._require("auto_min_steps", self.auto_min_steps >= 1, "must be an integer >= 1")

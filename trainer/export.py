@@ -21,6 +21,7 @@ import torch
 from trainer.checkpoint import cpu_copy, file_entry
 from trainer.storage import Storage, publish_folder, write_folder
 from trainer.allowlist import ModelNotAllowed, card_model, card_weights_file, factory_for_card
+from trainer.checks import is_integer
 
 FINAL = "final"
 WEIGHTS = "model.safetensors"
@@ -119,7 +120,7 @@ def check_card_sizes(factory: str, kwargs: dict[str, Any], weights_values: int) 
     bound = max(weights_values, 1)
     for key, value in kwargs.items():
         size = len(value) if isinstance(value, list) else value
-        if isinstance(size, int) and not isinstance(size, bool) and size > bound:
+        if is_integer(size) and size > bound:
             raise ModelNotAllowed(
                 f"model card: model.kwargs.{key}={size if not isinstance(value, list) else f'[{size} items]'} "
                 f"is larger than the {weights_values} values its weights hold; nothing was built ({factory})")

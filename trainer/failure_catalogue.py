@@ -14,6 +14,8 @@ import sys
 from collections.abc import Iterator
 from typing import Literal
 
+from trainer.checks import is_integer
+
 __all__ = [
     "INFRA_EXCEPTION_NAMES",
     "TRANSIENT_CLOUD_CODES",
@@ -298,7 +300,7 @@ def _mro_names(exc: BaseException) -> set[str]:
 def _status(exc: BaseException) -> int | None:
     for attr in ("status_code", "status", "code", "http_status"):
         value = getattr(exc, attr, None)
-        if isinstance(value, int) and not isinstance(value, bool) and 100 <= value < 600:
+        if is_integer(value) and 100 <= value < 600:
             return value
     response = getattr(exc, "response", None)
     value = getattr(response, "status_code", None) if response is not None else None

@@ -36,6 +36,7 @@ from trainer.cli import build_parser as trainer_parser
 from trainer.config import AUTO, load_config
 from trainer.console import say
 from trainer.errors import ConfigError, UserError, user_code
+from trainer.checks import is_integer
 
 ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 MODULE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*$")
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         _close("FAILED")
         raise  # @record writes the error file; the rank exits 1
     _close("FINISHED")
-    if isinstance(result, int) and not isinstance(result, bool) and result != EXIT_OK:
+    if is_integer(result) and result != EXIT_OK:
         return result
     if errors.context.rank == 0 and _finished_without_model(args.run_dir):
         return _refuse(UserError(f"{describe(args)} returned without logging a model: call run.log_model(folder) "

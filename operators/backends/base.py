@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from trainer.urls import credentials_refusal, has_credentials
+from trainer.checks import is_integer
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")  # a Kubernetes node name
@@ -27,7 +28,7 @@ _PYTHONS = ("python", "python3")
 
 def is_count(value: Any, minimum: int) -> bool:
     """`value` is an integer (not a bool) >= `minimum`: the check behind every count and limit in seconds."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+    return is_integer(value) and value >= minimum
 
 
 def _relative(where: str, text: str) -> str:
@@ -132,7 +133,7 @@ class GangSpec:
             limit = getattr(self, name)
             if limit is not None and not is_count(limit, 1):
                 raise ValueError(f"{name}={limit!r}: must be an integer >= 1 (seconds) or None")
-        if not isinstance(self.world_size, int) or self.world_size < 1:
+        if not is_count(self.world_size, 1):
             raise ValueError(f"world_size={self.world_size!r}: must be an integer >= 1")
         if not _NAME.match(self.name):
             raise ValueError(f"name={self.name!r}: must be a DNS-1123 label (a-z, 0-9, '-', at most 63 chars)")

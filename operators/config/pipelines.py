@@ -22,6 +22,7 @@ from operators.backends.base import ENTRYPOINT_RE as _ENTRYPOINT_RE
 from operators.backends.base import is_count, user_code_args
 from operators.config import settings
 from operators.exceptions import InvalidParams, UserError
+from trainer.checks import is_integer
 from trainer.config import FACTORY_RE
 from trainer.metrics import EVALUATED_METRICS
 from operators.registry.gate import Metric, PromotionGate, check_direction
@@ -629,7 +630,7 @@ def check_params(values: Mapping[str, Any], schemas: Mapping[str, Mapping[str, A
         if name in values and (problem := _check_value(name, values[name], schema)):
             problems.append(problem)
     world_size, batch_size = values.get("world_size"), values.get("batch_size")
-    if _is_int(world_size) and _is_int(batch_size) and world_size >= 1 and batch_size % world_size:
+    if is_count(world_size, 1) and is_integer(batch_size) and batch_size % world_size:
         lower, upper = batch_size // world_size * world_size, (batch_size // world_size + 1) * world_size
         hint = f"{lower} or {upper}" if lower else str(upper)
         problems.append(
@@ -640,14 +641,10 @@ def check_params(values: Mapping[str, Any], schemas: Mapping[str, Mapping[str, A
         raise InvalidParams("; ".join(problems))
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _check_value(name: str, value: Any, schema: Mapping[str, Any]) -> str | None:
     kind = schema.get("type")
     if kind == "integer":
-        if not _is_int(value):
+        if not is_integer(value):
             return f"{name}={value!r}: must be an integer, written without a decimal point ({_accepted(schema)})"
     elif kind == "number":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

@@ -33,6 +33,7 @@ from operators.exceptions import (
 from operators.config.settings import PROJECT_ROOT
 from trainer.storage import plain_name
 from trainer.urls import credentials_refusal, has_credentials, redact_url
+from trainer.checks import is_integer
 
 if TYPE_CHECKING:
     from dvc.repo import Repo
@@ -218,7 +219,7 @@ def normalize_version(
     Accepts 32 hex digits (any case, an optional `.dir` suffix as in dvc.lock); anything else
     raises `InvalidDatasetVersion` naming the field `dataset_version`.
     """
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**32:
+    if is_integer(value) and 0 <= value < 10**32:
         value = f"{value:032d}"  # an all-digit md5 that native template rendering made an int
     text = "" if value is None else str(value).strip()
     if text.lower() in ("", PINNED):

@@ -94,6 +94,19 @@ def test_spec_round_trips_through_the_deferral_kwargs(worker_manifest):
     assert GangSpec(**json.loads(json.dumps(_spec_to_dict(spec)))) == spec
 
 
+@pytest.mark.parametrize("world_size", [0, True, 2.0])
+def test_a_spec_refuses_a_world_size_that_is_not_a_count(worker_manifest, world_size):
+    import dataclasses
+
+    from operators.backends import GangSpec
+    from operators.training import _spec_to_dict
+
+    _, spec = _spec(worker_manifest)
+    with pytest.raises(ValueError, match=r"world_size=.*must be an integer >= 1"):
+        GangSpec(**{**_spec_to_dict(spec), "world_size": world_size})
+    assert dataclasses.replace(spec, world_size=3).world_size == 3
+
+
 def test_manifest_as_rendered_json(worker_manifest):
     _, spec = _spec(json.dumps(worker_manifest))
     assert spec.dataset_version == VERSION
