@@ -165,6 +165,7 @@ class GangTrainingOperator(BaseOperator):
         self.max_queue_wait_seconds = max_queue_wait_seconds
         self._first_launch: float | None = None  # monotonic time of this try's first launch (the limit's start)
         self.preemptions: list[str] = []  # why each preemption of this DAG run's gang happened
+        self.pauses = 0  # pauses and resumes of this DAG run's gang (Kubernetes: operators/cli/gang.py)
         self._killed = False
 
     # -- building the gang -------------------------------------------------------------------
@@ -341,10 +342,13 @@ class GangTrainingOperator(BaseOperator):
                 exporter.close()
 
     def execute_complete(self, context, event: dict[str, Any], handle: dict[str, Any], spec: dict[str, Any],
-                         links: dict[str, str] | None = None, preemptions: list[str] | None = None):
+                         links: dict[str, str] | None = None, preemptions: list[str] | None = None, pauses: int = 0):
         self._airflow_context = context
         self.link_urls.update(links or {})  # this process is new: the URLs learnt before the deferral
         self.preemptions = list(preemptions or [])
+        self.pauses = pauses + int(event.get("pauses") or 0)  # `python -m operators.cli.gang pause`, then resume
+        if self.pauses:
+            self.log.info("gangflow: the gang was paused and resumed %d time(s) in this DAG run (no retry spent)", self.pauses)
         self._backend = backend = get_backend(self.backend, **self.backend_options)
         gang = GangSpec(**spec)
         result = backend.collect(handle, event)
@@ -354,7 +358,7 @@ class GangTrainingOperator(BaseOperator):
             handle = backend.resubmit(gang)
             self.defer(trigger=backend.trigger(handle), method_name="execute_complete",
                        kwargs={"handle": handle, "spec": spec, "links": dict(self.link_urls),
-                               "preemptions": list(self.preemptions)})
+                               "preemptions": list(self.preemptions), "pauses": self.pauses})
         return self._finish(gang, result)
 
     def _run_gang(self, spec: GangSpec, note) -> GangResult:
@@ -502,6 +506,7 @@ class GangTrainingOperator(BaseOperator):
             "gang": spec.name,
             "preemptions": len(self.preemptions),
             "preemption_reasons": list(self.preemptions),
+            "pauses": self.pauses,
         }
 
     def _failure(self, spec: GangSpec, result: GangResult, run_id: str | None = None) -> GangFailure:

@@ -132,6 +132,9 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
         **checkpoint_interval(settings.run_dir(dag_id, dag_run.run_id), params.get("checkpoint_every_steps", config.checkpoint_every_steps)),
         "preemptions": len(reasons),
         "preemption_reasons": reasons,
+        # pauses then resumes of the gang (`python -m operators.cli.gang`): no retry spent either
+        "pauses": next((v.get("pauses", 0) for (task_id, key), v in xcoms.items()
+                        if task_id.startswith("train_") and key == "return_value" and isinstance(v, dict)), 0),
     }
     if summary["state"] == "failed":
         record = read_failure(dag_id, dag_run.run_id)

@@ -84,12 +84,13 @@ class GangApi:
         body: Any = None,
         response: str = "object",
         missing_ok: bool = False,
+        content_type: str = "application/json",
     ) -> Any:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         headers = {"Accept": "application/json" if response == "object" else "*/*"}
         if body is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
         try:
             return await self.client.call_api(
                 path,
@@ -148,6 +149,13 @@ class GangApi:
             self._custom_path(group, version, plural),
             query={"fieldValidation": "Strict"},
             body=body,
+        )
+
+    async def patch_custom(self, group: str, version: str, plural: str, kind: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch (null removes a key)."""
+        return await self._call(
+            "patch", f"{kind} {self.namespace}/{name}", "PATCH", self._custom_path(group, version, plural, name), body=patch,
+            content_type="application/merge-patch+json",
         )
 
     async def delete_custom(self, group: str, version: str, plural: str, kind: str, name: str, propagation: str = "Foreground") -> bool:

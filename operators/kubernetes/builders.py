@@ -46,6 +46,10 @@ TRAINJOB_NODE = "node"  # replicated job and container name of Kubeflow's torch 
 APP_DIR = "/app"  # the image's working directory: relative config paths resolve against it
 TERMINATION_LOG = "/dev/termination-log"
 PATCH_MANAGER = "gangflow.io/kubernetes-backend"
+# set on a gang object by `python -m operators.cli.gang pause` (its value: when and why), removed by
+# `resume`: the watch then waits without a timeout instead of judging the eviction a preemption
+PAUSED_ANNOTATION = "gangflow.io/paused"
+PAUSES_ANNOTATION = "gangflow.io/pauses"  # how many times the gang was paused: counted even when no poll saw one
 
 # Trainer exit codes (contract) that fail the Job at once: a user exception, a config error.
 USER_EXIT_CODES = (EXIT_USER_ERROR, EXIT_CONFIG_ERROR)

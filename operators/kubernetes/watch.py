@@ -130,6 +130,8 @@ class GangWatcher:
         self._last_reason: str | None = None
         self._last_logged = 0.0
         self._pull_since: dict[str, float] = {}
+        self.pauses = 0  # times the gang was paused (`python -m operators.cli.gang pause`) and resumed
+        self.paused_at: float | None = None
 
     # --- helpers ----------------------------------------------------------------------------------
 
@@ -158,6 +160,7 @@ class GangWatcher:
             "message": message,
             "waited_seconds": round(now - (self.created_at or self.first_seen), 1),
             "waiting": list(self.waiting),
+            "pauses": self.pauses,
         }
         event.update(extra)
         return event
@@ -210,6 +213,8 @@ class GangWatcher:
         if self.created_at is None:
             created = _parse_time((obj.get("metadata") or {}).get("creationTimestamp"))
             self.created_at = min(created, now) if created else self.first_seen
+        if self._paused(obj, now):
+            return None
         state = st.gang_state(self.kind, obj)
         pods = await self.api.list_pods(h["pod_selector"])
         views = [st.pod_view(p) for p in pods]
@@ -246,7 +251,7 @@ class GangWatcher:
             return await self._failed(f"{self.where} failed: {what}", now, obj=obj, pods=pods, workload=workload, stuck=stuck)
         if workload is not None:
             wl = st.workload_state(workload)
-            if wl.evicted:
+            if wl.evicted and not self._requeued_after_resume(wl):
                 return await self._failed(
                     f"{self.where} failed: Kueue evicted Workload {wl.name} ({wl.evicted['reason']}): {wl.evicted['message']}",
                     now,
@@ -303,6 +308,34 @@ class GangWatcher:
             self.log(f"{self.where} running for {format_duration(now - self.started_at)}: {ready}/{self.world_size} ranks Ready")
             self._last_logged = now
         return None
+
+    def _paused(self, obj: Mapping[str, Any], now: float) -> bool:
+        """While the gang carries the pause annotation: say so, no timeout runs. Once it is gone (its
+        paused pods are gone too: `resume` waits for them), admission and start-up again, their
+        timeouts counted from the resume. The pause count is the gang's own annotation."""
+        from operators.kubernetes.builders import PAUSED_ANNOTATION, PAUSES_ANNOTATION
+
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        count = str(annotations.get(PAUSES_ANNOTATION) or "0")
+        self.pauses = max(self.pauses, int(count) if count.isdigit() else 0)  # a pause between two polls counts too
+        paused = annotations.get(PAUSED_ANNOTATION)
+        if paused is not None:
+            if self.paused_at is None:
+                self.paused_at = now
+                self.log(f"{self.where} paused ({paused}): its ranks take a final checkpoint and stop; "
+                         f"it waits for `python -m operators.cli.gang resume {self.handle.get('gang') or self.name}`")  # fmt: skip
+            self.phase = "paused"
+            self._note("paused", now, self.paused_at)
+            return True
+        if self.paused_at is not None:
+            self.log(f"{self.where} resumed after {format_duration(now - self.paused_at)} paused")
+            self.paused_at = None
+            self.created_at, self.admitted_at, self.started_at, self.phase = now, None, None, "admission"
+        return False
+
+    def _requeued_after_resume(self, wl: st.WorkloadState) -> bool:
+        """Kueue's eviction of a paused Workload (InactiveWorkload) lasts until it admits it again."""
+        return self.pauses > 0 and (wl.evicted or {}).get("reason") == "InactiveWorkload" and not wl.admitted
 
     async def _admission(self, obj, state, workload, pods, views) -> tuple[bool, str]:
         if self.handle.get("scheduler") == "kueue":

@@ -42,13 +42,15 @@ FALLBACK_LINES, FALLBACK_BYTES, MESSAGE_BYTES = 80, 2048, 4096
 
 
 EVENT_ENV = "GANGFLOW_DRILL_EVENT"
-_EVENT = re.compile(r"^(?P<action>preempt)@step=(?P<step>\d+)$")
+_EVENT = re.compile(r"^(?P<action>preempt|pause)@step=(?P<step>\d+)$")
+PAUSE_SECONDS = 3  # how long the drill's `pause` event keeps the gang paused before resuming it
 
 
 @dataclass
 class DrillEvent:
     """What the drill's cluster does to the running gang once its checkpoint `step` is committed:
-    `preempt` (Kueue evicts the Workload, reason Preempted; a new gang is admitted again)."""
+    `preempt` (Kueue evicts the Workload, reason Preempted; a new gang is admitted again) or
+    `pause` (`python -m operators.cli.gang pause`, then `resume` PAUSE_SECONDS later)."""
 
     action: str
     step: int
@@ -65,7 +67,7 @@ def parse_drill_event(text: str | None) -> DrillEvent | None:
         return None
     match = _EVENT.match(text.strip())
     if not match or int(match["step"]) < 1:
-        raise ValueError(f"{EVENT_ENV}={text!r}: accepted values: preempt@step=N (N >= 1, a checkpoint step)")
+        raise ValueError(f"{EVENT_ENV}={text!r}: accepted values: preempt@step=N or pause@step=N (N >= 1, a checkpoint step)")
     return DrillEvent(match["action"], int(match["step"]))
 
 
@@ -172,6 +174,7 @@ class EmulatedCluster:
         self._started_gangs: set[str] = set()  # JobSet uids whose pods were created
         self._finished_gangs: set[str] = set()
         self._evicted_gangs: set[str] = set()  # JobSet uids Kueue evicted: never admitted again
+        self._inactive_gangs: set[str] = set()  # JobSet uids whose Workload was deactivated (paused)
         self.event = event
         self.committed_step = committed_step  # the newest committed checkpoint step of the run, or None
         self._next_probe = 0.0
@@ -230,6 +233,7 @@ class EmulatedCluster:
         for controller in self.controllers:
             controller.reconcile(self._note)
         for jobset in self.api.items(*JS):
+            self._workload_active(jobset)
             self._kueue(jobset)
             self._job_controller(jobset)
         self._kubelet()
@@ -248,7 +252,29 @@ class EmulatedCluster:
             uid = jobset["metadata"]["uid"]
             if uid in self._started_gangs and uid not in self._finished_gangs and not jobset["spec"].get("suspend"):
                 event.fired = True
-                self._evict(jobset, f"checkpoint step-{step} committed: drill event {event.spec}")
+                if event.action == "pause":
+                    threading.Thread(target=self._pause_and_resume, args=(jobset, step), name="drill-pause", daemon=True).start()
+                else:
+                    self._evict(jobset, f"checkpoint step-{step} committed: drill event {event.spec}")
+                return
+
+    def _pause_and_resume(self, jobset: dict[str, Any], step: int) -> None:
+        """The drill's `pause` event through the documented command (`python -m operators.cli.gang`),
+        run in this process: a new interpreter would take seconds, and the drill's gang is short."""
+        from operators.cli import gang as gang_cli
+
+        meta = jobset["metadata"]
+        gang, ns = (meta.get("labels") or {}).get("gangflow.io/gang", ""), meta["namespace"]
+        kubeconfig = self.workdir / "gang-cli-kubeconfig.json"  # JSON is YAML
+        kubeconfig.write_text(json.dumps(self.api.kubeconfig(ns)))
+        for action, extra in (("pause", ["--reason", f"drill event pause@step={step}"]), ("resume", [])):
+            if action == "resume":
+                time.sleep(PAUSE_SECONDS)
+            argv = [action, gang, "--namespace", ns, "--kubeconfig", str(kubeconfig), *extra]
+            code, result = gang_cli.control(argv)
+            self._note(f"python -m operators.cli.gang {action} {gang}: exit {code}: {json.dumps(result)}")
+            if code != 0:
+                self.error = RuntimeError(f"operators.cli.gang {action} failed: {result}")
                 return
 
     def _evict(self, jobset: dict[str, Any], why: str) -> None:
@@ -279,11 +305,55 @@ class EmulatedCluster:
                     pod["metadata"]["deletionTimestamp"] = stamp
         self._note(f"Kueue evicted Workload {workload} of JobSet {ns}/{name} (Preempted: {why}); its pods get DisruptionTarget and SIGTERM")
 
+    def _workload_active(self, jobset: dict[str, Any]) -> None:
+        """Kueue and `spec.active` (a pause): a deactivated admitted Workload is evicted (InactiveWorkload,
+        quota released, the JobSet suspended, its pods deleted: SIGTERM, final checkpoint); activated
+        again, it is admitted once those pods are gone and the JobSet's pods are created anew."""
+        meta = jobset["metadata"]
+        name, ns, uid = meta["name"], meta["namespace"], meta["uid"]
+        if uid in self._finished_gangs or uid in self._evicted_gangs:
+            return
+        workload = next((wl for wl in self.api.items(*KQ, ns) if (wl["metadata"].get("labels") or {}).get("kueue.x-k8s.io/job-uid") == uid), None)
+        if workload is None:
+            return
+        active = (workload.get("spec") or {}).get("active", True) is not False
+        stamp = now()
+        if not active and uid not in self._inactive_gangs:
+            message = "The workload is deactivated"
+            with self.api._lock:
+                self._inactive_gangs.add(uid)
+                conditions = [c for c in workload["status"]["conditions"] if c["type"] not in ("QuotaReserved", "Admitted", "Evicted")]
+                workload["status"]["conditions"] = conditions + [
+                    {"type": "QuotaReserved", "status": "False", "reason": "InactiveWorkload", "message": message, "lastTransitionTime": stamp},
+                    {"type": "Admitted", "status": "False", "reason": "InactiveWorkload", "message": message, "lastTransitionTime": stamp},
+                    {"type": "Evicted", "status": "True", "reason": "InactiveWorkload", "message": message, "lastTransitionTime": stamp},
+                ]  # fmt: skip
+                jobset["spec"]["suspend"] = True
+                for pod in self.api.items("", "pods", ns):
+                    if (pod["metadata"].get("labels") or {}).get("jobset.sigs.k8s.io/jobset-name") == name:
+                        pod["metadata"]["deletionTimestamp"] = stamp
+            self._note(f"Kueue evicted Workload {workload['metadata']['name']} of JobSet {ns}/{name} (InactiveWorkload: spec.active is false); "
+                       "the JobSet is suspended, its pods get SIGTERM")  # fmt: skip
+        elif active and uid in self._inactive_gangs:
+            if any((p["metadata"].get("labels") or {}).get("jobset.sigs.k8s.io/jobset-name") == name for p in self.api.items("", "pods", ns)):
+                return  # the paused ranks still hold the node
+            with self.api._lock:
+                self._inactive_gangs.discard(uid)
+                self._started_gangs.discard(uid)  # the JobSet controller creates its Jobs (and pods) again
+                conditions = [c for c in workload["status"]["conditions"] if c["type"] not in ("QuotaReserved", "Admitted", "Evicted")]
+                workload["status"]["conditions"] = conditions + [
+                    {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "Quota reserved in ClusterQueue gangflow-drill", "lastTransitionTime": stamp},
+                    {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "The workload is admitted", "lastTransitionTime": stamp},
+                    {"type": "Evicted", "status": "False", "reason": "QuotaReserved", "message": "Previously: The workload is deactivated", "lastTransitionTime": stamp},
+                ]  # fmt: skip
+                jobset["spec"]["suspend"] = False
+            self._note(f"Kueue admitted Workload {workload['metadata']['name']} of JobSet {ns}/{name} again (spec.active is true)")
+
     def _kueue(self, jobset: dict[str, Any]) -> None:
         meta = jobset["metadata"]
         if not (jobset.get("spec") or {}).get("suspend"):
             return
-        if "kueue.x-k8s.io/queue-name" not in (meta.get("labels") or {}) or meta["uid"] in self._evicted_gangs:
+        if "kueue.x-k8s.io/queue-name" not in (meta.get("labels") or {}) or meta["uid"] in self._evicted_gangs | self._inactive_gangs:
             return
         name, ns, uid = meta["name"], meta["namespace"], meta["uid"]
         stamp = now()

@@ -196,8 +196,15 @@ def test_the_preempt_event_evicts_the_running_gang_and_admits_only_a_new_one(tmp
 def test_a_bad_drill_event_is_refused_naming_the_variable(text):
     from operators.cli.drill.cluster import parse_drill_event
 
-    with pytest.raises(ValueError, match=r"GANGFLOW_DRILL_EVENT=.*accepted values: preempt@step=N"):
+    with pytest.raises(ValueError, match=r"GANGFLOW_DRILL_EVENT=.*accepted values: preempt@step=N or pause@step=N"):
         parse_drill_event(text)
+
+
+def test_the_drill_events_it_knows():
+    from operators.cli.drill.cluster import parse_drill_event
+
+    assert (parse_drill_event("pause@step=30").action, parse_drill_event("pause@step=30").step) == ("pause", 30)
+    assert parse_drill_event(" preempt@step=10 ").spec == "preempt@step=10" and parse_drill_event("") is None
 
 
 def test_a_pod_past_its_active_deadline_is_stopped_and_failed_deadline_exceeded_as_the_kubelet_does(cluster):

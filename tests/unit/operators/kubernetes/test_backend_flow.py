@@ -633,3 +633,158 @@ def test_large_gang_keeps_every_failed_rank_and_logs_the_root_cause(fake_k8s):
     assert len(ev["ranks"]) == 16
     assert ev["rank"] == 13 and ev["termination_reason"] == "OOMKilled" and ev["log_tail"] == "rank 13 last words"
     assert sum(1 for r in ev["ranks"] if "log_tail" in r) >= 8
+
+
+# --- pause and resume (operators/cli/gang.py) -------------------------------------------------------
+
+
+def _gang_cli(api, tmp_path, *args: str) -> tuple[int, dict]:
+    import contextlib
+    import io
+
+    from operators.cli import gang
+
+    kubeconfig = tmp_path / "kubeconfig.yaml"
+    kubeconfig.write_text(json.dumps(api.kubeconfig(NAMESPACE)))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = gang.main([*args, "--namespace", NAMESPACE, "--kubeconfig", str(kubeconfig)])
+    return code, json.loads(out.getvalue().strip().splitlines()[-1])
+
+
+def test_pause_deactivates_the_kueue_workload_and_marks_the_gang_resume_undoes_both(fake_k8s, tmp_path):
+    from operators.kubernetes.builders import PAUSED_ANNOTATION
+
+    api = fake_k8s
+    handle = backend().submit(spec())
+    fx = fixtures_for(handle)
+    kueue_admit(fx, "running")(api)
+    code, out = _gang_cli(api, tmp_path, "pause", GANG, "--reason", "maintenance of node-7")
+    assert code == 0 and out["paused"] is True and out["name"] == handle["name"] and out["workloads"] == ["jobset-train-demo-t1-4f0d2"]
+    gang_obj, workload = api.get(*JS, NAMESPACE, handle["name"]), api.get(*KQ, NAMESPACE, "jobset-train-demo-t1-4f0d2")
+    assert "maintenance of node-7" in gang_obj["metadata"]["annotations"][PAUSED_ANNOTATION]
+    assert workload["spec"]["active"] is False
+    assert gang_obj["spec"].get("suspend") is not True  # Kueue owns suspend for the gangs it manages
+    code, out = _gang_cli(api, tmp_path, "pause", GANG)
+    assert code == 1 and "is already paused (paused at " in out["error"]
+    code, out = _gang_cli(api, tmp_path, "resume", GANG)
+    gang_obj, workload = api.get(*JS, NAMESPACE, handle["name"]), api.get(*KQ, NAMESPACE, "jobset-train-demo-t1-4f0d2")
+    assert code == 0 and out["paused"] is False
+    assert PAUSED_ANNOTATION not in (gang_obj["metadata"].get("annotations") or {}) and workload["spec"]["active"] is True
+    assert gang_obj["metadata"]["annotations"]["gangflow.io/pauses"] == "1"  # kept: the watch counts pauses it never saw
+    code, out = _gang_cli(api, tmp_path, "resume", GANG)
+    assert code == 1 and "is not paused" in out["error"]
+
+
+def test_resume_waits_for_the_paused_pods_to_be_gone_before_the_gang_stops_being_paused(fake_k8s):
+    import asyncio
+    import threading
+
+    from operators.cli.gang import set_paused
+    from operators.hooks.kubernetes import open_api
+    from operators.kubernetes.builders import PAUSED_ANNOTATION
+
+    api = fake_k8s
+    handle = backend().submit(spec())
+    fx = fixtures_for(handle)
+    kueue_admit(fx, "running")(api)
+
+    async def control(paused: bool):
+        async with open_api(CONN_ID, NAMESPACE) as gang_api:
+            return await set_paused(gang_api, GANG, paused, poll=0.05)
+
+    asyncio.run(control(True))
+    for rank in range(4):  # the Job controller deleted them: terminating
+        api.get("", "pods", NAMESPACE, fx.pod_name(rank))["metadata"]["deletionTimestamp"] = _now()
+    gone = threading.Timer(0.5, lambda: [api.remove("", "pods", NAMESPACE, fx.pod_name(rank)) for rank in range(4)])
+    gone.start()
+    asyncio.run(control(False))
+    assert api.get("", "pods", NAMESPACE, fx.pod_name(0)) is None  # resume returned only after they were gone
+    assert PAUSED_ANNOTATION not in api.get(*JS, NAMESPACE, handle["name"])["metadata"]["annotations"]
+
+
+def test_pause_without_kueue_suspends_the_gang_and_an_unknown_gang_is_named(fake_k8s, tmp_path):
+    api = fake_k8s
+    handle = backend().submit(spec())
+    api.set_status(*JS, NAMESPACE, handle["name"], Fixtures(name=handle["name"]).jobset_status("running"), suspend=False)
+    assert _gang_cli(api, tmp_path, "pause", GANG)[0] == 0
+    assert api.get(*JS, NAMESPACE, handle["name"])["spec"]["suspend"] is True
+    assert _gang_cli(api, tmp_path, "resume", GANG)[0] == 0
+    assert api.get(*JS, NAMESPACE, handle["name"])["spec"]["suspend"] is False
+    code, out = _gang_cli(api, tmp_path, "pause", "no-such-gang")
+    assert code == 1 and "no running JobSet or TrainJob labelled gangflow.io/gang=no-such-gang in namespace ml" in out["error"]
+
+
+def test_a_paused_gang_waits_and_a_resumed_one_runs_again_without_a_failure(fake_k8s):
+    """The watch through a pause: Kueue's InactiveWorkload eviction and the ranks stopped by it are
+    not a failure nor a preemption; after the resume, admission and start-up again, then success."""
+    from operators.kubernetes.builders import PAUSED_ANNOTATION, PAUSES_ANNOTATION
+
+    api = fake_k8s
+    b = backend()
+    handle = b.submit(spec())
+    fx = fixtures_for(handle)
+
+    def pause(a):
+        obj = a.get(*JS, NAMESPACE, handle["name"])
+        obj["metadata"].setdefault("annotations", {}).update({PAUSED_ANNOTATION: "paused at 2026-12-03T10:00:00Z: test", PAUSES_ANNOTATION: "1"})
+        workload = fx.workload("admitted")
+        workload["spec"]["active"] = False
+        workload["status"]["conditions"] = [
+            {"type": "QuotaReserved", "status": "False", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": _now()},
+            {"type": "Admitted", "status": "False", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": _now()},
+            {"type": "Evicted", "status": "True", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": _now()}]
+        a.put(*KQ, workload)
+        for rank in range(4):  # the ranks took their final checkpoint and exited 75
+            pod = fx.pod("user_error", rank)
+            pod["metadata"]["creationTimestamp"] = "2026-12-03T09:00:00Z"
+            pod["metadata"]["deletionTimestamp"] = _now()
+            a.put("", "pods", pod)
+
+    def resumed_still_evicted(a):
+        obj = a.get(*JS, NAMESPACE, handle["name"])
+        obj["metadata"]["annotations"].pop(PAUSED_ANNOTATION)
+        a.get(*KQ, NAMESPACE, "jobset-train-demo-t1-4f0d2")["spec"]["active"] = True
+
+    def old_pods_gone(a):
+        for rank in range(4):
+            a.remove("", "pods", NAMESPACE, fx.pod_name(rank))
+
+    def admitted_again(a):
+        kueue_admit(fx, "running")(a)
+        for rank in range(4):  # the JobSet's new pods
+            a.get("", "pods", NAMESPACE, fx.pod_name(rank))["metadata"]["creationTimestamp"] = _now()
+
+    api.steps = [kueue_admit(fx, "running"), nothing, pause, nothing, nothing, old_pods_gone, resumed_still_evicted,
+                 admitted_again, nothing, jobset_status(fx, "completed")]  # fmt: skip
+    trigger = b.trigger(handle)
+    event = run_trigger(trigger)
+    assert event["status"] == "success", event
+    assert event["pauses"] == 1
+    assert any("paused (paused at 2026-12-03T10:00:00Z: test)" in r for r in trigger.reports)
+    assert any("resumed after" in r for r in trigger.reports)
+    assert any("running: 4/4 ranks Ready" in r for r in trigger.reports)  # the new pods, after the resume
+
+
+def test_a_pause_no_poll_saw_is_counted_and_its_requeue_is_no_failure(fake_k8s):
+    """Paused and resumed between two polls: the watch sees only the count and Kueue's requeue."""
+    from operators.kubernetes.builders import PAUSES_ANNOTATION
+
+    api = fake_k8s
+    b = backend()
+    handle = b.submit(spec())
+    fx = fixtures_for(handle)
+
+    def paused_and_resumed_unseen(a):
+        a.get(*JS, NAMESPACE, handle["name"])["metadata"].setdefault("annotations", {})[PAUSES_ANNOTATION] = "1"
+        workload = fx.workload("admitted")
+        workload["status"]["conditions"] = [
+            {"type": "QuotaReserved", "status": "False", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": _now()},
+            {"type": "Evicted", "status": "True", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": _now()}]
+        a.put(*KQ, workload)
+        for rank in range(4):
+            a.remove("", "pods", NAMESPACE, fx.pod_name(rank))
+
+    api.steps = [kueue_admit(fx, "running"), nothing, paused_and_resumed_unseen, nothing, kueue_admit(fx, "running"), jobset_status(fx, "completed")]
+    event = run_trigger(b.trigger(handle))
+    assert event["status"] == "success" and event["pauses"] == 1, event
