@@ -71,6 +71,17 @@ def parse_drill_event(text: str | None) -> DrillEvent | None:
     return DrillEvent(match["action"], int(match["step"]))
 
 
+def set_admission(workload: dict[str, Any], *, admitted: bool, reason: str, message: str, stamp: str) -> None:
+    """Kueue's QuotaReserved, Admitted and Evicted conditions for an admission (Evicted False) or an
+    eviction (QuotaReserved and Admitted False), the others kept."""
+    kept = [c for c in workload["status"]["conditions"] if c["type"] not in ("QuotaReserved", "Admitted", "Evicted")]
+    held, evicted = ("True", "False") if admitted else ("False", "True")
+    workload["status"]["conditions"] = kept + [
+        {"type": kind, "status": status, "reason": reason, "message": message, "lastTransitionTime": stamp}
+        for kind, status in (("QuotaReserved", held), ("Admitted", held), ("Evicted", evicted))
+    ]
+
+
 def now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -291,12 +302,7 @@ class EmulatedCluster:
             for wl in self.api.items(*KQ, ns):
                 if (wl["metadata"].get("labels") or {}).get("kueue.x-k8s.io/job-uid") == uid:
                     workload = wl["metadata"]["name"]
-                    conditions = [c for c in wl["status"]["conditions"] if c["type"] not in ("QuotaReserved", "Admitted")]
-                    wl["status"]["conditions"] = conditions + [
-                        {"type": "QuotaReserved", "status": "False", "reason": "Preempted", "message": message, "lastTransitionTime": stamp},
-                        {"type": "Admitted", "status": "False", "reason": "Preempted", "message": message, "lastTransitionTime": stamp},
-                        {"type": "Evicted", "status": "True", "reason": "Preempted", "message": message, "lastTransitionTime": stamp},
-                    ]  # fmt: skip
+                    set_admission(wl, admitted=False, reason="Preempted", message=message, stamp=stamp)
             jobset["spec"]["suspend"] = True
             for pod in self.api.items("", "pods", ns):
                 if (pod["metadata"].get("labels") or {}).get("jobset.sigs.k8s.io/jobset-name") == name:
@@ -322,12 +328,7 @@ class EmulatedCluster:
             message = "The workload is deactivated"
             with self.api._lock:
                 self._inactive_gangs.add(uid)
-                conditions = [c for c in workload["status"]["conditions"] if c["type"] not in ("QuotaReserved", "Admitted", "Evicted")]
-                workload["status"]["conditions"] = conditions + [
-                    {"type": "QuotaReserved", "status": "False", "reason": "InactiveWorkload", "message": message, "lastTransitionTime": stamp},
-                    {"type": "Admitted", "status": "False", "reason": "InactiveWorkload", "message": message, "lastTransitionTime": stamp},
-                    {"type": "Evicted", "status": "True", "reason": "InactiveWorkload", "message": message, "lastTransitionTime": stamp},
-                ]  # fmt: skip
+                set_admission(workload, admitted=False, reason="InactiveWorkload", message=message, stamp=stamp)
                 jobset["spec"]["suspend"] = True
                 for pod in self.api.items("", "pods", ns):
                     if (pod["metadata"].get("labels") or {}).get("jobset.sigs.k8s.io/jobset-name") == name:
@@ -340,12 +341,7 @@ class EmulatedCluster:
             with self.api._lock:
                 self._inactive_gangs.discard(uid)
                 self._started_gangs.discard(uid)  # the JobSet controller creates its Jobs (and pods) again
-                conditions = [c for c in workload["status"]["conditions"] if c["type"] not in ("QuotaReserved", "Admitted", "Evicted")]
-                workload["status"]["conditions"] = conditions + [
-                    {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "Quota reserved in ClusterQueue gangflow-drill", "lastTransitionTime": stamp},
-                    {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "The workload is admitted", "lastTransitionTime": stamp},
-                    {"type": "Evicted", "status": "False", "reason": "QuotaReserved", "message": "Previously: The workload is deactivated", "lastTransitionTime": stamp},
-                ]  # fmt: skip
+                set_admission(workload, admitted=True, reason="Admitted", message="The workload is admitted", stamp=stamp)
                 jobset["spec"]["suspend"] = False
             self._note(f"Kueue admitted Workload {workload['metadata']['name']} of JobSet {ns}/{name} again (spec.active is true)")
 
