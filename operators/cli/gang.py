@@ -31,14 +31,10 @@ class GangControlError(RuntimeError):
     """The gang was not found, or is not running; the message says which."""
 
 
-def _finished(obj: dict[str, Any]) -> bool:
-    conditions = (obj.get("status") or {}).get("conditions") or []
-    return any(c.get("type") in ("Completed", "Failed", "Complete") and c.get("status") == "True" for c in conditions)
-
-
 async def _running_gang(api, gang: str) -> tuple[tuple[str, str, str, str], dict[str, Any]]:
     from operators.exceptions import KubernetesRequestError
     from operators.kubernetes.builders import GANG_LABEL
+    from operators.kubernetes.status import gang_state
 
     found = []
     for kind in GANG_KINDS:
@@ -47,7 +43,8 @@ async def _running_gang(api, gang: str) -> tuple[tuple[str, str, str, str], dict
         except KubernetesRequestError as exc:
             if getattr(exc, "status", None) != 404:  # that API is not installed: not this gang's kind
                 raise
-    live = [(kind, obj) for kind, obj in found if not _finished(obj) and not (obj.get("metadata") or {}).get("deletionTimestamp")]
+    live = [(kind, obj) for kind, obj in found
+            if gang_state(kind[3], obj).state not in ("succeeded", "failed") and not (obj.get("metadata") or {}).get("deletionTimestamp")]
     if not live:
         raise GangControlError(f"gang {gang!r}: no running JobSet or TrainJob labelled {GANG_LABEL}={gang} in namespace {api.namespace}"
                                + (f" ({len(found)} finished)" if found else ""))  # fmt: skip
@@ -56,7 +53,7 @@ async def _running_gang(api, gang: str) -> tuple[tuple[str, str, str, str], dict
 
 async def set_paused(api, gang: str, paused: bool, *, reason: str = "", wait_seconds: float = 600, poll: float = 1.0) -> dict[str, Any]:
     """Pause (or resume) the running object of `gang`; what was done, as a JSON-able dict."""
-    from operators.kubernetes.builders import ATTEMPT_LABEL, GANG_LABEL, PAUSED_ANNOTATION, PAUSES_ANNOTATION
+    from operators.kubernetes.builders import ATTEMPT_LABEL, GANG_LABEL, PAUSED_ANNOTATION, PAUSES_ANNOTATION, pause_count
 
     (group, version, plural, kind), obj = await _running_gang(api, gang)
     meta = obj["metadata"]
@@ -66,10 +63,9 @@ async def set_paused(api, gang: str, paused: bool, *, reason: str = "", wait_sec
     if paused:  # the annotations first: the watch must know it is a pause before it sees the eviction
         if PAUSED_ANNOTATION in annotations:
             raise GangControlError(f"gang {gang!r}: {kind} {name} is already paused ({annotations[PAUSED_ANNOTATION]})")
-        count = str(annotations.get(PAUSES_ANNOTATION) or "0")
         note = f"paused at {stamp}" + (f": {reason}" if reason else "")
         await api.patch_custom(group, version, plural, kind, name, {"metadata": {"annotations": {
-            PAUSED_ANNOTATION: note, PAUSES_ANNOTATION: str((int(count) if count.isdigit() else 0) + 1)}}})
+            PAUSED_ANNOTATION: note, PAUSES_ANNOTATION: str(pause_count(annotations) + 1)}}})
     elif PAUSED_ANNOTATION not in annotations:
         raise GangControlError(f"gang {gang!r}: {kind} {name} is not paused")
     for wl in workloads:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,12 @@ PATCH_MANAGER = "gangflow.io/kubernetes-backend"
 # `resume`: the watch then waits without a timeout instead of judging the eviction a preemption
 PAUSED_ANNOTATION = "gangflow.io/paused"
 PAUSES_ANNOTATION = "gangflow.io/pauses"  # how many times the gang was paused: counted even when no poll saw one
+
+
+def pause_count(annotations: Mapping[str, Any]) -> int:
+    """The gang's `gangflow.io/pauses` (0 when absent or not a count)."""
+    count = str(annotations.get(PAUSES_ANNOTATION) or "0")
+    return int(count) if count.isdigit() else 0
 
 # Trainer exit codes (contract) that fail the Job at once: a user exception, a config error.
 USER_EXIT_CODES = (EXIT_USER_ERROR, EXIT_CONFIG_ERROR)

@@ -313,11 +313,10 @@ class GangWatcher:
         """While the gang carries the pause annotation: say so, no timeout runs. Once it is gone (its
         paused pods are gone too: `resume` waits for them), admission and start-up again, their
         timeouts counted from the resume. The pause count is the gang's own annotation."""
-        from operators.kubernetes.builders import PAUSED_ANNOTATION, PAUSES_ANNOTATION
+        from operators.kubernetes.builders import PAUSED_ANNOTATION, pause_count
 
         annotations = (obj.get("metadata") or {}).get("annotations") or {}
-        count = str(annotations.get(PAUSES_ANNOTATION) or "0")
-        self.pauses = max(self.pauses, int(count) if count.isdigit() else 0)  # a pause between two polls counts too
+        self.pauses = max(self.pauses, pause_count(annotations))  # a pause between two polls counts too
         paused = annotations.get(PAUSED_ANNOTATION)
         if paused is not None:
             if self.paused_at is None:

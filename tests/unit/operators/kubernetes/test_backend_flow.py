@@ -713,6 +713,9 @@ def test_pause_without_kueue_suspends_the_gang_and_an_unknown_gang_is_named(fake
     assert api.get(*JS, NAMESPACE, handle["name"])["spec"]["suspend"] is False
     code, out = _gang_cli(api, tmp_path, "pause", "no-such-gang")
     assert code == 1 and "no running JobSet or TrainJob labelled gangflow.io/gang=no-such-gang in namespace ml" in out["error"]
+    jobset_status(Fixtures(name=handle["name"]), "completed")(api)  # a finished gang is not paused
+    code, out = _gang_cli(api, tmp_path, "pause", GANG)
+    assert code == 1 and out["error"].endswith("(1 finished)")
 
 
 def test_a_paused_gang_waits_and_a_resumed_one_runs_again_without_a_failure(fake_k8s):
