@@ -37,6 +37,10 @@ class UserError(GangflowError):
     kind = "user"
 
 
+class GangControlError(GangflowError):
+    """A pause or resume cannot be done (no such running gang, already paused, not paused); the message says which."""
+
+
 class GangFailure(GangflowError):
     """A training gang failed; carries the classifier's verdict and the evidence behind it."""
 

@@ -165,7 +165,7 @@ class GangTrainingOperator(BaseOperator):
         self.max_queue_wait_seconds = max_queue_wait_seconds
         self._first_launch: float | None = None  # monotonic time of this try's first launch (the limit's start)
         self.preemptions: list[str] = []  # why each preemption of this DAG run's gang happened
-        self.pauses = 0  # pauses and resumes of this DAG run's gang (Kubernetes: operators/cli/gang.py)
+        self.pauses = 0  # pauses and resumes of this DAG run's gang (`python -m operators.cli.gang`)
         self._killed = False
 
     # -- building the gang -------------------------------------------------------------------
@@ -372,22 +372,23 @@ class GangTrainingOperator(BaseOperator):
         self._first_launch = self._first_launch or time.monotonic()
         limit = spec.max_run_time_s
         if limit is None:
-            return self._backend.run(spec, note)
-        reached = threading.Event()
+            return self._counted(self._backend.run(spec, note))
+        reached, ended = threading.Event(), threading.Event()
 
-        def stop() -> None:
-            reached.set()
-            self.log.warning("gangflow: training.max_run_time_seconds=%d reached: stopping the gang (SIGTERM: the ranks "
-                             "commit a final checkpoint)", limit)
-            self._backend.kill()
+        def watch() -> None:  # paused time (`python -m operators.cli.gang pause --local`) does not count
+            while not ended.wait(max(0.05, min(1.0, limit - self._run_time()))):
+                if self._run_time() >= limit:
+                    reached.set()
+                    self.log.warning("gangflow: training.max_run_time_seconds=%d reached: stopping the gang (SIGTERM: "
+                                     "the ranks commit a final checkpoint)", limit)
+                    self._backend.kill()
+                    return
 
-        timer = threading.Timer(max(0.0, limit - (time.monotonic() - self._first_launch)), stop)
-        timer.daemon = True
-        timer.start()
+        threading.Thread(target=watch, name="run-time-limit", daemon=True).start()
         try:
-            result = self._backend.run(spec, note)
+            result = self._counted(self._backend.run(spec, note))
         finally:
-            timer.cancel()
+            ended.set()
         if result.succeeded or not reached.is_set():
             return result
         from trainer.checkpoint_commit import committed_steps
@@ -395,11 +396,22 @@ class GangTrainingOperator(BaseOperator):
         steps = committed_steps(Path(spec.run_dir) / "checkpoints")
         saved = f"the newest committed checkpoint is step {steps[0]}" if steps else "no checkpoint was committed"
         # the verdict's reason keeps about 170 characters of this: what to do comes before the detail
-        message = (f"training.max_run_time_seconds={limit} reached after {time.monotonic() - self._first_launch:.0f}s; "
+        message = (f"training.max_run_time_seconds={limit} reached after {self._run_time():.0f}s; "
                    f"{saved}; not retried: raise the limit or clear the task to resume (the gang was stopped with "
                    "SIGTERM: each rank commits a final checkpoint)")
         return dataclasses.replace(result, evidence={**result.evidence, "termination_reason": "DeadlineExceeded",
                                                      "pod_message": message})
+
+    def _run_time(self) -> float:
+        """Seconds since this try's first launch, less the time the gang spent paused."""
+        return time.monotonic() - self._first_launch - getattr(self._backend, "paused_s", 0.0)
+
+    def _counted(self, result: GangResult) -> GangResult:
+        """`result`, its pauses added to this DAG run's."""
+        if result.pauses:
+            self.pauses += result.pauses
+            self.log.info("gangflow: the gang was paused and resumed %d time(s) in this DAG run (no retry spent)", self.pauses)
+        return result
 
     # -- preemption: re-launched, no retry spent ---------------------------------------------
 

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from trainer.urls import credentials_refusal, has_credentials
 from trainer.checks import is_integer
 
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+GANG_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")  # a Kubernetes node name
 ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -135,7 +135,7 @@ class GangSpec:
                 raise ValueError(f"{name}={limit!r}: must be an integer >= 1 (seconds) or None")
         if not is_count(self.world_size, 1):
             raise ValueError(f"world_size={self.world_size!r}: must be an integer >= 1")
-        if not _NAME.match(self.name):
+        if not GANG_NAME.match(self.name):
             raise ValueError(f"name={self.name!r}: must be a DNS-1123 label (a-z, 0-9, '-', at most 63 chars)")
         for item in self.overrides:
             if "=" not in item:
@@ -168,6 +168,7 @@ class GangResult:
     evidence: dict[str, Any] = field(default_factory=dict)
     resumed_from_step: int | None = None
     detail: str = ""
+    pauses: int = 0  # times the gang was paused and resumed while it ran (local gangs: `local_control`)
 
 
 LogFn = Callable[[str], None]

@@ -9,6 +9,7 @@ one retry budget.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import re
@@ -17,10 +18,12 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from operators.config import settings
+from operators.backends import local_control
 from operators.backends.base import GangBackend, GangResult, GangSpec, LogFn
 from operators.exceptions import GangCapacityError, GangConfigError
 from operators.failures.evidence import parse_mpirun_failure
@@ -155,6 +158,8 @@ class LocalBackend(GangBackend):
         self.dataset_remote = dataset_remote
         self._proc: subprocess.Popen | None = None
         self._kill_requested = False
+        self._woken = threading.Event()  # set by kill: a paused gang's wait ends at once
+        self.paused_s = 0.0  # seconds this task's gang spent paused (not counted in the run-time limit)
 
     def check_capacity(self, spec: GangSpec) -> None:
         slots = settings.pool_slots()
@@ -233,6 +238,57 @@ class LocalBackend(GangBackend):
         return env
 
     def run(self, spec: GangSpec, log: LogFn) -> GangResult:
+        """Run the gang to its end; a pause (`local_control`) stops it, waits for the resume and
+        launches it again, which resumes from the pause's final checkpoint."""
+        local_control.register(spec.name, run_dir=spec.run_dir)
+        pauses: set[str] = set()
+        try:
+            while True:
+                if not self._wait_while_paused(spec.name, log, pauses):
+                    return GangResult(succeeded=False, exit_code=None, pauses=len(pauses), detail="stopped while paused",
+                                      evidence={"log_tail": f"gangflow: gang {spec.name} was stopped while paused"})
+                result = self._launch(spec, log, pauses)
+                if result.succeeded or self._kill_requested or local_control.pause_note(spec.name) is None:
+                    return dataclasses.replace(result, pauses=len(pauses))
+        finally:
+            local_control.unregister(spec.name)
+
+    def _wait_while_paused(self, gang: str, log: LogFn, pauses: set[str]) -> bool:
+        """Wait while `gang` is paused; False when the task stopped it meanwhile (kill)."""
+        if (note := local_control.pause_note(gang)) is None:
+            return True
+        started = time.monotonic()
+        log(f"gang {gang}: {note[1]}; waiting for `python -m operators.cli.gang resume {gang} --local`")
+        while note is not None:
+            pauses.add(note[0])  # a pause and resume between two looks is one more
+            if self._kill_requested:
+                return False
+            self._woken.wait(0.5)
+            note = local_control.pause_note(gang)
+        self.paused_s += time.monotonic() - started
+        log(f"gang {gang}: resumed after {time.monotonic() - started:.0f}s paused; launching it again "
+            "(it resumes from its last committed checkpoint)")
+        return True
+
+    def _watch_for_pause(self, gang: str, proc: subprocess.Popen, log: LogFn, pauses: set[str]) -> threading.Event:
+        """A thread that stops `proc` as `kill` does once `gang` is paused; set the event it returns
+        when `proc` has ended."""
+        ended = threading.Event()
+
+        def watch() -> None:
+            while not ended.wait(0.5):
+                if (note := local_control.pause_note(gang)) is not None and proc.poll() is None:
+                    pauses.add(note[0])
+                    log(f"gang {gang}: {note[1]}; stopping it (SIGTERM: the ranks commit a final checkpoint)")
+                    timer = stop_group_nowait(proc, self.grace_period_s)
+                    ended.wait()
+                    timer.cancel()
+                    return
+
+        threading.Thread(target=watch, name=f"pause-watch-{gang}", daemon=True).start()
+        return ended
+
+    def _launch(self, spec: GangSpec, log: LogFn, pauses: set[str]) -> GangResult:
         log_dir = Path(spec.run_dir) / spec.launcher / f"try-{spec.attempt}"
         log_dir.mkdir(parents=True, exist_ok=True)
         env = self.environment(spec)
@@ -252,6 +308,7 @@ class LocalBackend(GangBackend):
         )
         if self._kill_requested:  # kill() came before the gang existed; `run` reaps it below
             stop_group_nowait(self._proc, self.grace_period_s)
+        ended = self._watch_for_pause(spec.name, self._proc, log, pauses)
         rank_tails: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=LOG_TAIL_LINES))
         agent_lines: collections.deque = collections.deque(maxlen=400)
         resumed_from = None
@@ -268,6 +325,7 @@ class LocalBackend(GangBackend):
                 agent_lines.append(line)
                 log(f"[{spec.launcher}] {line}")
         exit_code = self._proc.wait()
+        ended.set()
         self._proc = None
         if exit_code == 0:
             return GangResult(succeeded=True, exit_code=0, resumed_from_step=resumed_from)
@@ -301,9 +359,10 @@ class LocalBackend(GangBackend):
     def kill(self) -> None:
         """Stop the gang and wait for it. Called before `run` has started it (another thread of
         the task, e.g. its MLflow relay, gave up first), `run` stops it as soon as it starts."""
+        self._kill_requested = True  # nothing launches or waits after a kill
+        self._woken.set()
         proc = self._proc
         if proc is None:
-            self._kill_requested = True
             return
         if proc.poll() is not None:
             return

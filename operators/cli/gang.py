@@ -1,12 +1,14 @@
-"""Pause and resume a running Kubernetes gang from outside its DAG (docs/kubernetes.md, "Pause and resume").
+"""Pause and resume a running gang from outside its DAG (docs/kubernetes.md, "Pause and resume").
 
     python -m operators.cli.gang pause GANG --namespace NS [--reason TEXT] [--kubeconfig FILE | --conn-id ID]
     python -m operators.cli.gang resume GANG --namespace NS [--wait-seconds 600] [...]
+    python -m operators.cli.gang pause|resume GANG --local [--reason TEXT]
 
 GANG is the gang's name (the label `gangflow.io/gang`). Pause annotates the gang object and
 deactivates its Kueue Workload (or suspends the object without Kueue): the ranks commit a final
 checkpoint and stop, the training task waits. Resume activates it again, waits for the paused pods
-to be gone and removes the annotation. The last line is a JSON object.
+to be gone and removes the annotation. `--local`: a gang of backend local, paused through its task
+(`operators.backends.local_control`). The last line is a JSON object.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 import time
 from typing import Any
 
+from operators.exceptions import GangControlError
 from operators.hooks.kubernetes import KUEUE_GROUP, KUEUE_VERSIONS
 
 # (group, version, plural, kind) of the gang objects a pause applies to
@@ -25,10 +28,6 @@ GANG_KINDS = (
     ("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet"),
     ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"),
 )
-
-
-class GangControlError(RuntimeError):
-    """The gang was not found, or is not running; the message says which."""
 
 
 async def _running_gang(api, gang: str) -> tuple[tuple[str, str, str, str], dict[str, Any]]:
@@ -113,7 +112,9 @@ def control(argv: list[str] | None = None) -> tuple[int, dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=("pause", "resume"))
     parser.add_argument("gang", help="the gang's name (label gangflow.io/gang)")
-    parser.add_argument("--namespace", required=True, help="the gang's namespace (the runtime's)")
+    parser.add_argument("--namespace", help="the gang's namespace (the runtime's): a Kubernetes gang")
+    parser.add_argument("--local", action="store_true",
+                        help="a gang of backend local on this machine (run with the Airflow worker's GANGFLOW_HOME)")
     parser.add_argument("--reason", default="", help="why (pause only): kept in the annotation and the task log")
     parser.add_argument("--conn-id", default="kubernetes_default", help="the Airflow Kubernetes connection to use (default kubernetes_default)")
     parser.add_argument("--kubeconfig", help="a kubeconfig file instead of the Airflow connection")
@@ -122,6 +123,17 @@ def control(argv: list[str] | None = None) -> tuple[int, dict[str, Any]]:
     args = parser.parse_args(argv)
     if not args.wait_seconds > 0:
         parser.error(f"--wait-seconds {args.wait_seconds}: must be > 0")
+    if args.local == bool(args.namespace):
+        parser.error("say where the gang runs: --namespace NS (a Kubernetes gang) or --local (backend local), one of them")
+    from operators.exceptions import GangflowError
+
+    if args.local:
+        from operators.backends import local_control
+
+        try:
+            return 0, (local_control.pause(args.gang, args.reason) if args.action == "pause" else local_control.resume(args.gang))
+        except GangflowError as exc:
+            return 1, {"gang": args.gang, "action": args.action, "error": str(exc)}
     kubeconfig = None
     if args.kubeconfig:
         import yaml
@@ -133,11 +145,9 @@ def control(argv: list[str] | None = None) -> tuple[int, dict[str, Any]]:
             parser.error(f"--kubeconfig {args.kubeconfig}: {exc}")
         if not isinstance(kubeconfig, dict):
             parser.error(f"--kubeconfig {args.kubeconfig}: not a kubeconfig (a YAML mapping)")
-    from operators.exceptions import GangflowError
-
     try:
         return 0, asyncio.run(_control(args, kubeconfig))
-    except (GangControlError, GangflowError) as exc:
+    except GangflowError as exc:
         return 1, {"gang": args.gang, "action": args.action, "error": str(exc)}
 
 
