@@ -126,7 +126,94 @@ def mpirun_evidence(exit_code: int, agent_text: str, rank_tails: dict, run_dir: 
     return {**ranks[0], "ranks": ranks}
 
 
-class LocalBackend(GangBackend):
+class ProcessGangBackend(GangBackend):
+    """A gang that is one process tree on this machine, in a session of its own (torchrun, mpirun,
+    a Ray driver): stopped by `kill` (SIGTERM: the ranks commit a final checkpoint; SIGKILL after
+    `grace_period_s`), paused and resumed through `local_control`. Subclasses implement `_launch`."""
+
+    grace_period_s: float = 60.0
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+        self._kill_requested = False
+        self._woken = threading.Event()  # set by kill: a paused gang's wait ends at once
+        self.paused_s = 0.0  # seconds this task's gang spent paused (not counted in the run-time limit)
+
+    def _launch(self, spec: GangSpec, log: LogFn, pauses: set[str]) -> GangResult:
+        """Start the gang once, stream its output to `log`, and say how it ended; call
+        `_watch_for_pause` once it started."""
+        raise NotImplementedError
+
+    def run(self, spec: GangSpec, log: LogFn) -> GangResult:
+        """Run the gang to its end; a pause (`local_control`) stops it, waits for the resume and
+        launches it again, which resumes from the pause's final checkpoint."""
+        local_control.register(spec.name, run_dir=spec.run_dir)
+        pauses: set[str] = set()
+        try:
+            while True:
+                if not self._wait_while_paused(spec.name, log, pauses):
+                    return GangResult(succeeded=False, exit_code=None, pauses=len(pauses), detail="stopped while paused",
+                                      evidence={"log_tail": f"gangflow: gang {spec.name} was stopped while paused"})
+                result = self._launch(spec, log, pauses)
+                if result.succeeded or self._kill_requested or local_control.pause_note(spec.name) is None:
+                    return dataclasses.replace(result, pauses=len(pauses))
+        finally:
+            local_control.unregister(spec.name)
+
+    def _wait_while_paused(self, gang: str, log: LogFn, pauses: set[str]) -> bool:
+        """Wait while `gang` is paused; False when the task stopped it meanwhile (kill)."""
+        if (note := local_control.pause_note(gang)) is None:
+            return True
+        started = time.monotonic()
+        log(f"gang {gang}: {note[1]}; waiting for `python -m operators.cli.gang resume {gang} --local`")
+        while note is not None:
+            pauses.add(note[0])  # a pause and resume between two looks is one more
+            if self._kill_requested:
+                return False
+            self._woken.wait(0.5)
+            note = local_control.pause_note(gang)
+        self.paused_s += time.monotonic() - started
+        log(f"gang {gang}: resumed after {time.monotonic() - started:.0f}s paused; launching it again "
+            "(it resumes from its last committed checkpoint)")
+        return True
+
+    def _watch_for_pause(self, gang: str, proc: subprocess.Popen, log: LogFn, pauses: set[str]) -> threading.Event:
+        """A thread that stops `proc` as `kill` does once `gang` is paused; set the event it returns
+        when `proc` has ended."""
+        ended = threading.Event()
+
+        def watch() -> None:
+            while not ended.wait(0.5):
+                if (note := local_control.pause_note(gang)) is not None and proc.poll() is None:
+                    pauses.add(note[0])
+                    log(f"gang {gang}: {note[1]}; stopping it (SIGTERM to its processes: the ranks commit a final checkpoint)")
+                    timer = stop_group_nowait(proc, self.grace_period_s)
+                    ended.wait()
+                    timer.cancel()
+                    return
+
+        threading.Thread(target=watch, name=f"pause-watch-{gang}", daemon=True).start()
+        return ended
+
+    def kill(self) -> None:
+        """Stop the gang and wait for it. Called before `run` has started it (another thread of
+        the task, e.g. its MLflow relay, gave up first), `run` stops it as soon as it starts."""
+        self._kill_requested = True  # nothing launches or waits after a kill
+        self._woken.set()
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is not None:
+            return
+        # SIGTERM first: the ranks commit a final checkpoint (the preemption path); SIGKILL after the grace period.
+        timer = stop_group_nowait(proc, self.grace_period_s)
+        try:
+            proc.wait(self.grace_period_s + 5)
+        finally:
+            timer.cancel()
+
+
+class LocalBackend(ProcessGangBackend):
     """torchrun on this machine; ranks' output is streamed into the task log as `[rank N] ...`.
 
     `launcher="fork"` (default) runs torchrun's agent through `trainer.launch`, which imports torch,
@@ -156,10 +243,7 @@ class LocalBackend(GangBackend):
         if has_credentials(dataset_remote):
             raise GangConfigError(credentials_refusal("dataset_remote", dataset_remote))
         self.dataset_remote = dataset_remote
-        self._proc: subprocess.Popen | None = None
-        self._kill_requested = False
-        self._woken = threading.Event()  # set by kill: a paused gang's wait ends at once
-        self.paused_s = 0.0  # seconds this task's gang spent paused (not counted in the run-time limit)
+        super().__init__()
 
     def check_capacity(self, spec: GangSpec) -> None:
         slots = settings.pool_slots()
@@ -237,57 +321,6 @@ class LocalBackend(GangBackend):
                 env.pop(key, None)
         return env
 
-    def run(self, spec: GangSpec, log: LogFn) -> GangResult:
-        """Run the gang to its end; a pause (`local_control`) stops it, waits for the resume and
-        launches it again, which resumes from the pause's final checkpoint."""
-        local_control.register(spec.name, run_dir=spec.run_dir)
-        pauses: set[str] = set()
-        try:
-            while True:
-                if not self._wait_while_paused(spec.name, log, pauses):
-                    return GangResult(succeeded=False, exit_code=None, pauses=len(pauses), detail="stopped while paused",
-                                      evidence={"log_tail": f"gangflow: gang {spec.name} was stopped while paused"})
-                result = self._launch(spec, log, pauses)
-                if result.succeeded or self._kill_requested or local_control.pause_note(spec.name) is None:
-                    return dataclasses.replace(result, pauses=len(pauses))
-        finally:
-            local_control.unregister(spec.name)
-
-    def _wait_while_paused(self, gang: str, log: LogFn, pauses: set[str]) -> bool:
-        """Wait while `gang` is paused; False when the task stopped it meanwhile (kill)."""
-        if (note := local_control.pause_note(gang)) is None:
-            return True
-        started = time.monotonic()
-        log(f"gang {gang}: {note[1]}; waiting for `python -m operators.cli.gang resume {gang} --local`")
-        while note is not None:
-            pauses.add(note[0])  # a pause and resume between two looks is one more
-            if self._kill_requested:
-                return False
-            self._woken.wait(0.5)
-            note = local_control.pause_note(gang)
-        self.paused_s += time.monotonic() - started
-        log(f"gang {gang}: resumed after {time.monotonic() - started:.0f}s paused; launching it again "
-            "(it resumes from its last committed checkpoint)")
-        return True
-
-    def _watch_for_pause(self, gang: str, proc: subprocess.Popen, log: LogFn, pauses: set[str]) -> threading.Event:
-        """A thread that stops `proc` as `kill` does once `gang` is paused; set the event it returns
-        when `proc` has ended."""
-        ended = threading.Event()
-
-        def watch() -> None:
-            while not ended.wait(0.5):
-                if (note := local_control.pause_note(gang)) is not None and proc.poll() is None:
-                    pauses.add(note[0])
-                    log(f"gang {gang}: {note[1]}; stopping it (SIGTERM: the ranks commit a final checkpoint)")
-                    timer = stop_group_nowait(proc, self.grace_period_s)
-                    ended.wait()
-                    timer.cancel()
-                    return
-
-        threading.Thread(target=watch, name=f"pause-watch-{gang}", daemon=True).start()
-        return ended
-
     def _launch(self, spec: GangSpec, log: LogFn, pauses: set[str]) -> GangResult:
         log_dir = Path(spec.run_dir) / spec.launcher / f"try-{spec.attempt}"
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -355,20 +388,3 @@ class LocalBackend(GangBackend):
             # A negative code is the signal that killed torchrun (-9: SIGKILL): keep its sign.
             return {"exit_code": exit_code, "log_tail": agent_text[-6000:]}
         return {**ranks[0], "ranks": ranks}
-
-    def kill(self) -> None:
-        """Stop the gang and wait for it. Called before `run` has started it (another thread of
-        the task, e.g. its MLflow relay, gave up first), `run` stops it as soon as it starts."""
-        self._kill_requested = True  # nothing launches or waits after a kill
-        self._woken.set()
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is not None:
-            return
-        # SIGTERM first: the ranks commit a final checkpoint (the preemption path); SIGKILL after the grace period.
-        timer = stop_group_nowait(proc, self.grace_period_s)
-        try:
-            proc.wait(self.grace_period_s + 5)
-        finally:
-            timer.cancel()

@@ -29,8 +29,8 @@ import time
 import traceback
 from pathlib import Path
 
-from operators.backends.base import GangBackend, GangResult, GangSpec, LogFn
-from operators.backends.local import LOG_TAIL_LINES, LocalBackend, errors_since
+from operators.backends.base import GangResult, GangSpec, LogFn
+from operators.backends.local import LOG_TAIL_LINES, LocalBackend, ProcessGangBackend, errors_since
 from operators.exceptions import GangCapacityError
 from operators.failures.evidence import ray_evidence
 from operators.utils.processes import stop_group_nowait
@@ -51,7 +51,7 @@ EXPORTED = ("PYTHONPATH", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "GANGFLOW_HOME"
             "RAY_TRAIN_ENABLE_PRINT_PATCH")
 
 
-class RayBackend(GangBackend):
+class RayBackend(ProcessGangBackend):
     """Ray Train's TorchTrainer on a local Ray cluster (started per try) or the one at RAY_ADDRESS."""
 
     name = "ray"
@@ -70,8 +70,7 @@ class RayBackend(GangBackend):
         self.relay_tracking = relay_tracking
         # the data arguments (`--set data.version=... data.remote=...`) are the local backend's
         self._data = LocalBackend(dataset_remote=dataset_remote)
-        self._proc: subprocess.Popen | None = None
-        self._kill_requested = False
+        super().__init__()
 
     def check_capacity(self, spec: GangSpec) -> None:
         if self.address:  # an existing cluster: Ray's scheduler knows its size
@@ -94,7 +93,7 @@ class RayBackend(GangBackend):
             args += ["--address", self.address]
         return [*args, "--", *spec.trainer_args(), *self._data._data_args(spec)]
 
-    def run(self, spec: GangSpec, log: LogFn) -> GangResult:
+    def _launch(self, spec: GangSpec, log: LogFn, pauses: set[str]) -> GangResult:
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **spec.env}
         env["PYTHONUNBUFFERED"] = "1"
         project = os.environ.get("GANGFLOW_PROJECT") or str(Path(__file__).resolve().parents[2])
@@ -112,6 +111,7 @@ class RayBackend(GangBackend):
                                       start_new_session=True, cwd=project)  # fmt: skip
         if self._kill_requested:
             stop_group_nowait(self._proc, self.grace_period_s)
+        ended = self._watch_for_pause(spec.name, self._proc, log, pauses)
         output = DriverOutput()
         log_path = Path(spec.run_dir) / "ray" / f"try-{spec.attempt}.log"  # the driver's own output, as printed
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -125,15 +125,12 @@ class RayBackend(GangBackend):
                 elif text is not None and _NOISE not in text:
                     log(f"[ray] {text}")
         exit_code = self._proc.wait()
+        ended.set()
         self._proc = None
         if exit_code == 0 and output.result and output.result.get("succeeded"):
             return GangResult(succeeded=True, exit_code=0, resumed_from_step=output.resumed_from)
         evidence = output.evidence(exit_code, errors_since(Path(spec.run_dir), launched_at))
         return GangResult(succeeded=False, exit_code=exit_code, evidence=evidence, resumed_from_step=output.resumed_from)
-
-    # The driver leads a session of its own, as torchrun does: SIGTERM to it all (the workers commit
-    # a checkpoint), SIGKILL after the grace period; the cluster ends with the driver.
-    kill = LocalBackend.kill
 
 
 class DriverOutput:

@@ -112,3 +112,45 @@ def test_ray_kill_at_time_on_rank_1_is_infra_resumes_and_matches_torchrun(h, ray
     assert resumed and resumed % INTERVAL == 0 and resumed <= fired["step"] and fired["step"] - resumed <= 2 * INTERVAL, (fired, resumed)
     final = (run_dir / "final" / "model.safetensors").read_bytes()
     assert final == (reference / "final" / "model.safetensors").read_bytes()
+
+
+@pytest.mark.slow
+def test_a_paused_ray_gang_stops_waits_and_resumes_from_its_newest_checkpoint(h, ray_cluster, tmp_path, monkeypatch):
+    """Issue 25.2 for backend ray: `python -m operators.cli.gang pause GANG --local` stops the
+    driver (its workers with it), the task waits, `resume` launches it again from the newest
+    committed checkpoint; `pauses: 1`. On a cluster it did not start (this one) the workers are
+    not in the driver's process group: they end with their actors, without a final checkpoint."""
+    import threading
+
+    from operators.backends.ray import RayBackend
+    from operators.cli.gang import control
+    from trainer.checkpoint_commit import committed_steps
+    from trainer_fixtures import DATA
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GANGFLOW_FAULT", "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "RAY_ADDRESS"):
+        monkeypatch.delenv(key, raising=False)
+    ray_address, token = ray_cluster
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", token)
+    monkeypatch.setenv("GANGFLOW_HOME", str(tmp_path / "home"))
+    run_dir, lines, out = tmp_path / "run", [], {}
+    sets = (f"data.train_path={DATA['train']}", f"data.test_path={DATA['test']}", "train.max_steps=1500",
+            "checkpoint.every_steps=50", "train.log_every_steps=200")
+    spec = GangSpec(name="ray-pause", run_dir=str(run_dir), world_size=2, config_path=str(h.ROOT / "params.yaml"), overrides=sets)
+    gang = threading.Thread(target=lambda: out.setdefault("result", RayBackend(address=ray_address).run(spec, lines.append)))
+    gang.start()
+    deadline = time.monotonic() + 180
+    while not committed_steps(run_dir / "checkpoints") or committed_steps(run_dir / "checkpoints")[0] < 100:
+        assert gang.is_alive() and time.monotonic() < deadline, "\n".join(lines[-40:])
+        time.sleep(0.05)
+    assert control(["pause", "ray-pause", "--local"])[0] == 0
+    while not any("waiting for `python -m operators.cli.gang resume" in line for line in lines):
+        assert gang.is_alive() and time.monotonic() < deadline, "\n".join(lines[-40:])
+        time.sleep(0.05)
+    at_pause = committed_steps(run_dir / "checkpoints")[0]
+    assert control(["resume", "ray-pause", "--local"])[0] == 0
+    gang.join(240)
+    result, text = out["result"], "\n".join(lines[-60:])
+    assert result.succeeded and result.pauses == 1, text
+    assert result.resumed_from_step == at_pause >= 100, text
+    assert committed_steps(run_dir / "checkpoints")[0] == 1500
