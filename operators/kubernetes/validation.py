@@ -31,6 +31,17 @@ def drop_nulls(value: Any) -> Any:
     return value
 
 
+_LEADING_FLAGS = re.compile(r"^\^\(\?([a-zA-Z]+)\)")
+
+
+def python_pattern(pattern: str) -> str:
+    """A CRD's Go (RE2) `pattern` in a form Python's `re` compiles. RE2 accepts inline flags right
+    after the anchor (`^(?i)[a-z]...`, Kueue's AdmissionCheck parameters.kind); `re` only at the very
+    start, and moving them in front of `^` keeps the meaning."""
+    match = _LEADING_FLAGS.match(pattern)
+    return f"(?{match.group(1)})^{pattern[match.end():]}" if match else pattern
+
+
 def strict_schema(schema: Any) -> Any:
     """A copy of an OpenAPI v3 schema that rejects unknown fields like the API server does."""
     if isinstance(schema, list):
@@ -38,6 +49,8 @@ def strict_schema(schema: Any) -> Any:
     if not isinstance(schema, Mapping):
         return schema
     out = {k: strict_schema(v) for k, v in schema.items()}
+    if isinstance(out.get("pattern"), str):
+        out["pattern"] = python_pattern(out["pattern"])
     if "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields") and "additionalProperties" not in out:
         out["additionalProperties"] = False
     if out.get("x-kubernetes-int-or-string") and "type" not in out and "anyOf" not in out:

@@ -110,3 +110,11 @@ pod-security.kubernetes.io/enforce-version: latest
 pod-security.kubernetes.io/audit: {{ .Values.podSecurity.level }}
 pod-security.kubernetes.io/warn: {{ .Values.podSecurity.level }}
 {{- end -}}
+
+{{/*
+Name of the MultiKueue AdmissionCheck and of the MultiKueueConfig it points to: the ClusterQueue's name
+with "-multikueue", a DNS-1123 label (an AdmissionCheck's parameters.name allows no dots).
+*/}}
+{{- define "gangflow.multiKueue.name" -}}
+{{- printf "%s-multikueue" (.Values.kueue.clusterQueue.name | replace "." "-") | trunc 63 | trimSuffix "-" -}}
+{{- end -}}

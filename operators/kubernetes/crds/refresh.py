@@ -23,7 +23,10 @@ SOURCES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "kubernetes-sigs/kueue",
         "ff69552e79ad21652c36caa97038382e55625cf7",
         "config/components/crd/bases",
-        tuple(f"kueue.x-k8s.io_{p}.yaml" for p in ("clusterqueues", "localqueues", "resourceflavors", "topologies", "workloadpriorityclasses", "workloads")),
+        tuple(
+            f"kueue.x-k8s.io_{p}.yaml"
+            for p in ("admissionchecks", "clusterqueues", "localqueues", "multikueueclusters", "multikueueconfigs", "resourceflavors", "topologies", "workloadpriorityclasses", "workloads")
+        ),
     ),
     "trainer": ("kubeflow/trainer", "8c0f5059bd51ec3ba6d6a6a7b2e1471de7bc13b3", "manifests/base/crds", ("trainer.kubeflow.org_trainjobs.yaml",)),
     "volcano": (

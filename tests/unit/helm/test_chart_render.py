@@ -65,6 +65,10 @@ SCENARIOS = {
     "checkpoints-in-object-storage": {
         "training": {"checkpoint": {"pvc": "", "uri": "s3://ckpt/gangflow", "createPvc": False}},
     },
+    "multikueue-two-workers": {
+        "kueue": {"multiKueue": {"enabled": True, "clusters": [{"name": "worker1", "kubeconfigSecret": "worker1-kubeconfig"},
+                                                              {"name": "worker2", "kubeconfigSecret": "worker2-kubeconfig"}]}},
+    },
     "all-off": ALL_OFF,
 }
 
