@@ -185,70 +185,8 @@ def _embedded_core_objects(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-TRAINER_API_VERSION = "trainer.kubeflow.org/v1alpha1"
 TRAINING_RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
-_NUM_PROC_WORDS = ("auto", "cpu", "gpu")  # Trainer's torch plugin accepts these besides an integer
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-
-
-def _keys(where: str, value: Any, allowed: Iterable[str], required: Iterable[str] = ()) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise SchemaValidationError(f"{where}: must be an object, got {type(value).__name__}")
-    unknown = sorted(set(value) - set(allowed))
-    if unknown:
-        raise SchemaValidationError(f"{where}: unknown field(s) {', '.join(unknown)}; accepted: {', '.join(sorted(allowed))}")
-    missing = sorted(set(required) - set(value))
-    if missing:
-        raise SchemaValidationError(f"{where}: missing required field(s) {', '.join(missing)}")
-    return value
-
-
-def _positive_int(where: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SchemaValidationError(f"{where}: must be an integer >= 1, got {value!r}")
-
-
-def validate_training_runtime(obj: Mapping[str, Any], crds: CrdRegistry, version: str = KUBERNETES_VERSION) -> None:
-    """Kubeflow Trainer v2's ClusterTrainingRuntime / TrainingRuntime, whose CRD is not vendored.
-
-    The outer shape is checked field by field against Trainer's TrainingRuntimeSpec (mlPolicy with
-    numNodes and torch.numProcPerNode, podGroupPolicy, template); `spec.template.spec` is validated
-    as the spec of a JobSet against the vendored JobSet CRD, and its Jobs as core Jobs. Not checked:
-    the contents of podGroupPolicy and of mlPolicy's other frameworks, and Trainer's own CEL rules."""
-    kind = str(obj.get("kind"))
-    name = str((obj.get("metadata") or {}).get("name", "?"))
-    where = f"{kind} {name}"
-    obj = drop_nulls(obj)
-    _keys(where, obj, ("apiVersion", "kind", "metadata", "spec"), ("apiVersion", "kind", "metadata", "spec"))
-    if obj["apiVersion"] != TRAINER_API_VERSION:
-        raise SchemaValidationError(f"{where}: apiVersion must be {TRAINER_API_VERSION}, got {obj['apiVersion']!r}")
-    meta = _keys(f"{where}: metadata", obj["metadata"], ("name", "namespace", "labels", "annotations"), ("name",))
-    if not _DNS_SUBDOMAIN.match(str(meta["name"])):
-        raise SchemaValidationError(f"{where}: metadata.name must be a DNS-1123 subdomain")
-    if kind == "ClusterTrainingRuntime" and "namespace" in meta:
-        raise SchemaValidationError(f"{where}: metadata.namespace: a ClusterTrainingRuntime is cluster-scoped")
-    spec = _keys(f"{where}: spec", obj["spec"], ("mlPolicy", "podGroupPolicy", "template"), ("template",))
-    if "mlPolicy" in spec:
-        policy = _keys(f"{where}: spec.mlPolicy", spec["mlPolicy"], ("numNodes", "torch", "mpi"))
-        if "numNodes" in policy:
-            _positive_int(f"{where}: spec.mlPolicy.numNodes", policy["numNodes"])
-        if "torch" in policy:
-            torch = _keys(f"{where}: spec.mlPolicy.torch", policy["torch"], ("numProcPerNode", "elasticPolicy"))
-            procs = torch.get("numProcPerNode", "auto")
-            if isinstance(procs, str) and procs not in _NUM_PROC_WORDS:
-                raise SchemaValidationError(f"{where}: spec.mlPolicy.torch.numProcPerNode must be an integer >= 1 or one of {', '.join(_NUM_PROC_WORDS)}, got {procs!r}")
-            if not isinstance(procs, str):
-                _positive_int(f"{where}: spec.mlPolicy.torch.numProcPerNode", procs)
-    template = _keys(f"{where}: spec.template", spec["template"], ("metadata", "spec"), ("spec",))
-    _keys(f"{where}: spec.template.metadata", template.get("metadata") or {}, ("labels", "annotations"))
-    jobset = {"apiVersion": JOBSET_API_VERSION, "kind": "JobSet", "metadata": {"name": meta["name"]}, "spec": template["spec"]}
-    try:
-        validate_custom(jobset, crds)
-        for embedded in _embedded_core_objects(jobset):
-            validate_core(embedded, version)
-    except SchemaValidationError as exc:
-        raise SchemaValidationError(f"{where}: spec.template (a JobSet template, checked against the vendored JobSet CRD): {exc}") from None
 
 
 def validate_object(obj: Mapping[str, Any], crds: CrdRegistry | None = None, version: str = KUBERNETES_VERSION) -> None:
@@ -262,10 +200,19 @@ def validate_object(obj: Mapping[str, Any], crds: CrdRegistry | None = None, ver
         return
     if crds is None:
         raise SchemaValidationError(f"{obj.get('kind')} ({api_version}) is a custom resource: pass the CRD folder (--crds)")
-    if group == TRAINER_API_VERSION.split("/")[0] and obj.get("kind") in TRAINING_RUNTIME_KINDS:
-        validate_training_runtime(obj, crds, version)
-        return
     validate_custom(obj, crds)
+    if obj.get("kind") == "ClusterTrainingRuntime" and "namespace" in (obj.get("metadata") or {}):
+        raise SchemaValidationError(f"ClusterTrainingRuntime {obj['metadata'].get('name', '?')}: metadata.namespace: "
+                                    "a ClusterTrainingRuntime is cluster-scoped")  # fmt: skip
+    if obj.get("kind") in TRAINING_RUNTIME_KINDS:  # its template is a JobSet's spec: checked as one
+        template = (obj.get("spec") or {}).get("template") or {}
+        jobset = {"apiVersion": JOBSET_API_VERSION, "kind": "JobSet",
+                  "metadata": {"name": (obj.get("metadata") or {}).get("name", "runtime")}, "spec": template.get("spec") or {}}
+        try:
+            validate_object(jobset, crds, version)
+        except SchemaValidationError as exc:
+            raise SchemaValidationError(f"{obj['kind']} {jobset['metadata']['name']}: spec.template (a JobSet's spec, "
+                                        f"checked against the vendored JobSet CRD): {exc}") from None  # fmt: skip
     for embedded in _embedded_core_objects(obj):
         validate_core(embedded, version)
 

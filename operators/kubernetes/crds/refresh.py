@@ -28,7 +28,12 @@ SOURCES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
             for p in ("admissionchecks", "clusterqueues", "localqueues", "multikueueclusters", "multikueueconfigs", "resourceflavors", "topologies", "workloadpriorityclasses", "workloads")
         ),
     ),
-    "trainer": ("kubeflow/trainer", "8c0f5059bd51ec3ba6d6a6a7b2e1471de7bc13b3", "manifests/base/crds", ("trainer.kubeflow.org_trainjobs.yaml",)),
+    "trainer": (
+        "kubeflow/trainer",
+        "8c0f5059bd51ec3ba6d6a6a7b2e1471de7bc13b3",
+        "manifests/base/crds",
+        tuple(f"trainer.kubeflow.org_{p}.yaml" for p in ("trainjobs", "clustertrainingruntimes", "trainingruntimes")),
+    ),
     "volcano": (
         "volcano-sh/volcano",
         "ed72c7c815a9fd547a787134676f73d42e9d049c",
