@@ -46,9 +46,11 @@ baseline: setup
 # (RUNTIME=podman), S3 (moto) and MLflow servers on 127.0.0.1 (docs/kubernetes.md, "The cluster
 # drill"); honours GANGFLOW_FAULT. API=trainjob submits a TrainJob that the drill's Kubeflow Trainer
 # v2 controller turns into a JobSet from the chart's ClusterTrainingRuntime.
+# MULTIKUEUE=2: two worker clusters behind a MultiKueue manager (GANGFLOW_DRILL_EVENT=lose-worker@step=N).
 RUNTIME ?= process
+MULTIKUEUE ?= 0
 cluster-drill: setup
-	$(BIN)/python -m operators.cli.drill --pipeline $(PIPELINE) --api $(API) --runtime $(RUNTIME)
+	$(BIN)/python -m operators.cli.drill --pipeline $(PIPELINE) --api $(API) --runtime $(RUNTIME) --multikueue $(MULTIKUEUE)
 
 # The training and Airflow images of docker/, built with podman from bases made here when the
 # official ones cannot be pulled; tags and sha256 digests in .gangflow/images/images.json.

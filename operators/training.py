@@ -166,6 +166,7 @@ class GangTrainingOperator(BaseOperator):
         self._first_launch: float | None = None  # monotonic time of this try's first launch (the limit's start)
         self.preemptions: list[str] = []  # why each preemption of this DAG run's gang happened
         self.pauses = 0  # pauses and resumes of this DAG run's gang (`python -m operators.cli.gang`)
+        self.dispatched_to: str | None = None  # MultiKueue: the worker cluster that ran the gang
         self._killed = False
 
     # -- building the gang -------------------------------------------------------------------
@@ -349,6 +350,9 @@ class GangTrainingOperator(BaseOperator):
         self.pauses = pauses + int(event.get("pauses") or 0)  # `python -m operators.cli.gang pause`, then resume
         if self.pauses:
             self.log.info("gangflow: the gang was paused and resumed %d time(s) in this DAG run (no retry spent)", self.pauses)
+        self.dispatched_to = event.get("dispatched_to")
+        if self.dispatched_to:
+            self.log.info("gangflow: MultiKueue dispatched the gang to worker cluster %r", self.dispatched_to)
         self._backend = backend = get_backend(self.backend, **self.backend_options)
         gang = GangSpec(**spec)
         result = backend.collect(handle, event)
@@ -519,6 +523,7 @@ class GangTrainingOperator(BaseOperator):
             "preemptions": len(self.preemptions),
             "preemption_reasons": list(self.preemptions),
             "pauses": self.pauses,
+            "dispatched_to": self.dispatched_to,
         }
 
     def _failure(self, spec: GangSpec, result: GangResult, run_id: str | None = None) -> GangFailure:

@@ -102,7 +102,7 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
     manifest, metrics, decision = (xcoms.get((task_id, "return_value")) or {} for task_id in ("validate_dataset", "evaluate", "promote"))
     train_tries = [tries for task_id, (state, tries) in tis.items() if task_id.startswith("train_") and state not in ("skipped", None)]
     training = xcoms.get(("training_result", "backend")) and {
-        key: xcoms.get(("training_result", key)) for key in ("backend", "launcher", "resumed_from_step")
+        key: xcoms.get(("training_result", key)) for key in ("backend", "launcher", "resumed_from_step", "dispatched_to")
     }
     # preemptions re-launched without a retry (issue 25.1): the training task's own XComs, kept
     # while it ran, so a run that failed afterwards still shows them
@@ -129,6 +129,8 @@ def summarize(dag_run, dag_id: str = DAG_ID) -> dict:
         "backend": (training or params)["backend"],
         "launcher": (training or params)["launcher"],
         "resumed_from_step": (training or {}).get("resumed_from_step"),
+        # MultiKueue: the worker cluster the gang ran on, read back through the manager (else None)
+        "dispatched_to": (training or {}).get("dispatched_to"),
         **checkpoint_interval(settings.run_dir(dag_id, dag_run.run_id), params.get("checkpoint_every_steps", config.checkpoint_every_steps)),
         "preemptions": len(reasons),
         "preemption_reasons": reasons,

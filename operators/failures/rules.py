@@ -353,6 +353,16 @@ def _preempted(f: Evidence) -> Hit | None:
     return _slurm_cancelled(f, "PREEMPTION")
 
 
+def _worker_cluster_lost(f: Evidence) -> Hit | None:
+    """MultiKueue: Kueue evicts a Workload with reason AdmissionCheck when its MultiKueue check goes
+    back to Retry (the worker cluster running it was lost past workerLostTimeout, or its copy there
+    was removed); the gang is dispatched again."""
+    for c in f.conditions:  # a Rejected check also evicts with this reason ("... were rejected"): not a loss
+        if c.type == "Evicted" and c.reason == "AdmissionCheck" and "rejected" not in c.message.lower():
+            return Hit("Kueue evicted the Workload: an admission check (MultiKueue: its worker cluster) went back to Retry", c.message)
+    return None
+
+
 def _container_limit_eviction(f: Evidence) -> Hit | None:
     texts = [f.pod_message] if f.pod_reason == "Evicted" else []
     texts += [m for _, m in f.event_texts("Evicted")]
@@ -681,6 +691,7 @@ RULES: tuple[Rule, ...] = (
     Rule("k8s-disruption", "infra", 1, _disruption_condition, summary="DisruptionTarget pod condition"),
     Rule("node-lost", "infra", 1, _node_lost, summary="NodeLost / NodeNotReady / node not ready"),
     Rule("k8s-preempted", "infra", 1, _preempted, summary="pod reason Preempting, event Preempted, Slurm DUE TO PREEMPTION"),
+    Rule("worker-cluster-lost", "infra", 1, _worker_cluster_lost, summary="Kueue Workload Evicted, reason AdmissionCheck (MultiKueue worker lost)"),  # fmt: skip
     Rule("evicted-no-memory-request", "user", 1, _evicted_without_memory_request, summary="Evicted for node memory pressure, container used memory with request 0"),  # fmt: skip
     Rule("k8s-evicted", "infra", 1, _evicted, summary="pod reason / event Evicted (node pressure)"),
     Rule("cloud-preemption", "infra", 1, _text_rule(_CLOUD_PREEMPTION, "the cloud provider reclaimed the machine"), summary="spot/preemptible interruption, instance preempted"),  # fmt: skip

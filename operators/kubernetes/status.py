@@ -108,6 +108,7 @@ class WorkloadState:
     admitted_at: str | None
     evicted: dict[str, str] | None  # {reason, message} once Kueue evicted (preempted, timeouts, ...)
     waiting: str | None  # why it is not admitted, in Kueue's words
+    cluster: str | None = None  # MultiKueue: the worker cluster it was dispatched to (status.clusterName)
 
 
 def workload_state(wl: Mapping[str, Any]) -> WorkloadState:
@@ -139,6 +140,7 @@ def workload_state(wl: Mapping[str, Any]) -> WorkloadState:
         admitted_at=admitted.get("lastTransitionTime") if is_true(admitted) else None,
         evicted=ev,
         waiting=waiting,
+        cluster=(wl.get("status") or {}).get("clusterName") or None,
     )
 
 

@@ -132,6 +132,7 @@ class GangWatcher:
         self._pull_since: dict[str, float] = {}
         self.pauses = 0  # times the gang was paused (`python -m operators.cli.gang pause`) and resumed
         self.paused_at: float | None = None
+        self.dispatched_to: str | None = None  # MultiKueue: the worker cluster that runs the gang
 
     # --- helpers ----------------------------------------------------------------------------------
 
@@ -161,12 +162,15 @@ class GangWatcher:
             "waited_seconds": round(now - (self.created_at or self.first_seen), 1),
             "waiting": list(self.waiting),
             "pauses": self.pauses,
+            "dispatched_to": self.dispatched_to,
         }
         event.update(extra)
         return event
 
     async def _failed(self, message: str, now: float, **kwargs: Any) -> dict[str, Any]:
         evidence = await gather_evidence(self.api, self.handle, **kwargs)
+        if self.dispatched_to:  # its pods ran on that worker cluster, out of this cluster's sight
+            evidence["dispatched_to"] = self.dispatched_to
         return self._event("failed", message, now, evidence=evidence)
 
     async def _pod_reasons(self, pods: list[dict[str, Any]], views: list[st.PodView]) -> list[str]:
@@ -251,6 +255,9 @@ class GangWatcher:
             return await self._failed(f"{self.where} failed: {what}", now, obj=obj, pods=pods, workload=workload, stuck=stuck)
         if workload is not None:
             wl = st.workload_state(workload)
+            if wl.cluster and wl.cluster != self.dispatched_to:
+                self.log(f"{self.where} dispatched by MultiKueue to worker cluster {wl.cluster!r}: its pods run there")
+                self.dispatched_to = wl.cluster
             if wl.evicted and not self._requeued_after_resume(wl):
                 return await self._failed(
                     f"{self.where} failed: Kueue evicted Workload {wl.name} ({wl.evicted['reason']}): {wl.evicted['message']}",
@@ -280,6 +287,13 @@ class GangWatcher:
             self.log(f"{self.where} admitted after {format_duration(self.admitted_at - self.created_at)}")
 
         # --- startup: every rank Ready ---------------------------------------------------------------
+        if self.started_at is None and self.dispatched_to:
+            # MultiKueue: the pods are on the worker cluster; the worker's own Kueue and kubelet bound
+            # their start, and the gang's status comes back through this cluster's copy
+            self.started_at = now
+            self.phase = "running"
+            self.log(f"{self.where} running on worker cluster {self.dispatched_to!r} (MultiKueue)")
+            return None
         if self.started_at is None:
             ready = sum(1 for v in views if v.ready)
             if ready >= self.world_size:
@@ -303,6 +317,11 @@ class GangWatcher:
             return None
 
         # --- running ---------------------------------------------------------------------------------
+        if self.dispatched_to:
+            if now - self._last_logged >= self.log_interval:
+                self.log(f"{self.where} running on worker cluster {self.dispatched_to!r} for {format_duration(now - self.started_at)}")
+                self._last_logged = now
+            return None
         if now - self._last_logged >= self.log_interval:
             ready = sum(1 for v in views if v.ready)
             self.log(f"{self.where} running for {format_duration(now - self.started_at)}: {ready}/{self.world_size} ranks Ready")

@@ -35,9 +35,11 @@ def processes_touching(folder: Path) -> list[str]:
     return found
 
 
-def start_drill(home: Path, keep: Path, log: Path, conf: dict | None = None, api: str | None = None, **env: str) -> subprocess.Popen:
+def start_drill(home: Path, keep: Path, log: Path, conf: dict | None = None, api: str | None = None, multikueue: int = 0,
+                **env: str) -> subprocess.Popen:  # fmt: skip
     argv = [sys.executable, "-m", "operators.cli.drill", "--keep", str(keep), "--conf", json.dumps(conf or CONF)]
     argv += ["--api", api] if api else []
+    argv += ["--multikueue", str(multikueue)] if multikueue else []
     return subprocess.Popen(argv, cwd=PROJECT_ROOT, env=pipeline_env(home, **env), stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 

@@ -189,6 +189,13 @@ class InMemoryKubernetesApi:
         with self._lock:
             self.objects.pop(self._key(group, plural, namespace, name), None)
 
+    def delete(self, group: str, plural: str, namespace: str | None, name: str) -> None:
+        """Delete an object as a client would: its pods and Workload go with it (`_collect_garbage`)."""
+        obj = self.get(group, plural, namespace, name)
+        if obj is not None:
+            self.remove(group, plural, namespace, name)
+            self._collect_garbage(obj, namespace)
+
     def set_status(self, group: str, plural: str, namespace: str, name: str, status: dict[str, Any], **spec_changes: Any) -> None:
         with self._lock:
             obj = self.objects[self._key(group, plural, namespace, name)]

@@ -42,15 +42,16 @@ FALLBACK_LINES, FALLBACK_BYTES, MESSAGE_BYTES = 80, 2048, 4096
 
 
 EVENT_ENV = "GANGFLOW_DRILL_EVENT"
-_EVENT = re.compile(r"^(?P<action>preempt|pause)@step=(?P<step>\d+)$")
+_EVENT = re.compile(r"^(?P<action>preempt|pause|lose-worker)@step=(?P<step>\d+)$")
 PAUSE_SECONDS = 3  # how long the drill's `pause` event keeps the gang paused before resuming it
 
 
 @dataclass
 class DrillEvent:
     """What the drill's cluster does to the running gang once its checkpoint `step` is committed:
-    `preempt` (Kueue evicts the Workload, reason Preempted; a new gang is admitted again) or
-    `pause` (`python -m operators.cli.gang pause`, then `resume` PAUSE_SECONDS later)."""
+    `preempt` (Kueue evicts the Workload, reason Preempted; a new gang is admitted again),
+    `pause` (`python -m operators.cli.gang pause`, then `resume` PAUSE_SECONDS later) or, with
+    MultiKueue, `lose-worker` (the worker cluster running the gang is lost: multikueue.py)."""
 
     action: str
     step: int
@@ -67,7 +68,8 @@ def parse_drill_event(text: str | None) -> DrillEvent | None:
         return None
     match = _EVENT.match(text.strip())
     if not match or int(match["step"]) < 1:
-        raise ValueError(f"{EVENT_ENV}={text!r}: accepted values: preempt@step=N or pause@step=N (N >= 1, a checkpoint step)")
+        raise ValueError(f"{EVENT_ENV}={text!r}: accepted values: preempt@step=N, pause@step=N or lose-worker@step=N "
+                         "(N >= 1, a checkpoint step; lose-worker with MultiKueue)")
     return DrillEvent(match["action"], int(match["step"]))
 
 

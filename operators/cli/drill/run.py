@@ -209,10 +209,17 @@ class Drill:
     """Owns every server, thread and process of one drill; `close()` ends them all."""
 
     def __init__(self, *, keep: Path | None = None, fault: str = "", conf: dict[str, Any] | None = None, pipeline: str = "digits",
-                 api: str = "jobset", event=None, runtime: str = "process"):  # fmt: skip
+                 api: str = "jobset", event=None, runtime: str = "process", multikueue: int = 0):  # fmt: skip
         from operators.config.pipelines import pipeline as load_pipeline
 
         self.event = event  # a DrillEvent the emulated cluster fires at the running gang, or None
+        # MultiKueue: the API double the worker talks to is the manager; this many worker clusters behind it
+        if multikueue and (multikueue < 2 or runtime != "process" or api != "jobset"):
+            raise DrillError(f"--multikueue {multikueue}: needs 2 or more worker clusters, --runtime process and --api jobset")
+        if event is not None and (event.action == "lose-worker") != bool(multikueue):
+            raise DrillError(f"GANGFLOW_DRILL_EVENT={event.spec}: " + ("lose-worker needs --multikueue N (N >= 2)" if not multikueue
+                             else "with --multikueue the drill's event is lose-worker@step=N"))
+        self.multikueue = multikueue
         if runtime not in RUNTIMES:
             raise DrillError(f"runtime {runtime!r}: must be one of {', '.join(RUNTIMES)}")
         self.container_runtime = self.worker = None
@@ -318,9 +325,10 @@ class Drill:
 
         registry = CrdRegistry(settings.PROJECT_ROOT / "operators" / "kubernetes" / "crds")
         self.api = InMemoryKubernetesApi(validator=lambda obj: validate_object(obj, registry)).start()
-        for group, plural, obj in cluster_objects(
+        self._cluster_objects = cluster_objects(
             self.runtime, s3_key=s3_key, s3_secret=s3_secret, mlflow_token=secrets.token_hex(16), world_size=int(self.conf["world_size"])
-        ):
+        )
+        for group, plural, obj in self._cluster_objects:
             self.api.put(group, plural, obj)
         if self.launch_api == "trainjob":  # the chart's ClusterTrainingRuntime, rendered with the drill's values
             from operators.cli.drill.trainer_controller import RUNTIMES, chart_training_runtime
@@ -348,11 +356,35 @@ class Drill:
 
             registry = CrdRegistry(settings.PROJECT_ROOT / "operators" / "kubernetes" / "crds")
             controllers.append(TrainerController(self.api, validator=lambda obj: validate_object(obj, registry), master_port=self.runtime["rendezvousPort"]))
+        if self.multikueue:
+            self.cluster = self._multikueue(image, audit_dir, extra)
+            return
         self.cluster = EmulatedCluster(
             self.api, workdir=self.dir / "pods", image=image, audit_dir=audit_dir, drill_id=self.id, extra_env=extra, echo=echo,
             controllers=controllers, event=self.event, committed_step=self._committed_step,
             runtime=self.container_runtime,
         ).start()  # fmt: skip
+
+    def _multikueue(self, image, audit_dir: Path, extra: dict[str, str]):
+        """Worker clusters worker-1..N, each an API test double with the namespace's objects (the
+        Secrets are created there as on the manager: docs/kubernetes.md, MultiKueue) and a cluster
+        of its own, behind the MultiKueue dispatcher on the manager."""
+        from operators.cli.drill.api_double import InMemoryKubernetesApi
+        from operators.cli.drill.cluster import EmulatedCluster
+        from operators.cli.drill.multikueue import MultiKueueDispatcher, WorkerCluster
+
+        workers = []
+        for index in range(1, self.multikueue + 1):
+            name = f"worker-{index}"
+            api = InMemoryKubernetesApi(validator=self.api.validator).start()
+            for group, plural, obj in self._cluster_objects:
+                api.put(group, plural, obj)
+            cluster = EmulatedCluster(api, workdir=self.dir / "pods" / name, image=image, audit_dir=audit_dir,
+                                      drill_id=f"{self.id}/{name}", extra_env=extra, echo=lambda m, name=name: echo(f"[{name}] {m}"))  # fmt: skip
+            workers.append(WorkerCluster(name, api, cluster))
+        echo(f"drill: MultiKueue: this API test double is the manager; worker clusters {', '.join(w.name for w in workers)} "
+             f"(each an API test double on {', '.join(w.api.url for w in workers)})")  # fmt: skip
+        return MultiKueueDispatcher(self.api, workers, event=self.event, committed_step=self._committed_step, echo=echo).start()
 
     def _committed_step(self) -> int | None:
         """The newest checkpoint step committed (its manifest written) in the drill's bucket, or None."""
@@ -398,6 +430,8 @@ class Drill:
             # the Airflow image the DAG's tasks ran in (podman runtime); None: in this process
             "worker_image_digest": self.worker.image_digest if self.worker else None,
         }
+        if self.multikueue:  # what the drill's MultiKueue did, beside what the DAG read back (dispatched_to)
+            summary["multikueue"] = self.cluster.summary()
         findings = isolation_findings(runs, self.state)
         if self.worker is not None:  # the worker container's state dir is the worker's too
             findings += isolation_findings(runs, self.dir / "airflow-worker")
@@ -510,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runtime", choices=RUNTIMES, default="process",
                         help="process: each pod's container as local processes (default); podman: as a container of the training image `make images` built")
     parser.add_argument("--keep", type=Path, help="keep the drill's files (servers' data, pod dirs and logs, report.json) in this folder")
+    parser.add_argument("--multikueue", type=int, default=0, metavar="N",
+                        help="N >= 2 worker clusters behind a MultiKueue manager (the API the worker talks to); 0: none (default)")
     args = parser.parse_args(argv)
     try:
         conf = json.loads(args.conf)
@@ -539,7 +575,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     summary: dict[str, Any] = {"state": "failed", "backend": "kubernetes", "api": args.api, "train_attempts": 0, "promoted": False, "runtime": args.runtime}
     try:
-        drill = Drill(keep=args.keep, fault=fault, conf=conf, pipeline=args.pipeline, api=args.api, event=event, runtime=args.runtime)
+        drill = Drill(keep=args.keep, fault=fault, conf=conf, pipeline=args.pipeline, api=args.api, event=event, runtime=args.runtime,
+                      multikueue=args.multikueue)
     except DrillError as exc:
         print(json.dumps(summary | {"failure": {"kind": "user", "reason": str(exc)}}), flush=True)
         return 2

@@ -196,8 +196,22 @@ def test_the_preempt_event_evicts_the_running_gang_and_admits_only_a_new_one(tmp
 def test_a_bad_drill_event_is_refused_naming_the_variable(text):
     from operators.cli.drill.cluster import parse_drill_event
 
-    with pytest.raises(ValueError, match=r"GANGFLOW_DRILL_EVENT=.*accepted values: preempt@step=N or pause@step=N"):
+    with pytest.raises(ValueError, match=r"GANGFLOW_DRILL_EVENT=.*accepted values: preempt@step=N, pause@step=N or lose-worker@step=N"):
         parse_drill_event(text)
+
+
+@pytest.mark.parametrize("event,multikueue,message", [
+    ("lose-worker@step=30", 0, "lose-worker needs --multikueue N"),
+    ("pause@step=30", 2, "with --multikueue the drill's event is lose-worker@step=N"),
+])  # fmt: skip
+def test_an_event_the_drill_layout_cannot_play_is_refused(event, multikueue, message):
+    from operators.cli.drill.cluster import parse_drill_event
+    from operators.cli.drill.run import Drill, DrillError
+
+    with pytest.raises(DrillError, match=message):
+        Drill(event=parse_drill_event(event), multikueue=multikueue)
+    with pytest.raises(DrillError, match="needs 2 or more worker clusters"):
+        Drill(multikueue=1)
 
 
 def test_the_drill_events_it_knows():

@@ -791,3 +791,69 @@ def test_a_pause_no_poll_saw_is_counted_and_its_requeue_is_no_failure(fake_k8s):
     api.steps = [kueue_admit(fx, "running"), nothing, paused_and_resumed_unseen, nothing, kueue_admit(fx, "running"), jobset_status(fx, "completed")]
     event = run_trigger(b.trigger(handle))
     assert event["status"] == "success" and event["pauses"] == 1, event
+
+
+# --- MultiKueue: the gang runs on a worker cluster (docs/kubernetes.md, MultiKueue) --------------------
+
+
+def _dispatched(fx: Fixtures, cluster: str):
+    """The manager's Kueue: the MultiKueue check Ready, the Workload admitted (30 s ago),
+    status.clusterName set; the manager's JobSet unsuspended. No pod is created here: they run on
+    the worker."""
+    def step(api):
+        workload = fx.workload("admitted")
+        for cond in workload["status"]["conditions"]:
+            cond["lastTransitionTime"] = (datetime.now(timezone.utc) - timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        workload["status"]["admissionChecks"] = [{"name": "gangflow-multikueue", "state": "Ready", "lastTransitionTime": _now(),
+                                                  "message": f'The workload got reservation on "{cluster}"'}]  # fmt: skip
+        workload["status"]["clusterName"] = cluster
+        api.put(*KQ, workload)
+        api.set_status(*JS, NAMESPACE, fx.name, fx.jobset_status("running"), suspend=False)
+
+    return step
+
+
+def test_a_gang_multikueue_dispatched_runs_without_pods_here_and_names_its_worker(fake_k8s):
+    api = fake_k8s
+    b = backend(runtime={"startupTimeoutSeconds": 1})
+    handle = b.submit(spec())
+    fx = fixtures_for(handle)
+    api.steps = [_dispatched(fx, "worker-2"), *[nothing] * 200, jobset_status(fx, "completed")]  # 2 s and more of polls
+    trigger = b.trigger(handle)
+    event = run_trigger(trigger)
+    # without MultiKueue in the watch: 0/4 ranks Ready here, and the start-up timeout ends the gang
+    assert event["status"] == "success", event
+    assert event["dispatched_to"] == "worker-2"
+    assert any("dispatched by MultiKueue to worker cluster 'worker-2'" in r for r in trigger.reports)
+    assert any("running on worker cluster 'worker-2' (MultiKueue)" in r for r in trigger.reports)
+
+
+def test_a_lost_worker_cluster_is_an_infra_failure_naming_the_worker_not_a_preemption(fake_k8s):
+    from operators.failures import classify
+    from operators.failures.preemption import preemption_reason
+
+    api = fake_k8s
+    b = backend()
+    handle = b.submit(spec())
+    fx = fixtures_for(handle)
+
+    def worker_lost(a):  # Kueue after workerLostTimeout: the check back to Retry, the Workload evicted
+        workload = a.get(*KQ, NAMESPACE, fx.workload("admitted")["metadata"]["name"])
+        workload["status"]["admissionChecks"] = [{"name": "gangflow-multikueue", "state": "Retry", "lastTransitionTime": _now(),
+                                                  "message": 'Reserving remote lost: cluster "worker-1" is not active'}]  # fmt: skip
+        workload["status"].pop("clusterName")
+        workload["status"]["conditions"] = [
+            {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "At least one admission check is false", "lastTransitionTime": _now()},
+            {"type": "Admitted", "status": "False", "reason": "AdmissionCheck", "message": "At least one admission check is false", "lastTransitionTime": _now()},
+            {"type": "Evicted", "status": "True", "reason": "AdmissionCheck", "message": "At least one admission check is false", "lastTransitionTime": _now()}]
+        a.get(*JS, NAMESPACE, fx.name)["spec"]["suspend"] = True
+
+    api.steps = [_dispatched(fx, "worker-1"), nothing, worker_lost]
+    event = run_trigger(b.trigger(handle))
+    assert event["status"] == "failed" and event["dispatched_to"] == "worker-1", event
+    assert "Kueue evicted Workload" in event["message"] and "(AdmissionCheck)" in event["message"]
+    result = b.collect(handle, event)
+    assert result.evidence["dispatched_to"] == "worker-1"
+    verdict = classify(result.evidence)
+    assert verdict.kind == "infra" and verdict.rule == "worker-cluster-lost" and verdict.retryable, verdict
+    assert preemption_reason(result.evidence) is None  # a lost cluster spends a retry; a preemption would not
