@@ -50,5 +50,17 @@ def finish(proc: subprocess.Popen, log: Path, keep: Path, timeout: float = 1200)
     return {"code": code, "summary": summary, "output": output, "report": report}
 
 
+def run_drill(home: Path, tmp_path_factory, name: str, conf: dict | None = None, **options) -> dict:
+    """One drill to its end on the state dir `home`, its files kept in a fresh folder: `finish`'s
+    result plus `keep` (that folder), `home` and `seconds`. `options`: start_drill's."""
+    import time
+
+    keep = tmp_path_factory.mktemp(f"drill-{name}")
+    log = keep.parent / f"drill-{name}.log"
+    started = time.monotonic()
+    result = finish(start_drill(home, keep, log, conf, **options), log, keep)
+    return result | {"keep": keep, "home": home, "seconds": time.monotonic() - started}
+
+
 def report_pods(report: dict) -> list[dict]:
     return report.get("pods") or []

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from drill_runs import finish, processes_touching, report_pods, start_drill
+from drill_runs import processes_touching, report_pods, run_drill, start_drill
 from pipeline_runs import PROJECT_ROOT
 
 from operators.cli.drill.audit_hook import read
@@ -24,11 +24,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def clean_run(drill_home, tmp_path_factory) -> dict:
-    keep = tmp_path_factory.mktemp("drill-clean")
-    log = keep.parent / "drill-clean.log"
-    result = finish(start_drill(drill_home, keep, log), log, keep)
-    result["keep"] = keep
-    return result
+    return run_drill(drill_home, tmp_path_factory, "clean")
 
 
 def test_drill_trains_evaluates_promotes_through_the_kubernetes_backend(clean_run):
@@ -101,12 +97,7 @@ def test_nothing_left_running_after_the_drill(clean_run):
 
 @pytest.fixture(scope="module")
 def fault_run(drill_home, tmp_path_factory) -> dict:
-    keep = tmp_path_factory.mktemp("drill-fault")
-    log = keep.parent / "drill-fault.log"
-    proc = start_drill(drill_home, keep, log, GANGFLOW_FAULT="kill@step=30,rank=1", GANGFLOW_RETRY_BASE_DELAY="1")
-    result = finish(proc, log, keep)
-    result["keep"] = keep
-    return result
+    return run_drill(drill_home, tmp_path_factory, "fault", GANGFLOW_FAULT="kill@step=30,rank=1", GANGFLOW_RETRY_BASE_DELAY="1")
 
 
 def test_killed_rank_is_retried_once_and_resumes_from_step_30(fault_run):

@@ -7,24 +7,19 @@ from the checkpoint in object storage."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
-from drill_runs import finish, processes_touching, report_pods, start_drill
+from drill_runs import processes_touching, report_pods, run_drill
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def multikueue_run(drill_home, tmp_path_factory) -> dict:
-    keep = tmp_path_factory.mktemp("drill-multikueue")
-    log = keep.parent / "drill-multikueue.log"
-    started = time.monotonic()
     conf = {"max_steps": 120, "checkpoint_every_steps": 10}
-    result = finish(start_drill(drill_home, keep, log, conf, multikueue=2, GANGFLOW_DRILL_EVENT="lose-worker@step=30"), log, keep)
-    result["keep"], result["seconds"], result["home"] = keep, time.monotonic() - started, drill_home
-    return result
+    return run_drill(drill_home, tmp_path_factory, "multikueue", conf, multikueue=2, GANGFLOW_DRILL_EVENT="lose-worker@step=30",
+                     GANGFLOW_RETRY_BASE_DELAY="1")
 
 
 def test_a_lost_worker_cluster_is_infra_and_the_retry_runs_on_the_other_from_object_storage(multikueue_run):

@@ -4,25 +4,19 @@ final checkpoint the pause made, no retry and no preemption spent."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
-from drill_runs import finish, processes_touching, report_pods, start_drill
+from drill_runs import processes_touching, report_pods, run_drill
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def pause_run(drill_home, tmp_path_factory) -> dict:
-    keep = tmp_path_factory.mktemp("drill-pause")
-    log = keep.parent / "drill-pause.log"
-    started = time.monotonic()
     # long enough that the pause (fired once step 30 is committed) lands mid-run
     conf = {"max_steps": 300, "checkpoint_every_steps": 10}
-    result = finish(start_drill(drill_home, keep, log, conf, GANGFLOW_DRILL_EVENT="pause@step=30"), log, keep)
-    result["keep"], result["seconds"] = keep, time.monotonic() - started
-    return result
+    return run_drill(drill_home, tmp_path_factory, "pause", conf, GANGFLOW_DRILL_EVENT="pause@step=30")
 
 
 def test_a_paused_gang_releases_its_pods_and_resumes_from_its_final_checkpoint(pause_run):

@@ -4,25 +4,19 @@ running Workload; the task re-launches the gang in the same try, no retry spent.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
-from drill_runs import finish, processes_touching, report_pods, start_drill
+from drill_runs import processes_touching, report_pods, run_drill
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def preempt_run(drill_home, tmp_path_factory) -> dict:
-    keep = tmp_path_factory.mktemp("drill-preempt")
-    log = keep.parent / "drill-preempt.log"
-    started = time.monotonic()
     # long enough that the eviction (polled every 0.25 s once step 30 is committed) lands mid-run
     conf = {"max_steps": 150, "checkpoint_every_steps": 10}
-    result = finish(start_drill(drill_home, keep, log, conf, GANGFLOW_DRILL_EVENT="preempt@step=30"), log, keep)
-    result["keep"], result["seconds"] = keep, time.monotonic() - started
-    return result
+    return run_drill(drill_home, tmp_path_factory, "preempt", conf, GANGFLOW_DRILL_EVENT="preempt@step=30")
 
 
 def test_a_kueue_preemption_costs_no_retry_and_resumes(preempt_run):

@@ -5,19 +5,15 @@ try's TrainJob fails, the retry's succeeds, resumes and the model is promoted.""
 from __future__ import annotations
 
 import pytest
-from drill_runs import finish, processes_touching, report_pods, start_drill
+from drill_runs import processes_touching, report_pods, run_drill
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def trainjob_run(drill_home, tmp_path_factory) -> dict:
-    keep = tmp_path_factory.mktemp("drill-trainjob")
-    log = keep.parent / "drill-trainjob.log"
-    proc = start_drill(drill_home, keep, log, api="trainjob", GANGFLOW_FAULT="kill@step=30,rank=1", GANGFLOW_RETRY_BASE_DELAY="1")
-    result = finish(proc, log, keep)
-    result["keep"] = keep
-    return result
+    return run_drill(drill_home, tmp_path_factory, "trainjob", api="trainjob", GANGFLOW_FAULT="kill@step=30,rank=1",
+                     GANGFLOW_RETRY_BASE_DELAY="1")
 
 
 def test_trainjob_killed_rank_is_retried_once_resumes_and_is_promoted(trainjob_run):
