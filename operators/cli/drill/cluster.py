@@ -152,8 +152,46 @@ class PodRun:
         }  # fmt: skip
 
 
-class EmulatedCluster:
+class ReconcileLoop:
+    """A controller of the drill: `reconcile()` every `period` s on a thread of its own; an error is
+    kept in `error` (the drill fails on it) and noted. Subclasses set `what`, `period`, `_note`."""
+
+    what = "emulation"
+    period = 0.2
+    error: BaseException | None = None
+
+    def start(self):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"drill-{self.what.split()[0].lower()}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.reconcile()
+            except Exception as exc:  # visible in the drill's output, and the drill fails on it
+                self.error = exc
+                self._note(f"{self.what} error: {type(exc).__name__}: {exc}")
+            self._stop.wait(self.period)
+
+    def _halt(self) -> None:
+        """Stop reconciling (the thread ends within one period)."""
+        if getattr(self, "_thread", None) is not None:
+            self._stop.set()
+            self._thread.join(10)
+
+    def reconcile(self) -> None:
+        raise NotImplementedError
+
+    def _note(self, message: str) -> None:
+        raise NotImplementedError
+
+
+class EmulatedCluster(ReconcileLoop):
     """Kueue + Job controller + one kubelet, reconciling the API test double every `period` s."""
+
+    what = "cluster emulation"
 
     def __init__(
         self,
@@ -193,31 +231,12 @@ class EmulatedCluster:
         self._next_probe = 0.0
         self._cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self._next_cpu = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------
 
-    def start(self) -> EmulatedCluster:
-        self._thread = threading.Thread(target=self._loop, name="drill-cluster", daemon=True)
-        self._thread.start()
-        return self
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.reconcile()
-            except Exception as exc:  # visible in the drill's output, and the drill fails on it
-                self.error = exc
-                self._note(f"cluster emulation error: {type(exc).__name__}: {exc}")
-            self._stop.wait(self.period)
-
     def stop(self, grace: float = 5.0) -> None:
         """Stop reconciling; SIGTERM every pod's first process, then SIGKILL every pod process."""
-        self._stop.set()
-        if self._thread:
-            self._thread.join(10)
+        self._halt()
         for run in list(self.runs.values()):
             if run.proc is not None and run.proc.poll() is None:
                 try:

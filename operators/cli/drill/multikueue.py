@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import copy
 import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from operators.cli.drill.api_double import InMemoryKubernetesApi
-from operators.cli.drill.cluster import JS, KQ, DrillEvent, EmulatedCluster, kill_marked, now, set_admission
+from operators.cli.drill.cluster import JS, KQ, DrillEvent, EmulatedCluster, ReconcileLoop, kill_marked, now, set_admission
 
 CHECK = "gangflow-multikueue"  # the AdmissionCheck the chart renders on the ClusterQueue (its name in the drill)
 MANAGED_BY = "kueue.x-k8s.io/multikueue"
@@ -39,9 +38,11 @@ class WorkerCluster:
     dispatched: list[str] = field(default_factory=list)  # names of the JobSets it was given
 
 
-class MultiKueueDispatcher:
+class MultiKueueDispatcher(ReconcileLoop):
     """Kueue's MultiKueue between the manager (`manager`) and `workers`, reconciled every `period` s.
     Exposes what the drill reads of one cluster: `history`, `events`, `error`, `stop()`."""
+
+    what = "MultiKueue emulation"
 
     def __init__(self, manager: InMemoryKubernetesApi, workers: list[WorkerCluster], *, event: DrillEvent | None = None,
                  committed_step=None, echo=None, period: float = 0.2):  # fmt: skip
@@ -56,9 +57,6 @@ class MultiKueueDispatcher:
         self._placed: dict[str, WorkerCluster] = {}  # manager JobSet uid -> its worker
         self._lost_at: dict[str, float] = {}  # worker name -> when the drill lost it
         self._next_probe = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None
 
     # --- what the drill reads --------------------------------------------------------------------
 
@@ -79,26 +77,10 @@ class MultiKueueDispatcher:
     def start(self) -> MultiKueueDispatcher:
         for worker in self.workers:
             worker.cluster.start()
-        self._thread = threading.Thread(target=self._loop, name="drill-multikueue", daemon=True)
-        self._thread.start()
-        return self
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.reconcile()
-            except Exception as exc:  # visible in the drill's output, and the drill fails on it
-                self.error = exc
-                self._note(f"MultiKueue emulation error: {type(exc).__name__}: {exc}")
-            for worker in self.workers:
-                if worker.cluster.error is not None and self.error is None:
-                    self.error = worker.cluster.error
-            self._stop.wait(self.period)
+        return super().start()
 
     def stop(self, grace: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(10)
+        self._halt()
         for worker in self.workers:
             worker.cluster.stop(grace)
             worker.api.stop()
@@ -111,6 +93,8 @@ class MultiKueueDispatcher:
     # --- reconcile -------------------------------------------------------------------------------
 
     def reconcile(self) -> None:
+        if self.error is None:  # a worker cluster's emulation error fails the drill too
+            self.error = next((w.cluster.error for w in self.workers if w.cluster.error is not None), None)
         live = {js["metadata"]["uid"]: js for js in self.api.items(*JS)}
         for uid, jobset in live.items():
             if uid in self._placed:
