@@ -86,6 +86,20 @@ def user_code_args(*, entrypoint: str | None = None, kwargs: Mapping[str, Any] |
 LAUNCHERS = ("torchrun", "mpirun")
 
 
+# mpirun's own options for a gang: `--tag-output` prefixes each rank's lines (the evidence is cut
+# from them); `--oversubscribe`: Open MPI allows one rank per core, the pool (or the MPIJob's
+# slotsPerWorker) admits the gang; `--bind-to none`: the ranks' threads are not pinned.
+MPIRUN_OPTIONS = ("--oversubscribe", "--bind-to", "none", "--tag-output")
+
+
+def mpirun_argv(mpirun: str, world_size: int, exported, rank_argv) -> list[str]:
+    """`mpirun -np N OPTIONS -x NAME ... RANK ARGV`: the one option list of an mpirun gang, for the
+    local backend and the Kubernetes MPIJob's launcher (operators.kubernetes.builders). Variables go by name
+    (`-x NAME`: the value stays in mpirun's environment, never in argv)."""
+    return [mpirun, "-np", str(world_size), *MPIRUN_OPTIONS,
+            *(item for name in exported for item in ("-x", name)), *rank_argv]  # fmt: skip
+
+
 @dataclass(frozen=True)
 class GangSpec:
     """What to run. Built by the operator from its (templated) arguments."""
@@ -214,3 +228,17 @@ class GangBackend(abc.ABC):
 
     def kill(self) -> None:
         """Stop the gang now (the task was killed)."""
+
+
+def driver_argv(python: str, spec: GangSpec, *, run_dir: str, cpus_per_worker: int, exports, address: str | None,
+                trainer_args) -> list[str]:
+    """The Ray driver's argv (`python -m operators.backends.ray ... -- TRAINER ARGS`): the local Ray
+    backend's, and a KubeRay RayJob's entrypoint (operators.kubernetes.builders.build_rayjob, `--address auto`)."""
+    args = [python, "-m", "operators.backends.ray", "--world-size", str(spec.world_size),
+            "--run-dir", run_dir, "--name", f"{spec.name}-try-{spec.attempt}",
+            "--cpus-per-worker", str(cpus_per_worker)]  # fmt: skip
+    for name in exports:
+        args += ["--export", name]
+    if address:
+        args += ["--address", address]
+    return [*args, "--", *trainer_args]

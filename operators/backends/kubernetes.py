@@ -57,10 +57,13 @@ logger = logging.getLogger("gangflow.kubernetes")
 
 
 class KubernetesBackend(GangBackend):
-    """Deferrable gang backend on Kubernetes (JobSet/TrainJob under Kueue, or Volcano)."""
+    """Deferrable gang backend on Kubernetes (JobSet/TrainJob/RayJob/MPIJob under Kueue, or Volcano)."""
 
     name = "kubernetes"
     deferrable = True
+    # mpirun only with the runtime's api=mpijob, torchrun with every other api: the runtime is read
+    # from the cluster, so builders.check_launcher refuses the pair when the gang is planned (before admission)
+    launchers = ("torchrun", "mpirun")
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from operators.config import settings
 from operators.backends import local_control
-from operators.backends.base import GangBackend, GangResult, GangSpec, LogFn
+from operators.backends.base import GangBackend, GangResult, GangSpec, LogFn, mpirun_argv
 from operators.exceptions import GangCapacityError, GangConfigError
 from operators.failures.evidence import parse_mpirun_failure
 from operators.utils.processes import stop_group_nowait
@@ -280,11 +280,8 @@ class LocalBackend(ProcessGangBackend):
         the rest). `--oversubscribe`: Open MPI allows one rank per core, the pool admits the gang here."""
         env = os.environ if env is None else env
         exported = sorted(name for name in {*MPIRUN_EXPORTED, *spec.env} if name in env)
-        return [
-            mpirun_path(), "-np", str(spec.world_size), "--oversubscribe", "--bind-to", "none", "--tag-output",
-            *(item for name in exported for item in ("-x", name)),
-            sys.executable, "-m", "trainer", *spec.trainer_args(), *self._data_args(spec),
-        ]  # fmt: skip
+        return mpirun_argv(mpirun_path(), spec.world_size, exported,
+                           [sys.executable, "-m", "trainer", *spec.trainer_args(), *self._data_args(spec)])
 
     def mpirun_env(self, env: dict[str, str]) -> dict[str, str]:
         """The variables mpirun needs: the gloo rendezvous on loopback, and Open MPI's consent to run as root."""

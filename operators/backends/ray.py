@@ -29,7 +29,7 @@ import time
 import traceback
 from pathlib import Path
 
-from operators.backends.base import GangResult, GangSpec, LogFn
+from operators.backends.base import GangResult, GangSpec, LogFn, driver_argv
 from operators.backends.local import LOG_TAIL_LINES, LocalBackend, ProcessGangBackend, errors_since
 from operators.exceptions import GangCapacityError
 from operators.failures.evidence import ray_evidence
@@ -84,14 +84,9 @@ class RayBackend(ProcessGangBackend):
 
     def command(self, spec: GangSpec) -> list[str]:
         """The driver's argv: values as argv items, never shell text; env values stay in the env."""
-        args = [sys.executable, "-m", "operators.backends.ray", "--world-size", str(spec.world_size),
-                "--run-dir", spec.run_dir, "--name", f"{spec.name}-try-{spec.attempt}",
-                "--cpus-per-worker", str(self.cpus_per_worker)]  # fmt: skip
-        for name in sorted({*EXPORTED, *spec.env}):
-            args += ["--export", name]
-        if self.address:
-            args += ["--address", self.address]
-        return [*args, "--", *spec.trainer_args(), *self._data._data_args(spec)]
+        return driver_argv(sys.executable, spec, run_dir=spec.run_dir, cpus_per_worker=self.cpus_per_worker,
+                           exports=sorted({*EXPORTED, *spec.env}), address=self.address,
+                           trainer_args=[*spec.trainer_args(), *self._data._data_args(spec)])
 
     def _launch(self, spec: GangSpec, log: LogFn, pauses: set[str]) -> GangResult:
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **spec.env}

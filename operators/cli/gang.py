@@ -27,7 +27,11 @@ from operators.hooks.kubernetes import KUEUE_GROUP, KUEUE_VERSIONS
 GANG_KINDS = (
     ("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet"),
     ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"),
+    ("ray.io", "v1", "rayjobs", "RayJob"),
+    ("kubeflow.org", "v2beta1", "mpijobs", "MPIJob"),
 )
+# granted by the chart only when training.api selects them: a 403 there means "not this gang's kind"
+_GRANTED_BY_API = ("RayJob", "MPIJob")
 
 
 async def _running_gang(api, gang: str) -> tuple[tuple[str, str, str, str], dict[str, Any]]:
@@ -40,12 +44,13 @@ async def _running_gang(api, gang: str) -> tuple[tuple[str, str, str, str], dict
         try:
             found += [(kind, obj) for obj in await api.list_custom(*kind, f"{GANG_LABEL}={gang}")]
         except KubernetesRequestError as exc:
-            if getattr(exc, "status", None) != 404:  # that API is not installed: not this gang's kind
+            status = getattr(exc, "status", None)
+            if status != 404 and not (status == 403 and kind[3] in _GRANTED_BY_API):  # not installed / not granted
                 raise
     live = [(kind, obj) for kind, obj in found
             if gang_state(kind[3], obj).state not in ("succeeded", "failed") and not (obj.get("metadata") or {}).get("deletionTimestamp")]
     if not live:
-        raise GangControlError(f"gang {gang!r}: no running JobSet or TrainJob labelled {GANG_LABEL}={gang} in namespace {api.namespace}"
+        raise GangControlError(f"gang {gang!r}: no running JobSet, TrainJob, RayJob or MPIJob labelled {GANG_LABEL}={gang} in namespace {api.namespace}"
                                + (f" ({len(found)} finished)" if found else ""))  # fmt: skip
     return max(live, key=lambda item: int((item[1]["metadata"].get("labels") or {}).get("gangflow.io/attempt", 0)))
 
@@ -71,7 +76,9 @@ async def set_paused(api, gang: str, paused: bool, *, reason: str = "", wait_sec
         wl_version = wl.get("apiVersion", "").split("/")[-1] or KUEUE_VERSIONS[0]
         await api.patch_custom(KUEUE_GROUP, wl_version, "workloads", "Workload", wl["metadata"]["name"], {"spec": {"active": not paused}})
     if not workloads:  # not managed by Kueue: suspend the object itself (its controller deletes and recreates the pods)
-        await api.patch_custom(group, version, plural, kind, name, {"spec": {"suspend": paused}})
+        # an MPIJob keeps its suspend under runPolicy (kubeflow's RunPolicy); the others at spec.suspend
+        patch = {"runPolicy": {"suspend": paused}} if kind == "MPIJob" else {"suspend": paused}
+        await api.patch_custom(group, version, plural, kind, name, {"spec": patch})
     if not paused:
         # the annotation last, once the paused pods are gone: a pod stopped by the pause must never
         # look like a failed rank of the resumed gang

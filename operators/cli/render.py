@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     render.add_argument("--dataset-version", metavar="MD5", help="the pinned dataset version (DVC md5) the ranks fetch from the runtime's dataset.remote")
     render.add_argument("--queue", help="Kueue LocalQueue or Volcano queue (overrides runtime queue)")
     render.add_argument("--scheduler", choices=SCHEDULERS, help="admission: kueue or volcano (overrides runtime scheduler)")
-    render.add_argument("--api", choices=APIS, help="gang object under Kueue: jobset or trainjob (overrides runtime api)")
+    render.add_argument("--api", choices=APIS, help="gang object under Kueue: jobset, trainjob, rayjob or mpijob (overrides runtime api)")
     render.add_argument("--runtime", metavar="FILE", help="runtime.yaml (or the gangflow-runtime ConfigMap manifest); default: built-in example")
     render.add_argument("--name", default="example-gang", help="gang name, a DNS-1123 label (default example-gang)")
     render.add_argument("--attempt", type=_world_size, default=1, metavar="N", help="Airflow try number (default 1)")

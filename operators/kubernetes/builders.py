@@ -1,5 +1,6 @@
 """Build the objects the Kubernetes backend submits for one gang, from a `GangSpec` and the
-`RuntimeDefaults`: a JobSet or a Kubeflow TrainJob (Kueue), or a Volcano Job.
+`RuntimeDefaults`: a JobSet, a Kubeflow TrainJob, a KubeRay RayJob or a Kubeflow MPIJob (Kueue),
+or a Volcano Job.
 
 Every pod runs one hardened template with `torchrun ... -m trainer ...` as argv; pods = world size /
 processes per pod. Only what a pod can use reaches it (contract 6, docs/contracts.md): anything
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import posixpath
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,8 +20,9 @@ from typing import Any
 from kubernetes import client as k8s
 
 from operators.backends.base import GangSpec
+from operators.exceptions import UnsupportedCombination
 from operators.kubernetes import models as m
-from operators.kubernetes.runtime import RuntimeDefaults
+from operators.kubernetes.runtime import API_LAUNCHERS, RuntimeDefaults
 from trainer.urls import redact_url
 from trainer import EXIT_CONFIG_ERROR, EXIT_USER_ERROR
 from trainer.checkpoint_interval import HISTORY_ENV
@@ -44,6 +47,13 @@ JOBSET_EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 CONTAINER = "trainer"  # container name for JobSet / Volcano pods
 RANK_JOB = "rank"  # JobSet replicated job / Volcano task name
 TRAINJOB_NODE = "node"  # replicated job and container name of Kubeflow's torch runtimes
+RAY_WORKER_GROUP = "rank"  # the RayJob's one worker group
+MPI_LAUNCHER_SUFFIX = "-launcher"
+# The Ray job submitter's and the MPI launcher's pod: neither runs a rank (requests = limits).
+CONTROL_POD_RESOURCES = {"cpu": "1", "memory": "1Gi"}
+# Where mpi-operator mounts the job's SSH key pair: the home of the image's non-root user (HOME=/tmp,
+# the writable emptyDir), not the default /root/.ssh.
+MPI_SSH_AUTH_PATH = "/tmp/.ssh"
 APP_DIR = "/app"  # the image's working directory: relative config paths resolve against it
 TERMINATION_LOG = "/dev/termination-log"
 PATCH_MANAGER = "gangflow.io/kubernetes-backend"
@@ -109,7 +119,7 @@ def pod_count(spec: GangSpec, runtime: RuntimeDefaults) -> int:
 class GangPlan:
     """What `submit` creates for one gang, plus how to find its pods again."""
 
-    kind: str  # JobSet | VolcanoJob | TrainJob
+    kind: str  # JobSet | VolcanoJob | TrainJob | RayJob | MPIJob
     group: str
     version: str
     plural: str
@@ -138,6 +148,10 @@ def _name_budget(kind: str, world_size: int) -> int:
     digits = len(str(max(world_size - 1, 0)))
     if kind == "VolcanoJob":  # pods: <job>-rank-<index>
         return 63 - len(f"-{RANK_JOB}-") - digits
+    if kind == "RayJob":  # KubeRay refuses longer RayJob names (utils.MaxRayJobNameLength: its RayCluster adds 6)
+        return 47
+    if kind == "MPIJob":  # pod hostnames <job>-launcher and <job>-worker-<index>
+        return 63 - max(len(MPI_LAUNCHER_SUFFIX), len("-worker-") + digits)
     rjob = TRAINJOB_NODE if kind == "TrainJob" else RANK_JOB
     # JobSet's webhook checks <jobset>-<rjob>-<jobIndex>-<podIndex>-<5 random chars> <= 63
     return 63 - len(f"-{rjob}-0-") - digits - len("-abcde")
@@ -234,13 +248,12 @@ def pod_overrides(spec: GangSpec, runtime: RuntimeDefaults) -> list[str]:
 def trainer_args(spec: GangSpec, runtime: RuntimeDefaults) -> list[str]:
     """`-m trainer ...` arguments inside the container: the run dir lives on the shared checkpoint
     storage, keyed by the gang name (stable across tries, so a retry resumes)."""
-    in_cluster = dataclasses.replace(
-        spec,
-        run_dir=runtime.checkpoint.run_dir(spec.name),
-        config_path=_config_path(spec, runtime),
-        overrides=tuple(pod_overrides(spec, runtime)),
-    )
-    return ["-m", spec.entry_module, *in_cluster.trainer_args(), *spec.user_code]
+    return ["-m", spec.entry_module, *_in_cluster(spec, runtime).trainer_args(), *spec.user_code]
+
+
+def _in_cluster(spec: GangSpec, runtime: RuntimeDefaults) -> GangSpec:
+    return dataclasses.replace(spec, run_dir=runtime.checkpoint.run_dir(spec.name), config_path=_config_path(spec, runtime),
+                               overrides=tuple(pod_overrides(spec, runtime)))
 
 
 def torchrun_args(spec: GangSpec, runtime: RuntimeDefaults, *, name: str, rank0_host: str, node_rank_env: str) -> list[str]:
@@ -428,16 +441,19 @@ def _affinity(spec: GangSpec, runtime: RuntimeDefaults) -> k8s.V1Affinity | None
     return k8s.V1Affinity(node_affinity=node_affinity, pod_affinity=pod_affinity)
 
 
-def build_container(spec: GangSpec, runtime: RuntimeDefaults, *, args: list[str], name: str = CONTAINER) -> k8s.V1Container:
+def build_container(spec: GangSpec, runtime: RuntimeDefaults, *, args: list[str] | None, name: str = CONTAINER,
+                    command: list[str] | None = None, env: list[k8s.V1EnvVar] | None = None,
+                    resources: Mapping[str, str] | None = None) -> k8s.V1Container:
+    """The hardened container; `command` defaults to torchrun (None: the image's or the controller's)."""
     _, mounts = _volumes(runtime)
     return k8s.V1Container(
         name=name,
         image=runtime.image,
         image_pull_policy="IfNotPresent",
-        command=["torchrun"],
+        command=["torchrun"] if command is None and args is not None else command,
         args=args,
-        env=_env(spec, runtime),
-        resources=_resources(runtime),
+        env=_env(spec, runtime) if env is None else env,
+        resources=_resources(runtime) if resources is None else k8s.V1ResourceRequirements(requests=dict(resources), limits=dict(resources)),
         ports=[k8s.V1ContainerPort(name="c10d", container_port=runtime.rendezvous_port, protocol="TCP")]
         + ([k8s.V1ContainerPort(name="metrics", container_port=runtime.metrics_port, protocol="TCP")] if runtime.metrics_port else []),
         volume_mounts=mounts,
@@ -447,8 +463,10 @@ def build_container(spec: GangSpec, runtime: RuntimeDefaults, *, args: list[str]
     )
 
 
-def build_pod_template(spec: GangSpec, runtime: RuntimeDefaults, *, args: list[str]) -> k8s.V1PodTemplateSpec:
-    """The hardened pod every rank runs (JobSet and Volcano paths)."""
+def build_pod_template(spec: GangSpec, runtime: RuntimeDefaults, *, args: list[str] | None,
+                       container: k8s.V1Container | None = None) -> k8s.V1PodTemplateSpec:
+    """The hardened pod every rank runs (JobSet and Volcano paths; RayJob and MPIJob pods pass
+    their own `container`, built by build_container)."""
     volumes, _ = _volumes(runtime)
     annotations = _pod_annotations(runtime)
     return k8s.V1PodTemplateSpec(
@@ -466,7 +484,7 @@ def build_pod_template(spec: GangSpec, runtime: RuntimeDefaults, *, args: list[s
             node_selector=dict(runtime.node_selector) or None,
             tolerations=_tolerations(runtime) or None,
             affinity=_affinity(spec, runtime),
-            containers=[build_container(spec, runtime, args=args)],
+            containers=[container or build_container(spec, runtime, args=args)],
             volumes=volumes,
         ),
     )
@@ -641,6 +659,101 @@ def build_trainjob(spec: GangSpec, runtime: RuntimeDefaults, namespace: str) -> 
     return _plan("TrainJob", body, name, namespace, spec, runtime, None)
 
 
+def _control_pod(spec: GangSpec, runtime: RuntimeDefaults, *, name: str, command: list[str] | None,
+                 env: list[k8s.V1EnvVar]) -> k8s.V1PodTemplateSpec:
+    """A hardened pod that runs no rank (the RayJob's submitter, the MPIJob's launcher): small,
+    the same security contexts, volumes and labels as the ranks' pods."""
+    container = build_container(spec, runtime, args=None, name=name, command=command, env=env, resources=CONTROL_POD_RESOURCES)
+    return build_pod_template(spec, runtime, args=None, container=container)
+
+
+def build_rayjob(spec: GangSpec, runtime: RuntimeDefaults, namespace: str) -> GangPlan:
+    """A KubeRay RayJob: a head pod that hosts no training worker (`num-cpus: 0`; the Ray job's
+    driver, `python -m operators.backends.ray --address auto ...`, runs there) and one worker group
+    of `pods` Ray nodes, each offering `num-cpus` = processes per pod, so the world size's Ray
+    Train workers (one CPU each) fill exactly the worker pods. Ray's retries are off on both
+    levels (the driver's FailureConfig(max_failures=0), `backoffLimit: 0`); Kueue admits it whole."""
+    from operators.backends.base import driver_argv  # the local Ray backend's argv, not a copy
+
+    pods = pod_count(spec, runtime)
+    name = gang_object_name(spec.name, spec.attempt, "RayJob", pods)
+    in_cluster = _in_cluster(spec, runtime)
+    entrypoint = driver_argv("python", spec, run_dir=in_cluster.run_dir, cpus_per_worker=1, exports=(),
+                             # every Ray node's container has the gang's env: nothing to pass through Ray
+                             address="auto",  # the Ray job's own cluster (RAY_ADDRESS, set by Ray's job supervisor)
+                             trainer_args=[*in_cluster.trainer_args(), *spec.user_code])
+    ray_container = build_container(spec, runtime, args=None, command=None)  # KubeRay writes `ray start ...`
+    head = build_pod_template(spec, runtime, args=None, container=ray_container)
+    worker = build_pod_template(spec, runtime, args=None, container=build_container(spec, runtime, args=None, command=None))
+    # The submitter (K8sJobMode) runs `ray job submit`, which KubeRay writes when the command is empty
+    submitter = _control_pod(spec, runtime, name="ray-job-submitter", command=None,
+                             env=[k8s.V1EnvVar(name="HOME", value="/tmp"), k8s.V1EnvVar(name="TMPDIR", value="/tmp")])
+    body = m.RayJob(
+        metadata=_object_meta(name, namespace, spec, runtime),
+        spec=m.RayJobSpec(
+            entrypoint=shlex.join(entrypoint),  # KubeRay runs it through a shell
+            ray_cluster_spec=m.RayClusterSpec(
+                head_group_spec=m.HeadGroupSpec(template=head, ray_start_params={"num-cpus": "0"}),
+                worker_group_specs=[
+                    m.WorkerGroupSpec(
+                        group_name=RAY_WORKER_GROUP, replicas=pods, min_replicas=pods, max_replicas=pods, template=worker,
+                        ray_start_params={"num-cpus": str(runtime.processes_per_pod)},
+                    )
+                ],
+                enable_in_tree_autoscaling=False,  # a gang has a fixed size (Kueue refuses autoscaling RayJobs)
+            ),
+            backoff_limit=0,  # Airflow's classified retry is the one budget
+            shutdown_after_job_finishes=True,  # the RayCluster goes with the job (Kueue requires it)
+            submission_mode="K8sJobMode",
+            submitter_pod_template=submitter,
+            suspend=True,  # Kueue unsuspends on admission
+            active_deadline_seconds=spec.max_run_time_s,
+        ),
+    )
+    return _plan("RayJob", body, name, namespace, spec, runtime, None)
+
+
+def build_mpijob(spec: GangSpec, runtime: RuntimeDefaults, namespace: str) -> GangPlan:
+    """A Kubeflow MPIJob (v2beta1): `pods` workers with `slotsPerWorker` = processes per pod, and a
+    launcher that runs `mpirun -np WORLD_SIZE ... python -m trainer ...` (the local backend's option
+    list). Rank 0 is worker 0's first slot, so gloo meets at MASTER_ADDR=<job>-worker-0.<job> (the
+    MPIJob's headless Service), MASTER_PORT=rendezvousPort; both reach the ranks by `-x NAME`."""
+    from operators.backends.base import mpirun_argv  # the local backend's option list, not a copy
+
+    pods = pod_count(spec, runtime)
+    name = gang_object_name(spec.name, spec.attempt, "MPIJob", pods)
+    rank0_host = f"{name}-worker-0.{name}"
+    env = [*_env(spec, runtime), k8s.V1EnvVar(name="MASTER_ADDR", value=rank0_host),
+           k8s.V1EnvVar(name="MASTER_PORT", value=str(runtime.rendezvous_port))]
+    # every variable the launcher has reaches the ranks by name (secrets stay Secret references)
+    exported = ["PATH", *sorted({e.name for e in env})]
+    argv = mpirun_argv("mpirun", spec.world_size, exported, ["python", *trainer_args(spec, runtime)])
+    launcher = _control_pod(spec, runtime, name=CONTAINER, command=argv, env=env)
+    # the workers run the image's sshd (mpi-operator's default worker command); the ranks are its children
+    worker = build_pod_template(spec, runtime, args=None,
+                                container=build_container(spec, runtime, args=None, command=["/usr/sbin/sshd", "-De"]))
+    body = m.MPIJob(
+        metadata=_object_meta(name, namespace, spec, runtime),
+        spec=m.MPIJobSpec(
+            mpi_replica_specs={
+                "Launcher": m.MPIReplicaSpec(replicas=1, template=launcher, restart_policy="Never"),
+                "Worker": m.MPIReplicaSpec(replicas=pods, template=worker, restart_policy="Never"),
+            },
+            slots_per_worker=runtime.processes_per_pod,
+            run_policy=m.MPIRunPolicy(
+                backoff_limit=0,  # Airflow's classified retry is the one budget
+                clean_pod_policy="Running",  # stop the workers at the end; failed pods stay for the evidence
+                suspend=True,  # Kueue unsuspends on admission
+                active_deadline_seconds=spec.max_run_time_s,
+            ),
+            mpi_implementation="OpenMPI",
+            ssh_auth_mount_path=MPI_SSH_AUTH_PATH,
+            launcher_creation_policy="WaitForWorkersReady",  # mpirun starts once every worker's sshd runs
+        ),
+    )
+    return _plan("MPIJob", body, name, namespace, spec, runtime, rank0_host)
+
+
 def _plan(kind: str, body: m.CustomObject, name: str, namespace: str, spec: GangSpec, runtime: RuntimeDefaults, rank0_host: str | None) -> GangPlan:
     return GangPlan(
         kind=kind,
@@ -688,6 +801,29 @@ def build_gang(spec: GangSpec, runtime: RuntimeDefaults, namespace: str | None =
     ns = namespace or runtime.namespace or "default"
     if runtime.scheduler == "volcano":
         return build_volcano_job(spec, runtime, ns)
+    check_launcher(spec, runtime)
     if runtime.api == "trainjob":
         return build_trainjob(spec, runtime, ns)
+    if runtime.api == "rayjob":
+        return build_rayjob(spec, runtime, ns)
+    if runtime.api == "mpijob":
+        return build_mpijob(spec, runtime, ns)
     return build_jobset(spec, runtime, ns)
+
+
+def check_launcher(spec: GangSpec, runtime: RuntimeDefaults) -> None:
+    """Refuse, before admission, a launcher the runtime's api cannot run (`UnsupportedCombination`,
+    naming both): api=mpijob runs launcher mpirun and only it; every other api runs torchrun's
+    ranks (a RayJob: Ray Train's TorchTrainer). A RayJob runs gangflow's own loop only."""
+    wanted = API_LAUNCHERS[runtime.api]
+    if spec.launcher != wanted:
+        apis = ", ".join(a for a, launcher in API_LAUNCHERS.items() if launcher == spec.launcher) or "none"
+        raise UnsupportedCombination(
+            f"launcher={spec.launcher!r} with api={runtime.api!r} cannot run: api {runtime.api!r} runs launcher "
+            f"{wanted!r} only; choose launcher={wanted!r}, or a runtime api that runs {spec.launcher!r} ({apis})"
+        )
+    if runtime.api == "rayjob" and spec.user_code:
+        raise UnsupportedCombination(
+            "training code of one's own (training.entrypoint / training.command) with api='rayjob' cannot run: "
+            "the Ray workers run gangflow's loop (trainer.ray_worker); use api='jobset' or api='trainjob'"
+        )

@@ -1,5 +1,5 @@
 """Small typed models of the custom resources gangflow submits (JobSet, Volcano Job, Kubeflow
-TrainJob), in the style of the Kubernetes client's own `V1...` models.
+TrainJob, KubeRay RayJob, Kubeflow MPIJob), in the style of the Kubernetes client's own `V1...` models.
 
 Core parts (pod templates, job templates, object metadata) are the Kubernetes client's models;
 `to_dict` serializes everything with `ApiClient().sanitize_for_serialization`, so nested `V1...`
@@ -272,4 +272,93 @@ class TrainJob(CustomObject):
     plural: ClassVar[str] = "trainjobs"
 
 
-GANG_KINDS: dict[str, type[CustomObject]] = {"JobSet": JobSet, "VolcanoJob": VolcanoJob, "TrainJob": TrainJob}
+# --- KubeRay RayJob (ray.io/v1) ---------------------------------------------------------------------
+
+
+@dataclass
+class HeadGroupSpec:
+    template: k8s.V1PodTemplateSpec
+    ray_start_params: dict[str, str] = field(default_factory=dict, metadata={"omitempty": True})
+
+
+@dataclass
+class WorkerGroupSpec:
+    group_name: str
+    replicas: int
+    min_replicas: int
+    max_replicas: int
+    template: k8s.V1PodTemplateSpec
+    ray_start_params: dict[str, str] = field(default_factory=dict, metadata={"omitempty": True})
+
+
+@dataclass
+class RayClusterSpec:
+    head_group_spec: HeadGroupSpec
+    worker_group_specs: list[WorkerGroupSpec]
+    enable_in_tree_autoscaling: bool | None = None
+
+
+@dataclass
+class RayJobSpec:
+    entrypoint: str
+    ray_cluster_spec: RayClusterSpec
+    backoff_limit: int | None = None
+    shutdown_after_job_finishes: bool | None = None
+    submission_mode: str | None = None  # K8sJobMode | HTTPMode | InteractiveMode | SidecarMode
+    submitter_pod_template: k8s.V1PodTemplateSpec | None = None
+    suspend: bool | None = None
+    active_deadline_seconds: int | None = None
+
+
+@dataclass
+class RayJob(CustomObject):
+    metadata: k8s.V1ObjectMeta
+    spec: RayJobSpec
+
+    group: ClassVar[str] = "ray.io"
+    version: ClassVar[str] = "v1"
+    kind: ClassVar[str] = "RayJob"
+    plural: ClassVar[str] = "rayjobs"
+
+
+# --- Kubeflow MPIJob (kubeflow.org/v2beta1, mpi-operator) ------------------------------------------
+
+
+@dataclass
+class MPIRunPolicy:
+    backoff_limit: int | None = None
+    clean_pod_policy: str | None = None  # None | Running | All
+    suspend: bool | None = None
+    active_deadline_seconds: int | None = None
+
+
+@dataclass
+class MPIReplicaSpec:
+    replicas: int
+    template: k8s.V1PodTemplateSpec
+    restart_policy: str | None = None  # Always | OnFailure | Never | ExitCode
+
+
+@dataclass
+class MPIJobSpec:
+    mpi_replica_specs: dict[str, MPIReplicaSpec] = field(metadata={"json": "mpiReplicaSpecs"})
+    slots_per_worker: int | None = None
+    run_policy: MPIRunPolicy | None = None
+    mpi_implementation: str | None = field(default=None, metadata={"json": "mpiImplementation"})
+    ssh_auth_mount_path: str | None = None
+    launcher_creation_policy: str | None = None  # AtStartup | WaitForWorkersReady
+
+
+@dataclass
+class MPIJob(CustomObject):
+    metadata: k8s.V1ObjectMeta
+    spec: MPIJobSpec
+
+    group: ClassVar[str] = "kubeflow.org"
+    version: ClassVar[str] = "v2beta1"
+    kind: ClassVar[str] = "MPIJob"
+    plural: ClassVar[str] = "mpijobs"
+
+
+GANG_KINDS: dict[str, type[CustomObject]] = {"JobSet": JobSet, "VolcanoJob": VolcanoJob, "TrainJob": TrainJob,
+                                             "RayJob": RayJob, "MPIJob": MPIJob}

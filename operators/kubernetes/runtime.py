@@ -23,7 +23,9 @@ RUNTIME_CONFIGMAP = "gangflow-runtime"
 RUNTIME_CONFIGMAP_KEY = "runtime.yaml"
 
 SCHEDULERS = ("kueue", "volcano")
-APIS = ("jobset", "trainjob")
+APIS = ("jobset", "trainjob", "rayjob", "mpijob")
+# the launcher each api's pods run (GangSpec.launcher; checked with the spec in builders.build_gang)
+API_LAUNCHERS = {"jobset": "torchrun", "trainjob": "torchrun", "rayjob": "torchrun", "mpijob": "mpirun"}
 TOPOLOGY_MODES = ("required", "preferred")
 
 # An example digest for `render` without a runtime file; never pulled by the tests.
@@ -325,8 +327,34 @@ class RuntimeDefaults:
                 "ClusterTrainingRuntime's podGroupPolicy, not by gangflow); with scheduler=volcano the accepted api "
                 "is jobset, which submits a Volcano Job",
             )
+        if self.api in ("rayjob", "mpijob") and self.scheduler != "kueue":
+            kind = "RayJob" if self.api == "rayjob" else "MPIJob"
+            _fail(
+                "api",
+                self.api,
+                f"api={self.api} with scheduler={self.scheduler} cannot run: gangflow renders a {kind} for Kueue only "
+                f"(Kueue admits it whole through its {kind} integration); with scheduler={self.scheduler} the accepted "
+                "api is jobset, which submits a Volcano Job",
+            )
+        if self.api == "rayjob" and self.resources.gpu:
+            _fail(
+                "api",
+                self.api,
+                f"api=rayjob with resources.gpu={self.resources.gpu} cannot run: the Ray driver (operators.backends.ray) "
+                "runs Ray Train's workers on CPU (use_gpu=False), so the GPUs would be held and unused; use "
+                "api=jobset or api=trainjob for GPU gangs, or resources.gpu=0 with procsPerPod",
+            )
+        if self.api == "rayjob" and self.checkpoint.uri:
+            _fail(
+                "api",
+                self.api,
+                f"api=rayjob with checkpoint.uri={redact_url(self.checkpoint.uri)!r} cannot run: the Ray driver keeps "
+                "Ray Train's storage under the run dir as a file path, which every Ray node must mount; set "
+                "checkpoint.pvc (a ReadWriteMany claim) instead",
+            )
         if self.exclusive_placement is not None and self.api != "jobset":
-            _fail("exclusivePlacement", dataclasses.asdict(self.exclusive_placement), "is a JobSet feature: needs api=jobset")
+            _fail("exclusivePlacement", dataclasses.asdict(self.exclusive_placement),
+                  f"is a JobSet feature: needs api=jobset, not api={self.api}")
         if self.exclusive_placement is not None and self.scheduler == "volcano":
             _fail("exclusivePlacement", dataclasses.asdict(self.exclusive_placement), "is applied by JobSet's webhook with scheduler=kueue; with Volcano use topology instead")
         parse_quantity("shmSize", self.shm_size)

@@ -67,7 +67,7 @@ class GangState:
 
 
 def gang_state(kind: str, obj: Mapping[str, Any]) -> GangState:
-    """Where the JobSet / Volcano Job / TrainJob says it is."""
+    """Where the JobSet / Volcano Job / TrainJob / RayJob / MPIJob says it is."""
     status = obj.get("status") or {}
     if kind in ("JobSet", "TrainJob"):
         done = condition(obj, "Completed" if kind == "JobSet" else "Complete")
@@ -94,6 +94,41 @@ def gang_state(kind: str, obj: Mapping[str, Any]) -> GangState:
         if phase in ("Running", "Completing", "Restarting"):
             return GangState("running", reason or phase, message)
         return GangState("pending", reason or phase, message)
+    if kind == "RayJob":
+        # KubeRay's RayJobStatus: jobDeploymentStatus (Initializing, Running, Complete, Failed, Suspending,
+        # Suspended, Retrying, Waiting, ValidationFailed) says where the RayJob is; jobStatus (PENDING,
+        # RUNNING, STOPPED, SUCCEEDED, FAILED) is the Ray job's own; reason/message say why it failed
+        # (e.g. AppFailed, SubmissionFailed, DeadlineExceeded, ValidationFailed)
+        deployment = status.get("jobDeploymentStatus") or ""
+        job = status.get("jobStatus") or ""
+        reason, message = status.get("reason", "") or "", status.get("message", "") or ""
+        if job == "SUCCEEDED" and deployment in ("Complete", ""):
+            return GangState("succeeded", reason or "SUCCEEDED", message)
+        if deployment in ("Failed", "ValidationFailed") or job in ("FAILED", "STOPPED"):
+            return GangState("failed", reason or job or deployment, message or f"RayJob {deployment or job}")
+        if deployment == "Complete":  # complete without SUCCEEDED: not a success
+            return GangState("failed", reason or deployment, message or f"RayJob Complete with jobStatus {job or 'unknown'}")
+        if deployment in ("Suspended", "Suspending") or (not deployment and (obj.get("spec") or {}).get("suspend")):
+            return GangState("suspended", reason or deployment or "Suspended", message)
+        if deployment:
+            return GangState("running", deployment, message)
+        return GangState("pending")
+    if kind == "MPIJob":
+        # kubeflow common JobStatus: conditions Created, Running, Restarting, Succeeded, Suspended, Failed
+        done = condition(obj, "Succeeded")
+        if is_true(done):
+            return GangState("succeeded", done.get("reason", ""), done.get("message", ""))
+        failed = condition(obj, "Failed")
+        if is_true(failed):
+            return GangState("failed", failed.get("reason", ""), failed.get("message", ""))
+        suspended = condition(obj, "Suspended")
+        run_policy = (obj.get("spec") or {}).get("runPolicy") or {}
+        if is_true(suspended) or (suspended is None and run_policy.get("suspend")):
+            return GangState("suspended", (suspended or {}).get("reason", ""), (suspended or {}).get("message", ""))
+        running = condition(obj, "Running")
+        if is_true(running):
+            return GangState("running", running.get("reason", ""), running.get("message", ""))
+        return GangState("running" if status else "pending")
     raise ValueError(f"unknown gang kind {kind!r}")
 
 

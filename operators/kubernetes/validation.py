@@ -182,6 +182,18 @@ def _embedded_core_objects(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "template": task.get("template") or {},
                 }
             )
+    if obj.get("kind") == "RayJob":
+        cluster = spec.get("rayClusterSpec") or {}
+        templates = [("head", (cluster.get("headGroupSpec") or {}).get("template"))]
+        templates += [(g.get("groupName", "worker"), g.get("template")) for g in cluster.get("workerGroupSpecs") or []]
+        templates.append(("submitter", spec.get("submitterPodTemplate")))
+    elif obj.get("kind") == "MPIJob":
+        templates = [(role.lower(), (replica or {}).get("template")) for role, replica in (spec.get("mpiReplicaSpecs") or {}).items()]
+    else:
+        templates = []
+    for role, template in templates:
+        if template:
+            out.append({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"{name}-{role}"}, "template": template})
     return out
 
 

@@ -2,7 +2,7 @@
 
     python operators/kubernetes/crds/refresh.py [--commit PROJECT=SHA ...] [--dry-run]
 
-PROJECT is a key of SOURCES (jobset, kueue, trainer, volcano). The README's table is rewritten
+PROJECT is a key of SOURCES (jobset, kueue, trainer, volcano, kuberay, mpi-operator). The README's table is rewritten
 from SOURCES so the recorded commits always match the files.
 """
 
@@ -40,6 +40,8 @@ SOURCES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "config/crd/volcano/bases",
         ("batch.volcano.sh_jobs.yaml", "scheduling.volcano.sh_podgroups.yaml", "scheduling.volcano.sh_queues.yaml"),
     ),
+    "kuberay": ("ray-project/kuberay", "feeaf72facab4881ba2b179248bb67315634e229", "ray-operator/config/crd/bases", ("ray.io_rayjobs.yaml",)),
+    "mpi-operator": ("kubeflow/mpi-operator", "caa3c47fc42eb762635f78045ec0fcd1a89eb038", "manifests/base", ("kubeflow.org_mpijobs.yaml",)),
 }
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 

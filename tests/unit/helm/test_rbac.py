@@ -204,3 +204,21 @@ def test_the_docs_can_i_table_is_what_the_rendered_rbac_allows(render, kinds):
             assert got == answer, f"can-i {verb} {target} -n {namespace} as {who}: the doc says {answer}, the chart gives {got}"
     denied = {(v, t) for who, v, t, a in rows if who == "airflow worker" and a[0] == "no"}
     assert {("get", "secrets"), ("list", "secrets"), ("create", "pods"), ("create", "pods --subresource=exec")} <= denied
+
+
+RAYJOB = {("ray.io", "rayjobs"): SUBMIT}
+MPIJOB = {("kubeflow.org", "mpijobs"): SUBMIT}
+
+
+@pytest.mark.parametrize("api, extra", [("rayjob", RAYJOB), ("mpijob", MPIJOB)])
+def test_rayjobs_and_mpijobs_are_granted_only_when_training_api_selects_them(render, kinds, api, extra):
+    (role,) = kinds(render({"training": {"api": api, "resources": {"gpu": 0}}}), "Role")
+    assert grants(role) == BASE | KUEUE | extra
+    (role,) = kinds(render({}), "Role")
+    assert not {("ray.io", "rayjobs"), ("kubeflow.org", "mpijobs")} & set(grants(role))
+
+
+@pytest.mark.parametrize("api", ["rayjob", "mpijob"])
+def test_rayjob_and_mpijob_with_volcano_are_refused_naming_both(render, api):
+    with pytest.raises(Exception, match=f"training.api={api} needs Kueue; with volcano.enabled"):
+        render({"training": {"api": api}, "kueue": {"enabled": False}, "volcano": {"enabled": True}})

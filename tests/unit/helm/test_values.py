@@ -65,7 +65,7 @@ def test_default_values_pass_the_schema(chart):
 
 @pytest.mark.parametrize("bad, where", [
     ({"kueue": {"enabled": True, "typo": 1}}, "/kueue"),
-    ({"training": {"api": "mpijob"}}, "/training/api"),
+    ({"training": {"api": "pytorchjob"}}, "/training/api"),
     ({"training": {"topology": {"mode": "sometimes"}}}, "/training/topology/mode"),
     ({"training": {"resources": {"memory": "lots"}}}, "/training/resources/memory"),
     ({"training": {"maxWorldSize": 0}}, "/training/maxWorldSize"),

@@ -712,7 +712,7 @@ def test_pause_without_kueue_suspends_the_gang_and_an_unknown_gang_is_named(fake
     assert _gang_cli(api, tmp_path, "resume", GANG)[0] == 0
     assert api.get(*JS, NAMESPACE, handle["name"])["spec"]["suspend"] is False
     code, out = _gang_cli(api, tmp_path, "pause", "no-such-gang")
-    assert code == 1 and "no running JobSet or TrainJob labelled gangflow.io/gang=no-such-gang in namespace ml" in out["error"]
+    assert code == 1 and "no running JobSet, TrainJob, RayJob or MPIJob labelled gangflow.io/gang=no-such-gang in namespace ml" in out["error"]
     jobset_status(Fixtures(name=handle["name"]), "completed")(api)  # a finished gang is not paused
     code, out = _gang_cli(api, tmp_path, "pause", GANG)
     assert code == 1 and out["error"].endswith("(1 finished)")

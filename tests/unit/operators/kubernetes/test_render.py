@@ -226,7 +226,7 @@ def test_cli_render_with_runtime_configmap_file(tmp_path, capsys, runtime_mappin
     "argv,needle",
     [
         (["--scheduler", "slurm"], "argument --scheduler: invalid choice: 'slurm' (choose from 'kueue', 'volcano')"),
-        (["--api", "pytorchjob"], "argument --api: invalid choice: 'pytorchjob' (choose from 'jobset', 'trainjob')"),
+        (["--api", "pytorchjob"], "argument --api: invalid choice: 'pytorchjob' (choose from 'jobset', 'trainjob', 'rayjob', 'mpijob')"),
         (["--world-size", "0"], "argument --world-size: must be an integer >= 1, got '0'"),
         (["--world-size", "four"], "argument --world-size: must be an integer >= 1, got 'four'"),
         (["--api", "trainjob", "--scheduler", "volcano"], "api=trainjob needs scheduler=kueue"),
