@@ -42,7 +42,7 @@ FALLBACK_LINES, FALLBACK_BYTES, MESSAGE_BYTES = 80, 2048, 4096
 
 
 EVENT_ENV = "GANGFLOW_DRILL_EVENT"
-_EVENT = re.compile(r"^(?P<action>preempt|pause|lose-worker)@step=(?P<step>\d+)$")
+_EVENT = re.compile(r"^(?:(?P<action>preempt|pause|lose-worker)@step=(?P<step>\d+)|(?P<always>no-quota))$")
 PAUSE_SECONDS = 3  # how long the drill's `pause` event keeps the gang paused before resuming it
 
 
@@ -50,8 +50,9 @@ PAUSE_SECONDS = 3  # how long the drill's `pause` event keeps the gang paused be
 class DrillEvent:
     """What the drill's cluster does to the running gang once its checkpoint `step` is committed:
     `preempt` (Kueue evicts the Workload, reason Preempted; a new gang is admitted again),
-    `pause` (`python -m operators.cli.gang pause`, then `resume` PAUSE_SECONDS later) or, with
-    MultiKueue, `lose-worker` (the worker cluster running the gang is lost: multikueue.py)."""
+    `pause` (`python -m operators.cli.gang pause`, then `resume` PAUSE_SECONDS later), with
+    MultiKueue `lose-worker` (the worker cluster running the gang is lost: multikueue.py), or, from
+    the start, `no-quota` (Kueue never has quota for the gang: its Workload stays pending)."""
 
     action: str
     step: int
@@ -67,9 +68,11 @@ def parse_drill_event(text: str | None) -> DrillEvent | None:
     if not text or not text.strip():
         return None
     match = _EVENT.match(text.strip())
+    if match and match["always"]:
+        return DrillEvent(match["always"], 0)
     if not match or int(match["step"]) < 1:
-        raise ValueError(f"{EVENT_ENV}={text!r}: accepted values: preempt@step=N, pause@step=N or lose-worker@step=N "
-                         "(N >= 1, a checkpoint step; lose-worker with MultiKueue)")
+        raise ValueError(f"{EVENT_ENV}={text!r}: accepted values: preempt@step=N, pause@step=N, lose-worker@step=N "
+                         "(N >= 1, a checkpoint step; lose-worker with MultiKueue) or no-quota")
     return DrillEvent(match["action"], int(match["step"]))
 
 
@@ -274,7 +277,7 @@ class EmulatedCluster(ReconcileLoop):
     def _drill_event(self) -> None:
         """Fire the drill's event at the running gang once checkpoint `event.step` is committed."""
         event = self.event
-        if event is None or event.fired or self.committed_step is None or time.monotonic() < self._next_probe:
+        if event is None or event.fired or event.step < 1 or self.committed_step is None or time.monotonic() < self._next_probe:
             return
         self._next_probe = time.monotonic() + 0.25  # a listing of the bucket: milliseconds
         step = self.committed_step()
@@ -375,6 +378,9 @@ class EmulatedCluster(ReconcileLoop):
         name, ns, uid = meta["name"], meta["namespace"], meta["uid"]
         stamp = now()
         count = sum(int(rj.get("replicas", 1)) * int(rj["template"]["spec"].get("parallelism") or 1) for rj in jobset["spec"]["replicatedJobs"])
+        no_quota = self.event is not None and self.event.action == "no-quota"
+        if no_quota and any((wl["metadata"].get("labels") or {}).get("kueue.x-k8s.io/job-uid") == uid for wl in self.api.items(*KQ, ns)):
+            return  # still pending: nothing frees quota in this cluster
         workload = {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "Workload",
@@ -393,6 +399,15 @@ class EmulatedCluster(ReconcileLoop):
                 ],
             },
         }  # fmt: skip
+        if no_quota:  # Kueue's own words for a ClusterQueue without room for the gang
+            workload["status"]["conditions"] = [
+                {"type": "QuotaReserved", "status": "False", "reason": "Pending", "lastTransitionTime": stamp,
+                 "message": f"couldn't assign flavors to pod set rank: insufficient unused quota for cpu in flavor default-flavor, {count} more needed"}]  # fmt: skip
+            with self.api._lock:
+                if self.api.get(*JS, ns, name) is not None:
+                    self.api.put(*KQ, workload)
+            self._note(f"Kueue has no quota for JobSet {ns}/{name} ({count} pods): its Workload stays pending (drill event no-quota)")
+            return
         with self.api._lock:
             if self.api.get(*JS, ns, name) is None:
                 return

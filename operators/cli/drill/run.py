@@ -470,8 +470,13 @@ class Drill:
         return created[0] if len(created) == 1 else self.launch_api
 
     def _report(self, summary: dict[str, Any], runs) -> None:
+        # what the DAG run left in the cluster it talked to: a gang, a Workload (quota held) or a pod
+        left = {plural: [o["metadata"]["name"] for o in self.api.items(group, plural)]
+                for group, plural in (("jobset.x-k8s.io", "jobsets"), ("trainer.kubeflow.org", "trainjobs"),
+                                      ("kueue.x-k8s.io", "workloads"), ("", "pods"))}  # fmt: skip
         report = {"summary": summary, "state_dir": str(self.state), "drill_dir": str(self.dir), "runtime": self.runtime,
-                  "pods": [run.record() | {"audit_path": str(run.audit_path)} for run in runs], "events": self.cluster.events}  # fmt: skip
+                  "pods": [run.record() | {"audit_path": str(run.audit_path)} for run in runs], "events": self.cluster.events,
+                  "left_in_cluster": left}  # fmt: skip
         (self.dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
 
     # --- tear-down ---------------------------------------------------------------------------------

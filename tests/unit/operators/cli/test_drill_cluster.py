@@ -7,6 +7,7 @@ import base64
 import json
 import sys
 import time
+import uuid
 
 import pytest
 
@@ -67,11 +68,11 @@ def cluster(tmp_path):
     api = InMemoryKubernetesApi().start()
     api.put("", "secrets", {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": NS}, "data": {"token": base64.b64encode(b"s3cr3t").decode()}})
     image = Image(env={"PATH": f"{sys.prefix}/bin:/usr/bin:/bin"}, mounts={})
-    emu = EmulatedCluster(api, workdir=tmp_path / "pods", image=image, audit_dir=tmp_path / "audit", drill_id="test-drill", period=0.05).start()
+    emu = EmulatedCluster(api, workdir=tmp_path / "pods", image=image, audit_dir=tmp_path / "audit", drill_id=f"test-drill-{uuid.uuid4().hex[:8]}", period=0.05).start()
     yield api, emu
     emu.stop(grace=1)
     api.stop()
-    assert processes_with_marker("test-drill/") == []
+    assert processes_with_marker(emu.drill_id + "/") == []  # its own pods only: other tests may run clusters meanwhile
 
 
 def wait(predicate, timeout=60.0):
@@ -105,12 +106,13 @@ def test_admission_pods_from_processes_failure_and_teardown(cluster):
     assert [st.pod_rank(p) for p in pods(api)] == [0, 1]
     # index 0 fails with its termination message; the Job fails; index 1 is deleted and killed
     wait(lambda: st.gang_state("JobSet", api.get(*JS, NS, "g-t1")).state == "failed")
-    failed = wait(lambda: [p for p in pods(api) if p["status"]["phase"] == "Failed"])
+    # index 0's pod (index 1, deleted and killed, may fail too on a loaded machine before it is gone)
+    failed = wait(lambda: [p for p in pods(api) if p["status"]["phase"] == "Failed" and st.pod_rank(p) == 0])
     evidence = st.pod_evidence(failed[0])
     assert evidence["exit_code"] == 3 and evidence["termination_reason"] == "Error" and evidence["rank"] == 0
     assert evidence["error_file"] == {"type": "ValueError", "message": "bad value"}
     wait(lambda: len(pods(api)) == 1)  # the deleted pod is gone once its process ended
-    assert processes_with_marker("test-drill/") == []
+    wait(lambda: processes_with_marker(emu.drill_id + "/") == [])  # and its process reaped
     log = api.logs[(NS, failed[0]["metadata"]["name"])]
     run0 = runs[0]
     assert f"home {run0.dir / 'tmp'} cwd {run0.dir / 'tmp'}" in log  # its own empty /tmp as HOME and cwd
@@ -163,7 +165,7 @@ def test_the_preempt_event_evicts_the_running_gang_and_admits_only_a_new_one(tmp
     api.put("", "secrets", {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": NS}, "data": {"token": base64.b64encode(b"s3cr3t").decode()}})
     committed = {"step": None}
     emu = EmulatedCluster(api, workdir=tmp_path / "pods", image=Image(env={"PATH": f"{sys.prefix}/bin:/usr/bin:/bin"}, mounts={}),
-                          audit_dir=tmp_path / "audit", drill_id="test-preempt", period=0.05,
+                          audit_dir=tmp_path / "audit", drill_id=f"test-preempt-{uuid.uuid4().hex[:8]}", period=0.05,
                           event=parse_drill_event("preempt@step=30"), committed_step=lambda: committed["step"]).start()
     try:
         api.put(*JS, jobset("p-t1", script=TERM_SCRIPT))
@@ -189,14 +191,14 @@ def test_the_preempt_event_evicts_the_running_gang_and_admits_only_a_new_one(tmp
     finally:
         emu.stop(grace=1)
         api.stop()
-    assert processes_with_marker("test-preempt/") == []
+    assert processes_with_marker(emu.drill_id + "/") == []
 
 
 @pytest.mark.parametrize("text", ["preempt", "preempt@step=0", "pause@time=3", "evict@step=30"])
 def test_a_bad_drill_event_is_refused_naming_the_variable(text):
     from operators.cli.drill.cluster import parse_drill_event
 
-    with pytest.raises(ValueError, match=r"GANGFLOW_DRILL_EVENT=.*accepted values: preempt@step=N, pause@step=N or lose-worker@step=N"):
+    with pytest.raises(ValueError, match=r"GANGFLOW_DRILL_EVENT=.*accepted values: preempt@step=N, pause@step=N, lose-worker@step=N .* or no-quota"):
         parse_drill_event(text)
 
 

@@ -1,0 +1,64 @@
+"""Time limits with reasons (issue 25.3), whole DAG runs through the cluster drill: the pipeline file's
+`training.max_run_time_seconds` stops the gang through its pods' `activeDeadlineSeconds` (the ranks
+commit a final checkpoint, the try fails as the user's, not retried); `training.max_queue_wait_seconds`
+ends a gang Kueue has no quota for with Kueue's own reason and the time waited, and the gang is
+deleted (its Workload with it: no quota held) before the next try."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from drill_runs import processes_touching, report_pods, run_drill
+
+pytestmark = pytest.mark.slow
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
+
+
+def _pipelines(folder: Path, training: str, retries: int = 3) -> str:
+    """A pipelines folder holding digits.yaml with these `training:` keys (and `retries`)."""
+    folder.mkdir()
+    text = (PROJECT_ROOT / "pipelines" / "digits.yaml").read_text().replace("\nretries: 3\n", f"\nretries: {retries}\n")
+    (folder / "digits.yaml").write_text(text + f"\ntraining:\n{training}\n")
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def run_time_run(drill_home, tmp_path_factory) -> dict:
+    pipelines = _pipelines(tmp_path_factory.mktemp("limits") / "pipelines", "  max_run_time_seconds: 12")
+    conf = {"max_steps": 1_000_000, "checkpoint_every_steps": 50}  # far more than 12 s of training
+    return run_drill(drill_home, tmp_path_factory, "run-time", conf, GANGFLOW_PIPELINES=pipelines)
+
+
+@pytest.fixture(scope="module")
+def queue_wait_run(drill_home, tmp_path_factory) -> dict:
+    pipelines = _pipelines(tmp_path_factory.mktemp("limits") / "pipelines", "  max_queue_wait_seconds: 4", retries=1)
+    return run_drill(drill_home, tmp_path_factory, "queue-wait", None, GANGFLOW_PIPELINES=pipelines, GANGFLOW_DRILL_EVENT="no-quota")
+
+
+def test_past_its_run_time_the_gang_checkpoints_and_fails_as_the_users_without_a_retry(run_time_run):
+    summary = run_time_run["summary"]
+    assert run_time_run["code"] == 1 and summary["state"] == "failed", run_time_run["output"][-6000:]
+    assert summary["train_attempts"] == 1 and summary["preemptions"] == 0, summary  # not retried, not a preemption
+    assert summary["failure"]["kind"] == "user" and "DeadlineExceeded" in summary["failure"]["reason"], summary["failure"]
+    pods = report_pods(run_time_run["report"])
+    assert len(pods) == 2 and all(p["exit_code"] is not None for p in pods), pods  # one try: its two pods, ended
+    logs = [(Path(p["dir"]) / "container.log").read_text(errors="replace") for p in pods]
+    assert sum("gangflow: preempted (SIGTERM)" in log for log in logs) == 1, logs[0][-3000:]  # rank 0 committed a final checkpoint
+    events = run_time_run["report"]["events"]
+    assert any("activeDeadlineSeconds=12" in e for e in events), events
+    assert processes_touching(run_time_run["keep"]) == []
+
+
+def test_past_its_queue_wait_the_gang_fails_with_kueues_reason_and_holds_no_quota(queue_wait_run):
+    summary = queue_wait_run["summary"]
+    assert queue_wait_run["code"] == 1 and summary["state"] == "failed", queue_wait_run["output"][-6000:]
+    assert summary["train_attempts"] == 2, summary  # infra (no capacity now): retried within the budget, with backoff
+    reason = summary["failure"]["reason"]
+    assert "not admitted within training.max_queue_wait_seconds=4 (waited " in reason, reason
+    assert "insufficient unused quota for cpu in flavor default-flavor, 2 more needed" in reason, reason
+    assert report_pods(queue_wait_run["report"]) == []  # no pod ever ran
+    # each try's gang was deleted before the try ended, its Workload with it: nothing holds quota
+    assert queue_wait_run["report"]["left_in_cluster"] == {"jobsets": [], "trainjobs": [], "workloads": [], "pods": []}
+    events = queue_wait_run["report"]["events"]
+    assert sum("Kueue has no quota for JobSet" in e for e in events) == 2, events
