@@ -54,6 +54,7 @@ CONTROL_POD_RESOURCES = {"cpu": "1", "memory": "1Gi"}
 # Where mpi-operator mounts the job's SSH key pair: the home of the image's non-root user (HOME=/tmp,
 # the writable emptyDir), not the default /root/.ssh.
 MPI_SSH_AUTH_PATH = "/tmp/.ssh"
+MPI_HOSTFILE = "/etc/mpi/hostfile"  # where mpi-operator mounts the launcher's hostfile (its ConfigMap <job>-config)
 APP_DIR = "/app"  # the image's working directory: relative config paths resolve against it
 TERMINATION_LOG = "/dev/termination-log"
 PATCH_MANAGER = "gangflow.io/kubernetes-backend"
@@ -728,7 +729,11 @@ def build_mpijob(spec: GangSpec, runtime: RuntimeDefaults, namespace: str) -> Ga
     # every variable the launcher has reaches the ranks by name (secrets stay Secret references)
     exported = ["PATH", *sorted({e.name for e in env})]
     argv = mpirun_argv("mpirun", spec.world_size, exported, ["python", *trainer_args(spec, runtime)])
-    launcher = _control_pod(spec, runtime, name=CONTAINER, command=argv, env=env)
+    # mpi-operator (v0.8.2) names the hostfile it mounts at /etc/mpi/hostfile only as ORTE's
+    # OMPI_MCA_orte_default_hostfile, which Open MPI 5 (PRRTE) ignores: mpirun would then start every
+    # rank on the launcher (kubeflow/mpi-operator#842). PRRTE's own name for it, for the launcher only.
+    launcher_env = [*env, k8s.V1EnvVar(name="PRTE_MCA_prte_default_hostfile", value=MPI_HOSTFILE)]
+    launcher = _control_pod(spec, runtime, name=CONTAINER, command=argv, env=launcher_env)
     # the workers run the image's sshd (mpi-operator's default worker command); the ranks are its children
     worker = build_pod_template(spec, runtime, args=None,
                                 container=build_container(spec, runtime, args=None, command=["/usr/sbin/sshd", "-De"]))

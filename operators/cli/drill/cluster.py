@@ -554,15 +554,36 @@ class EmulatedCluster(ReconcileLoop):
         hosts = self._hosts(pod)
         tmp = run.dir / "tmp"
         mounts = {**self.image.mounts}
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
         for volume_mount in pod["spec"]["containers"][0].get("volumeMounts") or []:
             if volume_mount["mountPath"] == "/tmp":
                 mounts["/tmp"] = str(tmp)
             elif volume_mount["mountPath"] == "/dev/shm":
                 pass  # the host's /dev/shm (Memory emptyDir); nothing in the drill names it
+            elif (volumes.get(volume_mount["name"]) or {}).get("configMap"):
+                mounts[volume_mount["mountPath"]] = str(self._config_map_volume(pod, run, volumes[volume_mount["name"]]))
             else:
-                raise ContainerConfigError(f"volume mount {volume_mount['mountPath']}: the drill provides /tmp and /dev/shm only (use checkpoint.uri)")
+                raise ContainerConfigError(f"volume mount {volume_mount['mountPath']}: the drill provides /tmp, /dev/shm and "
+                                           "configMap volumes only (use checkpoint.uri)")  # fmt: skip
         mounts[pod["spec"]["containers"][0].get("terminationMessagePath") or TERMINATION_LOG] = str(run.dir / "termination-log")
         return Rewrites(hosts=hosts, mounts=mounts)
+
+    def _config_map_volume(self, pod: dict[str, Any], run: PodRun, volume: dict[str, Any]) -> Path:
+        """A configMap volume's files (its `items`, or every key), read-only, in the pod's folder."""
+        source = volume["configMap"]
+        config_map = self._lookup("ConfigMap", pod["metadata"]["namespace"], source["name"])
+        if config_map is None:  # the kubelet's FailedMount
+            raise ContainerConfigError(f'MountVolume.SetUp failed for volume "{volume["name"]}": configmap "{source["name"]}" not found')
+        data = config_map.get("data") or {}
+        items = source.get("items") or [{"key": key, "path": key} for key in data]
+        folder = run.dir / "volumes" / volume["name"]
+        folder.mkdir(parents=True, exist_ok=True)
+        for item in items:
+            path = folder / item["path"]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(data[item["key"]])
+            path.chmod(int(item.get("mode") or source.get("defaultMode") or 0o644) & 0o555)
+        return folder
 
     def _set_pod(self, key: tuple[str, str], status: dict[str, Any], **spec: Any) -> None:
         with self.api._lock:

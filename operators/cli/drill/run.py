@@ -1,12 +1,13 @@
 """`make cluster-drill`: `train_pipeline` with `backend=kubernetes`, the gang's pods run locally.
 
-    python -m operators.cli.drill [--pipeline NAME] [--api jobset|trainjob] [--runtime process|podman] [--conf JSON] [--keep DIR]
+    python -m operators.cli.drill [--pipeline NAME] [--api jobset|trainjob|mpijob] [--runtime process|podman] [--conf JSON] [--keep DIR]
     GANGFLOW_FAULT="kill@step=30,rank=1" python -m operators.cli.drill
     GANGFLOW_DRILL_EVENT="preempt@step=30" python -m operators.cli.drill
 
 Starts an S3 API (moto), an MLflow server, the Kubernetes API test double and the emulated cluster
 on 127.0.0.1, and runs the DAG with dag.test(). With --api trainjob the cluster also runs Kubeflow
-Trainer v2's controller (trainer_controller.py) on the chart's ClusterTrainingRuntime; with --runtime
+Trainer v2's controller (trainer_controller.py) on the chart's ClusterTrainingRuntime; with --api
+mpijob the MPI Operator's (mpi_controller.py; the DAG's `launcher` is then mpirun); with --runtime
 podman each pod is a container of the training image `make images` built. The last line is `make
 demo`'s JSON plus `backend`, `api`, `checkpoint_uri`, `resumed_from_step`, `runtime` and
 `image_digest`; exit 0 only when the run succeeded and no pod touched
@@ -193,6 +194,22 @@ def isolation_findings(runs, state: Path) -> list[str]:
     return findings
 
 
+def mpi_placement_findings(runs) -> list[str]:
+    """An MPIJob's launcher that succeeded must have reached its workers (the drill's ssh logs each
+    session in the worker pod's folder): else mpirun ran every rank on the launcher pod (Open MPI
+    ignores a hostfile it is not given under a name it reads)."""
+    findings = []
+    for run in runs:
+        if "-launcher-" not in run.name or run.exit_code != 0:
+            continue
+        job = run.name.rsplit("-launcher-", 1)[0]
+        workers = [w for w in runs if re.fullmatch(re.escape(job) + r"-worker-\d+", w.name)]
+        reached = [w.name for w in workers if (w.dir / "ssh.log").exists()]
+        if not reached:
+            findings.append(f"launcher {run.name} started no rank on a worker pod of {job} (no ssh session): mpirun ran them on the launcher")
+    return findings
+
+
 def worker_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:
     """What the worker container gets of this process's environment: the drill's servers, their
     credentials and the cluster connection, and the operators' own settings (GANGFLOW_*), but not
@@ -234,9 +251,16 @@ class Drill:
         self.id = f"drill-{uuid.uuid4().hex[:10]}"
         self.keep = keep
         self.fault = fault
-        self.launch_api = api  # jobset | trainjob (runtime.yaml `api`); self.api is the API test double
+        self.launch_api = api  # jobset | trainjob | mpijob (runtime.yaml `api`); self.api is the API test double
         self.pipeline = load_pipeline(pipeline)
         self.conf = {**DEFAULT_CONF, **PIPELINE_CONF.get(self.pipeline.name, {}), **(conf or {})}
+        if api == "mpijob":  # an MPIJob's launcher runs mpirun and only it (builders.check_launcher)
+            if self.conf.setdefault("launcher", "mpirun") != "mpirun":
+                raise DrillError(f"--api mpijob runs launcher 'mpirun' only; --conf has launcher={self.conf['launcher']!r}")
+            if runtime != "process":
+                raise DrillError("--api mpijob: with --runtime process only (the drill's ssh runs the ranks as processes of the worker pods)")
+            if event is not None:
+                raise DrillError(f"GANGFLOW_DRILL_EVENT={event.spec}: the drill's events act on JobSets, not on an MPIJob (--api mpijob)")
         self.state = settings.state_dir()
         base = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="gangflow-drill-"))
         if keep and base.exists() and any(base.iterdir()):
@@ -356,6 +380,12 @@ class Drill:
 
             registry = CrdRegistry(settings.PROJECT_ROOT / "operators" / "kubernetes" / "crds")
             controllers.append(TrainerController(self.api, validator=lambda obj: validate_object(obj, registry), master_port=self.runtime["rendezvousPort"]))
+        if self.launch_api == "mpijob":
+            from operators.cli.drill import mpi_ssh
+            from operators.cli.drill.mpi_controller import MPIController, drill_launcher_env
+
+            agent = mpi_ssh.install(self.dir / "mpi", image)  # the workers' sshd stand-in and the launcher's ssh
+            controllers.append(MPIController(self.api, launcher_env=drill_launcher_env(agent)))
         if self.multikueue:
             self.cluster = self._multikueue(image, audit_dir, extra)
             return
@@ -437,6 +467,8 @@ class Drill:
             findings += isolation_findings(runs, self.dir / "airflow-worker")
         if self.cluster.error is not None:
             findings.append(f"cluster emulation error: {self.cluster.error}")
+        if self.launch_api == "mpijob":
+            findings += mpi_placement_findings(runs)
         if findings:
             summary["state"] = "failed"
             summary["failure"] = {"kind": "drill", "reason": "; ".join(findings[:5]) + (f" (+{len(findings) - 5} more)" if len(findings) > 5 else "")}
@@ -466,13 +498,13 @@ class Drill:
 
     def api_that_ran(self) -> str:
         """The launch API of the gang objects the backend created (the requested one when none was)."""
-        created = [api for api, plural in (("trainjob", "/trainjobs"), ("jobset", "/jobsets")) if self.api.count("POST", plural)]
+        created = [api for api, plural in (("trainjob", "/trainjobs"), ("jobset", "/jobsets"), ("mpijob", "/mpijobs")) if self.api.count("POST", plural)]
         return created[0] if len(created) == 1 else self.launch_api
 
     def _report(self, summary: dict[str, Any], runs) -> None:
         # what the DAG run left in the cluster it talked to: a gang, a Workload (quota held) or a pod
         left = {plural: [o["metadata"]["name"] for o in self.api.items(group, plural)]
-                for group, plural in (("jobset.x-k8s.io", "jobsets"), ("trainer.kubeflow.org", "trainjobs"),
+                for group, plural in (("jobset.x-k8s.io", "jobsets"), ("trainer.kubeflow.org", "trainjobs"), ("kubeflow.org", "mpijobs"),
                                       ("kueue.x-k8s.io", "workloads"), ("", "pods"))}  # fmt: skip
         report = {"summary": summary, "state_dir": str(self.state), "drill_dir": str(self.dir), "runtime": self.runtime,
                   "pods": [run.record() | {"audit_path": str(run.audit_path)} for run in runs], "events": self.cluster.events,
@@ -544,8 +576,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline", default="digits", help="the pipeline to run: a file pipelines/<name>.yaml (default digits)")
     parser.add_argument("--conf", default="{}", help="DAG run conf (Params) merged over the drill's: " + json.dumps(DEFAULT_CONF)
                         + "; per pipeline: " + json.dumps(PIPELINE_CONF))
-    parser.add_argument("--api", default="jobset", choices=APIS, help="launch API the backend submits (runtime.yaml `api`): jobset (default) or "
-                        "trainjob, run as Kubeflow Trainer v2 would run it")
+    parser.add_argument("--api", default="jobset", choices=APIS, help="launch API the backend submits (runtime.yaml `api`): jobset (default), "
+                        "trainjob, run as Kubeflow Trainer v2 would run it, or mpijob, run as the MPI Operator v2 would (launcher mpirun)")
     parser.add_argument("--runtime", choices=RUNTIMES, default="process",
                         help="process: each pod's container as local processes (default); podman: as a container of the training image `make images` built")
     parser.add_argument("--keep", type=Path, help="keep the drill's files (servers' data, pod dirs and logs, report.json) in this folder")
