@@ -87,6 +87,27 @@ def set_admission(workload: dict[str, Any], *, admitted: bool, reason: str, mess
     ]
 
 
+def kueue_workload(owner: dict[str, Any], *, prefix: str, queue: str, pod_sets: list[dict[str, Any]], stamp: str,
+                   admitted: bool = True) -> dict[str, Any]:  # fmt: skip
+    """The Workload the drill's Kueue makes for `owner` (a JobSet, TrainJob or MPIJob; `prefix` its
+    kind in lower case, as Kueue names Workloads): admitted (scripted: no quota is modelled), or
+    without conditions, for the caller to set."""
+    meta = owner["metadata"]
+    name, uid = meta["name"], meta["uid"]
+    conditions = [
+        {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "lastTransitionTime": stamp,
+         "message": "Quota reserved in the drill's ClusterQueue (scripted by the drill: no quota is modelled)"},
+        {"type": "Admitted", "status": "True", "reason": "Admitted", "lastTransitionTime": stamp, "message": "The workload is admitted"},
+    ] if admitted else []  # fmt: skip
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": {"name": f"{prefix}-{name}-{uid[:5]}", "namespace": meta["namespace"], "labels": {"kueue.x-k8s.io/job-uid": uid},
+                     "ownerReferences": [{"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": name, "uid": uid, "controller": True}]},
+        "spec": {"active": True, "queueName": queue, "podSets": pod_sets},
+        "status": {"conditions": conditions},
+    }  # fmt: skip
+
+
 def now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -381,24 +402,8 @@ class EmulatedCluster(ReconcileLoop):
         no_quota = self.event is not None and self.event.action == "no-quota"
         if no_quota and any((wl["metadata"].get("labels") or {}).get("kueue.x-k8s.io/job-uid") == uid for wl in self.api.items(*KQ, ns)):
             return  # still pending: nothing frees quota in this cluster
-        workload = {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "Workload",
-            "metadata": {
-                "name": f"jobset-{name}-{uid[:5]}",
-                "namespace": ns,
-                "labels": {"kueue.x-k8s.io/job-uid": uid},
-                "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": name, "uid": uid, "controller": True}],
-            },
-            "spec": {"active": True, "queueName": meta["labels"]["kueue.x-k8s.io/queue-name"], "podSets": [{"name": "rank", "count": count}]},
-            "status": {
-                "conditions": [
-                    {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "lastTransitionTime": stamp,
-                     "message": "Quota reserved in ClusterQueue gangflow-drill (scripted by the drill: no quota is modelled)"},
-                    {"type": "Admitted", "status": "True", "reason": "Admitted", "lastTransitionTime": stamp, "message": "The workload is admitted"},
-                ],
-            },
-        }  # fmt: skip
+        workload = kueue_workload(jobset, prefix="jobset", queue=meta["labels"]["kueue.x-k8s.io/queue-name"],
+                                  pod_sets=[{"name": "rank", "count": count}], stamp=stamp)
         if no_quota:  # Kueue's own words for a ClusterQueue without room for the gang
             workload["status"]["conditions"] = [
                 {"type": "QuotaReserved", "status": "False", "reason": "Pending", "lastTransitionTime": stamp,

@@ -48,6 +48,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from operators.cli.drill.api_double import InMemoryKubernetesApi
+from operators.cli.drill.cluster import kueue_workload
 
 MPIJOBS = ("kubeflow.org", "mpijobs")
 WORKLOADS = ("kueue.x-k8s.io", "workloads")
@@ -145,20 +146,7 @@ class MPIController:
         stamp = _now()
         replicas = spec.get("mpiReplicaSpecs") or {}
         pod_sets = [{"name": role.lower(), "count": int((replicas.get(role) or {}).get("replicas", 1))} for role in ("Launcher", "Worker")]
-        workload = {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "Workload",
-            "metadata": {
-                "name": f"mpijob-{name}-{uid[:5]}", "namespace": ns, "labels": {"kueue.x-k8s.io/job-uid": uid},
-                "ownerReferences": [{"apiVersion": MPI_API, "kind": "MPIJob", "name": name, "uid": uid, "controller": True}],
-            },
-            "spec": {"active": True, "queueName": queue, "podSets": pod_sets},
-            "status": {"conditions": [
-                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "lastTransitionTime": stamp,
-                 "message": "Quota reserved in the drill's ClusterQueue (scripted by the drill: no quota is modelled)"},
-                {"type": "Admitted", "status": "True", "reason": "Admitted", "lastTransitionTime": stamp, "message": "The workload is admitted"},
-            ]},
-        }  # fmt: skip
+        workload = kueue_workload(mpijob, prefix="mpijob", queue=queue, pod_sets=pod_sets, stamp=stamp)
         with self.api._lock:
             current = self.api.get(*MPIJOBS, ns, name)
             if current is None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from operators.cli.drill.api_double import InMemoryKubernetesApi
-from operators.cli.drill.cluster import JS, KQ, DrillEvent, EmulatedCluster, ReconcileLoop, kill_marked, now, set_admission
+from operators.cli.drill.cluster import JS, KQ, DrillEvent, EmulatedCluster, ReconcileLoop, kill_marked, kueue_workload, now, set_admission
 
 CHECK = "gangflow-multikueue"  # the AdmissionCheck the chart renders on the ClusterQueue (its name in the drill)
 MANAGED_BY = "kueue.x-k8s.io/multikueue"
@@ -121,16 +121,14 @@ class MultiKueueDispatcher(ReconcileLoop):
         workload = self._workload(jobset)
         if workload is None:  # the manager's Kueue: quota reserved, the MultiKueue check pending
             count = sum(int(rj.get("replicas", 1)) * int(rj["template"]["spec"].get("parallelism") or 1) for rj in jobset["spec"]["replicatedJobs"])
-            workload = self.api.put(*KQ, {
-                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
-                "metadata": {"name": f"jobset-{name}-{uid[:5]}", "namespace": ns, "labels": {"kueue.x-k8s.io/job-uid": uid},
-                             "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": name, "uid": uid, "controller": True}]},
-                "spec": {"active": True, "queueName": meta["labels"]["kueue.x-k8s.io/queue-name"], "podSets": [{"name": "rank", "count": count}]},
-                "status": {"conditions": [
-                    {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "Quota reserved in ClusterQueue gangflow-drill", "lastTransitionTime": stamp}],
-                    "admissionChecks": [{"name": CHECK, "state": "Pending", "message": "", "lastTransitionTime": stamp}],
-                    "nominatedClusterNames": [w.name for w in self.workers if not w.lost]},
-            })  # fmt: skip
+            workload = kueue_workload(jobset, prefix="jobset", queue=meta["labels"]["kueue.x-k8s.io/queue-name"],
+                                      pod_sets=[{"name": "rank", "count": count}], stamp=stamp, admitted=False)
+            workload["status"] = {
+                "conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "lastTransitionTime": stamp,
+                                "message": "Quota reserved in ClusterQueue gangflow-drill"}],
+                "admissionChecks": [{"name": CHECK, "state": "Pending", "message": "", "lastTransitionTime": stamp}],
+                "nominatedClusterNames": [w.name for w in self.workers if not w.lost]}  # fmt: skip
+            workload = self.api.put(*KQ, workload)
             with self.api._lock:  # Kueue's webhook: the manager's JobSet controller leaves it alone
                 jobset["spec"]["managedBy"] = MANAGED_BY
         busy = {w.name for w in self._placed.values()}

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from operators.cli.drill.api_double import InMemoryKubernetesApi
+from operators.cli.drill.cluster import kueue_workload
 
 TRAINJOBS = ("trainer.kubeflow.org", "trainjobs")
 RUNTIMES = ("trainer.kubeflow.org", "clustertrainingruntimes")
@@ -257,20 +258,7 @@ class TrainerController:
         self._admitted.add(uid)
         stamp = _now()
         nodes = int(((trainjob.get("spec") or {}).get("trainer") or {}).get("numNodes", 1))
-        workload = {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "Workload",
-            "metadata": {
-                "name": f"trainjob-{name}-{uid[:5]}", "namespace": ns, "labels": {"kueue.x-k8s.io/job-uid": uid},
-                "ownerReferences": [{"apiVersion": TRAINER_API, "kind": "TrainJob", "name": name, "uid": uid, "controller": True}],
-            },
-            "spec": {"active": True, "queueName": queue, "podSets": [{"name": NODE, "count": nodes}]},
-            "status": {"conditions": [
-                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "lastTransitionTime": stamp,
-                 "message": "Quota reserved in the drill's ClusterQueue (scripted by the drill: no quota is modelled)"},
-                {"type": "Admitted", "status": "True", "reason": "Admitted", "lastTransitionTime": stamp, "message": "The workload is admitted"},
-            ]},
-        }  # fmt: skip
+        workload = kueue_workload(trainjob, prefix="trainjob", queue=queue, pod_sets=[{"name": NODE, "count": nodes}], stamp=stamp)
         with self.api._lock:
             current = self.api.get(*TRAINJOBS, ns, name)
             if current is None:
