@@ -53,7 +53,7 @@ def test_impossible_gang_is_refused_with_a_reason(pipeline_home, tmp_path):
         # (batch_size not a multiple of world_size goes through the same check: tests/unit/dags/test_params.py)
         ({"world_size": 2.0, "max_steps": 60.0}, ["world_size=2.0: must be an integer", "max_steps=60.0: must be an integer"]),
         # a launcher the backend cannot run, named with it (issue 24.4)
-        ({"backend": "ray", "launcher": "mpirun"}, ["backend='ray' with launcher='mpirun' cannot run", "(local)"]),
+        ({"backend": "ray", "launcher": "mpirun"}, ["backend='ray' with launcher='mpirun' cannot run", "(kubernetes, local)"]),
     ],
 )
 def test_params_the_schema_cannot_refuse_are_refused_before_admission(pipeline_home, tmp_path, conf, needles):
