@@ -27,6 +27,8 @@ from operators.validation import DatasetValidationOperator
 # training.max_run_time_seconds + this is the gang task's execution_timeout (local and Ray): the ranks'
 # SIGTERM grace (60 s) and the task's own work before and after the gang.
 RUN_TIME_LIMIT_MARGIN_S = 600
+# The form's time limits where the pipeline file sets none (30 days)
+LIMIT_CEILING_S = 30 * 24 * 3600
 
 DOC = """
 ### gangflow pipeline `{name}`: {description}
@@ -100,6 +102,20 @@ def build_params(p: PipelineConfig) -> dict[str, Param]:
             description="auto: chosen by Young/Daly from the measured save cost and this pipeline's failure rate "
             "(docs/pipeline.md); or an integer: at most this many steps are lost to a retry.",
         ),
+        # Airflow fixes a task's execution_timeout when the DAG file is parsed, from the file's run-time
+        # limit: the form may tighten that limit, not loosen it (then Airflow's timeout would come first).
+        "max_run_time_seconds": _seconds_param(
+            p.max_run_time_seconds, p.max_run_time_seconds or LIMIT_CEILING_S, title="Max run time (seconds)",
+            description="The longest a try's gang may run; then the ranks commit a final checkpoint and the try fails "
+            "naming the limit, not retried. "
+            + (f"At most the pipeline file's training.max_run_time_seconds ({p.max_run_time_seconds}), which "
+               "Airflow's execution_timeout is built from." if p.max_run_time_seconds else "Empty: no limit."),
+        ),
+        "max_queue_wait_seconds": _seconds_param(
+            p.max_queue_wait_seconds, LIMIT_CEILING_S, title="Max queue wait (seconds)",
+            description="Kubernetes: the longest a gang may wait for admission (Kueue, Volcano); then the try fails "
+            "with the scheduler's reason and the time waited. Empty: the runtime's admissionTimeoutSeconds.",
+        ),
         "promotion_floor": Param(
             p.promotion_floor, type="number", **bounded, **NOT_NAN,
             title="Promotion floor" if metric.higher_is_better else "Promotion ceiling",
@@ -111,6 +127,12 @@ def build_params(p: PipelineConfig) -> dict[str, Param]:
             description=f"A candidate must beat the champion's {metric.name} by more than this ({metric.direction} is better).",
         ),
     }  # fmt: skip
+
+
+def _seconds_param(default: int | None, ceiling: int, **text: str) -> Param:
+    """A time limit of the form: an integer of seconds, or empty (no limit) where the file sets none."""
+    kind = "integer" if default is not None else ["null", "integer"]
+    return Param(default, type=kind, minimum=1, maximum=ceiling, **text)
 
 
 #: Each stage's gangflow operator: a class the pipeline file names (`operators:`) must subclass it.
@@ -228,8 +250,9 @@ def build_pipeline_dag(p: PipelineConfig):
             "checkpoint.every_steps": "{{ params.checkpoint_every_steps }}",
         }
         user_code = p.training_kwargs()  # the package roots and training code of one's own (`training:`), if any
-        limits = {"max_preemptions": p.max_preemptions, "max_run_time_seconds": p.max_run_time_seconds,
-                  "max_queue_wait_seconds": p.max_queue_wait_seconds}
+        limits = {"max_preemptions": p.max_preemptions,  # `or ''`: an empty form field (None) renders ""
+                  "max_run_time_seconds": "{{ params.max_run_time_seconds or '' }}",
+                  "max_queue_wait_seconds": "{{ params.max_queue_wait_seconds or '' }}"}
         # A gang beside the task: Airflow's own timeout comes after gangflow's run-time limit and the
         # ranks' final checkpoint (SIGTERM grace), so the limit, with its reason, always ends it first.
         beside = {"execution_timeout": timedelta(seconds=p.max_run_time_seconds + RUN_TIME_LIMIT_MARGIN_S)} if p.max_run_time_seconds else {}

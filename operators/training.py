@@ -28,7 +28,9 @@ from operators.backends import GangResult, GangSpec, check_combination, get_back
 from operators.backends.base import is_count, user_code_args
 from operators.links import DashboardLink, KubernetesObjectLink, MlflowRunLink
 from operators.failures.preemption import PREEMPTIONS_FILE, recorded_preemptions
-from operators.exceptions import GangCapacityError, GangConfigError, GangFailure, InfraFailure, UnknownFailure, UserError, UserFailure
+from operators.exceptions import (
+    GangCapacityError, GangConfigError, GangFailure, InfraFailure, InvalidParams, UnknownFailure, UserError, UserFailure,
+)  # fmt: skip
 from trainer.checks import is_integer
 
 _FAILURES: dict[str, type[GangFailure]] = {"infra": InfraFailure, "user": UserFailure, "unknown": UnknownFailure}
@@ -41,6 +43,21 @@ def gang_name(dag_id: str, run_id: str) -> str:
     digest = settings.run_identity(dag_id, run_id)[:16]
     stem = re.sub(r"[^a-z0-9-]+", "-", dag_id.lower()).strip("-")[:40].strip("-") or "gang"
     return f"{stem}-{digest}"
+
+
+def seconds_limit(field: str, value: Any, error: type[Exception] = InvalidParams) -> int | None:
+    """A time limit in seconds as given, or as a Param template rendered it (`""`: no limit)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str) and re.fullmatch(r"[0-9]{1,9}", value):
+        value = int(value)
+    if not is_count(value, 1):
+        raise error(f"{field}={value!r}: accepted values: an integer >= 1 (seconds), or None for no limit")
+    return value
+
+
+def _is_template(value: Any) -> bool:
+    return isinstance(value, str) and "{{" in value
 
 
 def format_override(key: str, value: Any) -> str:
@@ -89,11 +106,12 @@ class GangTrainingOperator(BaseOperator):
         the task re-launches itself, from the last committed checkpoint, without spending one of
         Airflow's retries; past it a preemption is judged as the `infra` failure it was before.
     :param max_run_time_seconds: the longest this try's gang may run, counted from its first launch
-        (pipeline file `training.max_run_time_seconds`; None: no limit). Past it the gang is stopped
+        (templated: the trigger form's Param, bounded by the pipeline file's `training.max_run_time_seconds`;
+        None or "": no limit). Past it the gang is stopped
         with SIGTERM, so the ranks commit a final checkpoint, and the try fails as the user's (not
         retried), naming the limit; on Kubernetes the pods' `activeDeadlineSeconds` (a TrainJob's own).
     :param max_queue_wait_seconds: the longest the gang may wait for admission where it queues
-        (pipeline file `training.max_queue_wait_seconds`; Kubernetes: instead of the runtime's
+        (templated: the trigger form's Param, default the pipeline file's `training.max_queue_wait_seconds`; Kubernetes: instead of the runtime's
         `admissionTimeoutSeconds`). The local and Ray gangs do not queue: Airflow's pool does.
     :returns: (XCom) `model_uri` (`models:/<model_id>`: this task logs the run's `final/` once, after
         the gang, as the MLflow run's LoggedModel: a signed pyfunc with gangflow's installed loader,
@@ -105,7 +123,7 @@ class GangTrainingOperator(BaseOperator):
 
     template_fields = (
         "world_size", "dataset", "overrides", "backend", "launcher", "backend_options", "config_path", "run_dir", "experiment",
-        "allowed_models",
+        "allowed_models", "max_run_time_seconds", "max_queue_wait_seconds",
     )  # fmt: skip
     template_fields_renderers = {"overrides": "json", "dataset": "json", "backend_options": "json"}
     ui_color = "#f4a460"
@@ -130,8 +148,8 @@ class GangTrainingOperator(BaseOperator):
         command: Sequence[str] | None = None,
         package_roots: Sequence[str] = (),
         max_preemptions: int = DEFAULT_MAX_PREEMPTIONS,
-        max_run_time_seconds: int | None = None,
-        max_queue_wait_seconds: int | None = None,
+        max_run_time_seconds: int | str | None = None,
+        max_queue_wait_seconds: int | str | None = None,
         **kwargs,
     ):
         kwargs.setdefault("multiple_outputs", True)  # `train.output["model_uri"]` in a DAG of one's own
@@ -158,11 +176,11 @@ class GangTrainingOperator(BaseOperator):
             raise ValueError(f"max_preemptions={max_preemptions!r}: accepted values: an integer >= 0 (preemptions "
                              "re-launched without spending a retry; 0: every preemption spends one)")
         self.max_preemptions = max_preemptions
-        for name, limit in (("max_run_time_seconds", max_run_time_seconds), ("max_queue_wait_seconds", max_queue_wait_seconds)):
-            if limit is not None and not is_count(limit, 1):
-                raise ValueError(f"{name}={limit!r}: accepted values: an integer >= 1 (seconds), or None for no limit")
-        self.max_run_time_seconds = max_run_time_seconds
-        self.max_queue_wait_seconds = max_queue_wait_seconds
+        # a template (a trigger-form Param) is checked once rendered, in build_spec
+        self.max_run_time_seconds = max_run_time_seconds if _is_template(max_run_time_seconds) else \
+            seconds_limit("max_run_time_seconds", max_run_time_seconds, ValueError)
+        self.max_queue_wait_seconds = max_queue_wait_seconds if _is_template(max_queue_wait_seconds) else \
+            seconds_limit("max_queue_wait_seconds", max_queue_wait_seconds, ValueError)
         self._first_launch: float | None = None  # monotonic time of this try's first launch (the limit's start)
         self.preemptions: list[str] = []  # why each preemption of this DAG run's gang happened
         self.pauses = 0  # pauses and resumes of this DAG run's gang (`python -m operators.cli.gang`)
@@ -212,8 +230,8 @@ class GangTrainingOperator(BaseOperator):
             package_roots=self.package_roots,
             launcher=self.launcher,
             avoid_nodes=failure_context.nodes_to_avoid(run_dir, ti.try_number),
-            max_run_time_s=self.max_run_time_seconds,
-            max_queue_wait_s=self.max_queue_wait_seconds,
+            max_run_time_s=seconds_limit("max_run_time_seconds", self.max_run_time_seconds),
+            max_queue_wait_s=seconds_limit("max_queue_wait_seconds", self.max_queue_wait_seconds),
         )
 
     def mlflow_run(self, context) -> str | None:

@@ -643,6 +643,10 @@ def check_params(values: Mapping[str, Any], schemas: Mapping[str, Mapping[str, A
 
 def _check_value(name: str, value: Any, schema: Mapping[str, Any]) -> str | None:
     kind = schema.get("type")
+    if isinstance(kind, list):  # ["null", "integer"]: a field the form may leave empty
+        if value is None and "null" in kind:
+            return None
+        kind = next((k for k in kind if k != "null"), None)
     if kind == "integer":
         if not is_integer(value):
             return f"{name}={value!r}: must be an integer, written without a decimal point ({_accepted(schema)})"
@@ -670,8 +674,10 @@ def _accepted(schema: Mapping[str, Any]) -> str:
         bounds.append(f"<= {schema['maximum']}")
     if schema.get("exclusiveMaximum") is not None:
         bounds.append(f"< {schema['exclusiveMaximum']}")
-    what = "integers" if schema.get("type") == "integer" else "finite numbers"
-    return f"accepted: {what} {' and '.join(bounds)}".rstrip()
+    kind = schema.get("type")
+    what = "integers" if kind == "integer" or (isinstance(kind, list) and "integer" in kind) else "finite numbers"
+    empty = ", or empty" if isinstance(kind, list) and "null" in kind else ""
+    return f"accepted: {what} {' and '.join(bounds)}".rstrip() + empty
 
 
 def dataset_version_of_run(params: Mapping[str, Any], dag_run: Any, asset_name: str = DATASET_ASSET_NAME) -> str:

@@ -181,19 +181,20 @@ def test_preemption_commits_a_checkpoint_and_loses_no_steps(pipeline_home, tmp_p
 
 @pytest.mark.slow
 def test_a_gang_past_its_run_time_limit_commits_a_checkpoint_and_fails_once_as_the_users(pipeline_home, tmp_path):
-    """Issue 25.3: `training.max_run_time_seconds` in the pipeline file. The gang still training at the
-    limit is stopped with SIGTERM (each rank commits a final checkpoint, exit 75), which is no
-    preemption: the try fails as the user's, not retried, and the reason names the limit."""
+    """Issue 25.3: a run-time limit, here the trigger form's Param below the pipeline file's own (the
+    ceiling the task's execution_timeout is built from). The gang still training at the limit is
+    stopped with SIGTERM (each rank commits a final checkpoint, exit 75), which is no preemption:
+    the try fails as the user's, not retried, and the reason names the limit."""
     limit = 45
     pipelines = tmp_path / "pipelines"
     pipelines.mkdir()
     digits = yaml.safe_load((PROJECT_ROOT / "pipelines" / "digits.yaml").read_text())
-    digits["training"] = {"max_run_time_seconds": limit}
+    digits["training"] = {"max_run_time_seconds": 900}
     (pipelines / "digits.yaml").write_text(yaml.safe_dump(digits))
     records = lambda: set((pipeline_home / "runs").glob("train_pipeline/*/failures/try-1.json"))  # noqa: E731
     earlier = records()  # other tests' runs share this state dir
-    summary, output, code = run_pipeline(pipeline_home, {**FAST, "max_steps": 100000}, tmp_path / "run.log",
-                                         GANGFLOW_PIPELINES=str(pipelines))  # fmt: skip
+    conf = {**FAST, "max_steps": 100000, "max_run_time_seconds": limit}
+    summary, output, code = run_pipeline(pipeline_home, conf, tmp_path / "run.log", GANGFLOW_PIPELINES=str(pipelines))
     assert code != 0 and summary["state"] == "failed", output[-6000:]
     assert summary["train_attempts"] == 1 and summary["preemptions"] == 0, summary
     assert summary["failure"]["kind"] == "user" and f"training.max_run_time_seconds={limit} reached" in summary["failure"]["reason"], summary

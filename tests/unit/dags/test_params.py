@@ -33,6 +33,11 @@ def test_good_params_pass(schemas):
     check_params(GOOD, schemas)
 
 
+@pytest.mark.parametrize("limit", [None, 1, 600])
+def test_the_time_limits_may_be_empty_where_the_pipeline_file_sets_none(schemas, limit):
+    check_params(GOOD | {"max_run_time_seconds": limit, "max_queue_wait_seconds": limit}, schemas)
+
+
 @pytest.mark.parametrize(
     ("change", "needle"),
     [
@@ -48,6 +53,8 @@ def test_good_params_pass(schemas):
         ({"world_size": 8, "batch_size": 100}, "e.g. batch_size 96 or 104"),
         ({"world_size": 4, "batch_size": 3}, "e.g. batch_size 4"),
         ({"world_size": 0}, "world_size=0: out of range (accepted: integers >= 1 and <= 256)"),
+        ({"max_run_time_seconds": 0}, "max_run_time_seconds=0: out of range (accepted: integers >= 1 and <= 2592000, or empty)"),
+        ({"max_queue_wait_seconds": 60.0}, "max_queue_wait_seconds=60.0: must be an integer"),
     ],
 )
 def test_what_the_schema_lets_through_is_refused_naming_the_field(schemas, change, needle):

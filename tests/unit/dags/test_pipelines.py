@@ -99,8 +99,9 @@ def test_a_new_pipeline_file_is_a_new_dag_with_its_own_backend_and_gate(tmp_path
         "bag = DagBag(dag_folder='dags')\n"
         "assert not bag.import_errors, bag.import_errors\n"
         "dag = bag.dags['train_third']\n"
-        "p = {k: dag.params.get_param(k).schema for k in ('backend', 'promotion_floor', 'min_improvement')}\n"
-        "print(json.dumps({'dags': sorted(bag.dags), 'tasks': sorted(t.task_id for t in dag.tasks), 'params': p,\n"
+        "p = {k: dag.params.get_param(k).schema for k in ('backend', 'promotion_floor', 'min_improvement', 'max_run_time_seconds', 'max_queue_wait_seconds')}\n"
+        "defaults = {k: dag.params[k] for k in ('max_run_time_seconds', 'max_queue_wait_seconds')}\n"
+        "print(json.dumps({'dags': sorted(bag.dags), 'tasks': sorted(t.task_id for t in dag.tasks), 'params': p, 'defaults': defaults,\n"
         "  'floor': dag.params['promotion_floor'], 'task': __import__('operators.config.pipelines', fromlist=['pipeline']).pipeline('third').task, 'suite': dag.get_task('validate_dataset').suite,\n"
         "  'out': dag.get_task('validate_dataset').dvc_out, 'model': dag.get_task('promote').model_name,\n"
         "  'pipelines': {d: tagged_pipeline(bag.dags[d].tags) for d in bag.dags},\n"
@@ -123,8 +124,15 @@ def test_a_new_pipeline_file_is_a_new_dag_with_its_own_backend_and_gate(tmp_path
                                   "train_third": "third", "platform_baseline": None}  # the platform's, no pipeline's
     # training.max_run_time_seconds and max_queue_wait_seconds reach every gang task; Airflow's own timeout comes after it where
     # the gang runs beside the task (local, Ray), never before gangflow's checkpointed stop
+    # through the trigger form's Params, whose defaults are the file's; the run-time limit's ceiling is
+    # the file's (the local/Ray tasks' execution_timeout is built from it when the file is parsed)
+    assert shape["defaults"] == {"max_run_time_seconds": 1800, "max_queue_wait_seconds": 900}
+    assert shape["params"]["max_run_time_seconds"] | {"description": ""} == {
+        "type": "integer", "minimum": 1, "maximum": 1800, "title": "Max run time (seconds)", "description": ""}
+    assert shape["params"]["max_queue_wait_seconds"]["maximum"] == 30 * 24 * 3600
     limits = shape["limits"]
-    assert {task: (limit, wait) for task, (limit, _, wait) in limits.items()} == dict.fromkeys(limits, (1800, 900))
+    form = ("{{ params.max_run_time_seconds or '' }}", "{{ params.max_queue_wait_seconds or '' }}")
+    assert {task: (limit, wait) for task, (limit, _, wait) in limits.items()} == dict.fromkeys(limits, form)
     assert {task for task, (_, timeout, _) in limits.items() if timeout} == {t for t in limits if t.startswith(("train_local_", "train_ray"))}
     assert {timeout for _, timeout, _ in limits.values() if timeout} == {1800 + 600}
 

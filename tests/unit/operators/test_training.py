@@ -294,3 +294,24 @@ def test_the_time_limits_are_checked_naming_the_field(field, value):
 def test_the_queue_wait_limit_reaches_the_spec(worker_manifest):
     assert _spec(worker_manifest, max_queue_wait_seconds=900)[1].max_queue_wait_s == 900
     assert _spec(worker_manifest)[1].max_queue_wait_s is None
+
+
+FORM_LIMITS = {"max_run_time_seconds": "{{ params.max_run_time_seconds or '' }}",
+               "max_queue_wait_seconds": "{{ params.max_queue_wait_seconds or '' }}"}  # as the pipeline DAG passes them
+
+
+@pytest.mark.parametrize(("form", "expected"), [(45, 45), (None, None)])
+def test_the_forms_time_limits_reach_the_spec_once_rendered(worker_manifest, form, expected):
+    """Issue 25.3: the trigger form's Params, rendered by Airflow, bound this run's gang."""
+    op = GangTrainingOperator(task_id="train_local_2", world_size=2, dataset=worker_manifest, **FORM_LIMITS)
+    op.render_template_fields({"params": {"max_run_time_seconds": form, "max_queue_wait_seconds": form}})
+    spec = op.build_spec(_context(), mlflow_run_id="0123456789abcdef")
+    assert (spec.max_run_time_s, spec.max_queue_wait_s) == (expected, expected)
+
+
+@pytest.mark.parametrize("field", ["max_run_time_seconds", "max_queue_wait_seconds"])
+def test_a_rendered_limit_that_is_no_count_is_refused_naming_the_field(worker_manifest, field):
+    op = GangTrainingOperator(task_id="train_local_2", world_size=2, dataset=worker_manifest, **FORM_LIMITS)
+    op.render_template_fields({"params": {"max_run_time_seconds": 45, "max_queue_wait_seconds": 45, field: "1h"}})
+    with pytest.raises(UserError, match=rf"{field}='1h': accepted values: an integer >= 1"):
+        op.build_spec(_context(), mlflow_run_id="0123456789abcdef")
