@@ -9,6 +9,7 @@ one retry budget.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import os
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from operators.config import settings
@@ -140,9 +142,29 @@ class ProcessGangBackend(GangBackend):
         self.paused_s = 0.0  # seconds this task's gang spent paused (not counted in the run-time limit)
 
     def _launch(self, spec: GangSpec, log: LogFn, pauses: set[str]) -> GangResult:
-        """Start the gang once, stream its output to `log`, and say how it ended; call
-        `_watch_for_pause` once it started."""
+        """Start the gang once (`_gang_process`), stream its output to `log`, and say how it ended."""
         raise NotImplementedError
+
+    @contextlib.contextmanager
+    def _gang_process(self, cmd: list[str], spec: GangSpec, log: LogFn, pauses: set[str], *,
+                      env: dict[str, str], cwd: str | None) -> Iterator[subprocess.Popen]:
+        """The gang's process tree, started in a session of its own (so `kill` and a pause stop it
+        whole) and watched for a pause; on leaving, it is reaped, stopped first if reading its
+        output raised, and the watch ends with it."""
+        proc = self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+                                             bufsize=1, start_new_session=True, cwd=cwd)  # fmt: skip
+        if self._kill_requested:  # kill() came before the gang existed
+            stop_group_nowait(proc, self.grace_period_s)
+        ended = self._watch_for_pause(spec.name, proc, log, pauses)
+        try:
+            yield proc
+        except BaseException:
+            stop_group_nowait(proc, self.grace_period_s)
+            raise
+        finally:
+            proc.wait()
+            ended.set()
+            self._proc = None
 
     def run(self, spec: GangSpec, log: LogFn) -> GangResult:
         """Run the gang to its end; a pause (`local_control`) stops it, waits for the resume and
@@ -331,32 +353,22 @@ class LocalBackend(ProcessGangBackend):
         if not mpi:
             log(f"rank logs: {log_dir}/<torchrun run id>/attempt_0/<rank>/stdout.log and stderr.log (and below, "
                 "prefixed [rank N]); one JSON object a line with GANGFLOW_LOG_FORMAT=json")
-        # A session of its own, so on_kill can stop torchrun and every rank together.
-        self._proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1,
-            start_new_session=True, cwd=os.environ.get("GANGFLOW_PROJECT") or None,
-        )
-        if self._kill_requested:  # kill() came before the gang existed; `run` reaps it below
-            stop_group_nowait(self._proc, self.grace_period_s)
-        ended = self._watch_for_pause(spec.name, self._proc, log, pauses)
         rank_tails: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=LOG_TAIL_LINES))
         agent_lines: collections.deque = collections.deque(maxlen=400)
         resumed_from = None
-        assert self._proc.stdout is not None
-        for raw in self._proc.stdout:
-            line = raw.rstrip("\n")
-            rank, text = rank_of_line(line, spec.launcher)
-            if rank is not None:
-                rank_tails[rank].append(text)
-                log(f"[rank {rank}] {text}")
-                if resumed_from is None and (r := _RESUMED.search(text)):
-                    resumed_from = int(r.group(1))
-            else:
-                agent_lines.append(line)
-                log(f"[{spec.launcher}] {line}")
-        exit_code = self._proc.wait()
-        ended.set()
-        self._proc = None
+        with self._gang_process(cmd, spec, log, pauses, env=env, cwd=os.environ.get("GANGFLOW_PROJECT") or None) as proc:
+            for raw in proc.stdout:
+                line = raw.rstrip("\n")
+                rank, text = rank_of_line(line, spec.launcher)
+                if rank is not None:
+                    rank_tails[rank].append(text)
+                    log(f"[rank {rank}] {text}")
+                    if resumed_from is None and (r := _RESUMED.search(text)):
+                        resumed_from = int(r.group(1))
+                else:
+                    agent_lines.append(line)
+                    log(f"[{spec.launcher}] {line}")
+        exit_code = proc.returncode
         if exit_code == 0:
             return GangResult(succeeded=True, exit_code=0, resumed_from_step=resumed_from)
         if mpi:

@@ -22,7 +22,6 @@ import os
 import re
 import secrets
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +32,6 @@ from operators.backends.base import GangResult, GangSpec, LogFn, driver_argv
 from operators.backends.local import LOG_TAIL_LINES, LocalBackend, ProcessGangBackend, errors_since
 from operators.exceptions import GangCapacityError
 from operators.failures.evidence import ray_evidence
-from operators.utils.processes import stop_group_nowait
 
 RESULT_PREFIX = "gangflow-ray-result: "
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -102,26 +100,18 @@ class RayBackend(ProcessGangBackend):
         cmd = self.command(spec)
         log(f"launching gang of {spec.world_size} Ray Train workers: {' '.join(cmd)}")
         launched_at = time.time()
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1,
-                                      start_new_session=True, cwd=project)  # fmt: skip
-        if self._kill_requested:
-            stop_group_nowait(self._proc, self.grace_period_s)
-        ended = self._watch_for_pause(spec.name, self._proc, log, pauses)
         output = DriverOutput()
         log_path = Path(spec.run_dir) / "ray" / f"try-{spec.attempt}.log"  # the driver's own output, as printed
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        assert self._proc.stdout is not None
-        with open(log_path, "w") as raw_log:
-            for raw in self._proc.stdout:
+        with open(log_path, "w") as raw_log, self._gang_process(cmd, spec, log, pauses, env=env, cwd=project) as proc:
+            for raw in proc.stdout:
                 raw_log.write(raw)
                 rank, text = output.feed(raw)
                 if rank is not None:
                     log(f"[rank {rank}] {text}")
                 elif text is not None and _NOISE not in text:
                     log(f"[ray] {text}")
-        exit_code = self._proc.wait()
-        ended.set()
-        self._proc = None
+        exit_code = proc.returncode
         if exit_code == 0 and output.result and output.result.get("succeeded"):
             return GangResult(succeeded=True, exit_code=0, resumed_from_step=output.resumed_from)
         evidence = output.evidence(exit_code, errors_since(Path(spec.run_dir), launched_at))

@@ -159,6 +159,25 @@ def test_a_gang_killed_while_paused_ends_at_once_and_is_not_launched_again(home,
     assert list((home / "gangs").iterdir()) == []  # the pause nobody resumed is forgotten too
 
 
+def test_a_gang_whose_output_cannot_be_read_is_stopped_and_reaped_with_its_pause_watch(home, tmp_path):
+    """Reading the gang's output raised (here: the task's log): the gang is stopped (SIGTERM, so
+    its final checkpoint), reaped, and its pause watch ends; nothing is left running."""
+    spec = GangSpec(name="broken-log", run_dir=str(tmp_path / "run"), world_size=1, config_path="params.yaml")
+    Path(spec.run_dir).mkdir()
+    backend = _ScriptBackend(grace_period_s=10)
+
+    def log(line):
+        if (tmp_path / "run" / "started").exists():
+            raise OSError("the task's log is gone")
+
+    _GANG_PRINTS = _GANG.replace("while True:", "while True:\n    print('step', flush=True)")
+    backend.command = lambda spec, log_dir: [sys.executable, "-c", _GANG_PRINTS, spec.run_dir]
+    with pytest.raises(OSError, match="log is gone"):
+        backend.run(spec, log)
+    assert (tmp_path / "run" / "committed").exists() and backend._proc is None
+    _wait_for(lambda: not [t for t in threading.enumerate() if t.name == "pause-watch-broken-log"], "the watch to end")
+
+
 def test_paused_time_does_not_count_against_the_run_time_limit(worker_manifest_free_operator):
     op, spec = worker_manifest_free_operator
 
