@@ -76,6 +76,14 @@ def parse_drill_event(text: str | None) -> DrillEvent | None:
     return DrillEvent(match["action"], int(match["step"]))
 
 
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"  # on each pod the JobSet controller creates
+
+
+def jobset_pods(api: InMemoryKubernetesApi, ns: str, name: str) -> list[dict[str, Any]]:
+    """The pods of JobSet ns/name (also those being deleted)."""
+    return [p for p in api.items("", "pods", ns) if (p["metadata"].get("labels") or {}).get(JOBSET_NAME_LABEL) == name]
+
+
 def set_admission(workload: dict[str, Any], *, admitted: bool, reason: str, message: str, stamp: str) -> None:
     """Kueue's QuotaReserved, Admitted and Evicted conditions for an admission (Evicted False) or an
     eviction (QuotaReserved and Admitted False), the others kept."""
@@ -320,7 +328,10 @@ class EmulatedCluster(ReconcileLoop):
         from operators.cli import gang as gang_cli
 
         meta = jobset["metadata"]
-        gang, ns = (meta.get("labels") or {}).get("gangflow.io/gang", ""), meta["namespace"]
+        ns, owner = meta["namespace"], next(iter(meta.get("ownerReferences") or []), None)
+        if owner is not None and owner.get("kind") == "TrainJob":  # Trainer's JobSet: the gang is its TrainJob
+            meta = (self.api.get("trainer.kubeflow.org", "trainjobs", ns, owner["name"]) or {}).get("metadata") or {}
+        gang = (meta.get("labels") or {}).get("gangflow.io/gang", "")
         kubeconfig = self.workdir / "gang-cli-kubeconfig.json"  # JSON is YAML
         kubeconfig.write_text(json.dumps(self.api.kubeconfig(ns)))
         for action, extra in (("pause", ["--reason", f"drill event pause@step={step}"]), ("resume", [])):
@@ -349,11 +360,10 @@ class EmulatedCluster(ReconcileLoop):
                     workload = wl["metadata"]["name"]
                     set_admission(wl, admitted=False, reason="Preempted", message=message, stamp=stamp)
             jobset["spec"]["suspend"] = True
-            for pod in self.api.items("", "pods", ns):
-                if (pod["metadata"].get("labels") or {}).get("jobset.sigs.k8s.io/jobset-name") == name:
-                    pod.setdefault("status", {}).setdefault("conditions", []).append(
-                        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByKueue", "message": message, "lastTransitionTime": stamp})
-                    pod["metadata"]["deletionTimestamp"] = stamp
+            for pod in jobset_pods(self.api, ns, name):
+                pod.setdefault("status", {}).setdefault("conditions", []).append(
+                    {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByKueue", "message": message, "lastTransitionTime": stamp})
+                pod["metadata"]["deletionTimestamp"] = stamp
         self._note(f"Kueue evicted Workload {workload} of JobSet {ns}/{name} (Preempted: {why}); its pods get DisruptionTarget and SIGTERM")
 
     def _workload_active(self, jobset: dict[str, Any]) -> None:
@@ -375,13 +385,12 @@ class EmulatedCluster(ReconcileLoop):
                 self._inactive_gangs.add(uid)
                 set_admission(workload, admitted=False, reason="InactiveWorkload", message=message, stamp=stamp)
                 jobset["spec"]["suspend"] = True
-                for pod in self.api.items("", "pods", ns):
-                    if (pod["metadata"].get("labels") or {}).get("jobset.sigs.k8s.io/jobset-name") == name:
-                        pod["metadata"]["deletionTimestamp"] = stamp
+                for pod in jobset_pods(self.api, ns, name):
+                    pod["metadata"]["deletionTimestamp"] = stamp
             self._note(f"Kueue evicted Workload {workload['metadata']['name']} of JobSet {ns}/{name} (InactiveWorkload: spec.active is false); "
                        "the JobSet is suspended, its pods get SIGTERM")  # fmt: skip
         elif active and uid in self._inactive_gangs:
-            if any((p["metadata"].get("labels") or {}).get("jobset.sigs.k8s.io/jobset-name") == name for p in self.api.items("", "pods", ns)):
+            if jobset_pods(self.api, ns, name):
                 return  # the paused ranks still hold the node
             with self.api._lock:
                 self._inactive_gangs.discard(uid)
@@ -423,7 +432,10 @@ class EmulatedCluster(ReconcileLoop):
     def _job_controller(self, jobset: dict[str, Any]) -> None:
         meta, spec = jobset["metadata"], jobset.get("spec") or {}
         name, ns, uid = meta["name"], meta["namespace"], meta["uid"]
-        if spec.get("suspend") or uid in self._finished_gangs:
+        if uid in self._finished_gangs:
+            return
+        if spec.get("suspend"):
+            self._suspend_jobs(jobset)
             return
         if uid not in self._started_gangs:
             self._started_gangs.add(uid)
@@ -435,7 +447,7 @@ class EmulatedCluster(ReconcileLoop):
                         self.api.put("", "pods", self._pod(jobset, rj, job_index, index, subdomain))
             self._note(f"Job controller created the pods of JobSet {ns}/{name}")
             return
-        pods = [p for p in self.api.items("", "pods", ns) if (p["metadata"].get("labels") or {}).get("jobset.sigs.k8s.io/jobset-name") == name]
+        pods = jobset_pods(self.api, ns, name)
         failed = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
         total = sum(int(rj.get("replicas", 1)) * int(rj["template"]["spec"].get("completions") or 1) for rj in spec["replicatedJobs"])
         succeeded = [p for p in pods if (p.get("status") or {}).get("phase") == "Succeeded"]
@@ -452,6 +464,24 @@ class EmulatedCluster(ReconcileLoop):
             self._finished_gangs.add(uid)
             self._set_terminal(ns, name, stamp, "Completed", "AllJobsCompleted", "jobset completed successfully")
             self._note(f"JobSet {ns}/{name} completed")
+
+    def _suspend_jobs(self, jobset: dict[str, Any]) -> None:
+        """A started JobSet suspended (by Kueue, or by Trainer for its TrainJob): its Jobs are
+        suspended, so their pods are deleted (SIGTERM: a final checkpoint); unsuspending creates
+        them anew (Kueue admits it again only once the old ones are gone)."""
+        meta = jobset["metadata"]
+        name, ns, uid = meta["name"], meta["namespace"], meta["uid"]
+        if uid not in self._started_gangs:
+            return
+        self._started_gangs.discard(uid)  # unsuspended, its Jobs create their pods anew
+        stamp, stopping = now(), []
+        with self.api._lock:
+            for pod in jobset_pods(self.api, ns, name):
+                if not pod["metadata"].get("deletionTimestamp"):
+                    pod["metadata"]["deletionTimestamp"] = stamp
+                    stopping.append(pod["metadata"]["name"])
+        if stopping:
+            self._note(f"JobSet {ns}/{name} suspended: the Job controller deletes its pods ({', '.join(stopping)})")
 
     def _set_terminal(self, ns: str, name: str, stamp: str, state: str, reason: str, message: str) -> None:
         """The JobSet controller's terminal status: `state` is "Failed" or "Completed"."""
@@ -480,12 +510,12 @@ class EmulatedCluster(ReconcileLoop):
             INDEX_KEY: str(index),
             "batch.kubernetes.io/job-name": job_name,
             "job-name": job_name,
-            "jobset.sigs.k8s.io/jobset-name": js_name,
+            JOBSET_NAME_LABEL: js_name,
             "jobset.sigs.k8s.io/replicatedjob-name": rj["name"],
             "jobset.sigs.k8s.io/job-index": str(job_index),
             "kueue.x-k8s.io/podset": rj["name"],
         }
-        annotations = {**(meta.get("annotations") or {}), INDEX_KEY: str(index), "jobset.sigs.k8s.io/jobset-name": js_name}
+        annotations = {**(meta.get("annotations") or {}), INDEX_KEY: str(index), JOBSET_NAME_LABEL: js_name}
         spec = template["spec"]
         spec["hostname"] = f"{job_name}-{index}"
         spec["subdomain"] = subdomain

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from operators.cli.drill.api_double import InMemoryKubernetesApi
-from operators.cli.drill.cluster import kueue_workload
+from operators.cli.drill.cluster import jobset_pods, kueue_workload, set_admission
 
 TRAINJOBS = ("trainer.kubeflow.org", "trainjobs")
 RUNTIMES = ("trainer.kubeflow.org", "clustertrainingruntimes")
@@ -236,12 +236,14 @@ class TrainerController:
         self.master_port = master_port
         self._admitted: set[str] = set()
         self._created: set[str] = set()
+        self._inactive: set[str] = set()  # TrainJob uids whose Workload was deactivated (paused)
 
     def reconcile(self, note: Note) -> None:
         live = set()
         for trainjob in self.api.items(*TRAINJOBS):
             live.add(trainjob["metadata"].get("uid"))
             self._kueue(trainjob, note)
+            self._workload_active(trainjob, note)
             self._trainer(trainjob, note)
         self._collect_garbage(live, note)
 
@@ -266,6 +268,36 @@ class TrainerController:
             self.api.put(*WORKLOADS, workload)
             self.api.set_status(*TRAINJOBS, ns, name, current.get("status") or {}, suspend=False)
         note(f"Kueue admitted TrainJob {ns}/{name} ({nodes} pods)")
+
+    def _workload_active(self, trainjob: dict[str, Any], note: Note) -> None:
+        """Kueue and `spec.active` (a pause): a deactivated Workload is evicted (InactiveWorkload) and
+        its TrainJob suspended, which Trainer passes to the JobSet (whose pods then go); activated
+        again, it is admitted once those pods are gone and the TrainJob unsuspended."""
+        meta = trainjob["metadata"]
+        name, ns, uid = meta["name"], meta["namespace"], meta["uid"]
+        if uid not in self._admitted or _finished(trainjob):
+            return
+        workload = next((wl for wl in self.api.items(*WORKLOADS, ns) if (wl["metadata"].get("labels") or {}).get("kueue.x-k8s.io/job-uid") == uid), None)
+        if workload is None:
+            return
+        active, stamp = (workload.get("spec") or {}).get("active", True) is not False, _now()
+        if not active and uid not in self._inactive:
+            self._inactive.add(uid)
+            suspend, words = True, (f"Kueue evicted Workload {workload['metadata']['name']} of TrainJob {ns}/{name} "
+                                    "(InactiveWorkload: spec.active is false); the TrainJob is suspended")
+            set_admission(workload, admitted=False, reason="InactiveWorkload", message="The workload is deactivated", stamp=stamp)
+        elif active and uid in self._inactive:
+            if jobset_pods(self.api, ns, name):
+                return  # the paused ranks still hold the node
+            self._inactive.discard(uid)
+            suspend, words = False, f"Kueue admitted Workload {workload['metadata']['name']} of TrainJob {ns}/{name} again (spec.active is true)"
+            set_admission(workload, admitted=True, reason="Admitted", message="The workload is admitted", stamp=stamp)
+        else:
+            return
+        with self.api._lock:
+            if (current := self.api.get(*TRAINJOBS, ns, name)) is not None:
+                self.api.set_status(*TRAINJOBS, ns, name, current.get("status") or {}, suspend=suspend)
+        note(words)
 
     # --- Trainer -------------------------------------------------------------------------------
 
@@ -325,7 +357,6 @@ class TrainerController:
             ns, name = jobset["metadata"]["namespace"], jobset["metadata"]["name"]
             with self.api._lock:
                 self.api.remove(*JOBSETS, ns, name)
-                for pod in self.api.items("", "pods", ns):
-                    if (pod["metadata"].get("labels") or {}).get("jobset.sigs.k8s.io/jobset-name") == name:
-                        pod["metadata"].setdefault("deletionTimestamp", _now())
+                for pod in jobset_pods(self.api, ns, name):
+                    pod["metadata"].setdefault("deletionTimestamp", _now())
             note(f"garbage collector: JobSet {ns}/{name} deleted with its TrainJob")

@@ -175,3 +175,69 @@ def test_a_jobset_the_schema_refuses_fails_the_trainjob_with_the_reason(tmp_path
         assert api.items(*JS) == [] and any("enableDNSHostname" in n for n in notes)
     finally:
         api.stop()
+
+
+# A rank that runs until SIGTERM, "commits" and exits 75; launched again after that, it ends at once.
+PAUSABLE = """
+import os, signal, sys, time
+rank, marks = os.environ['PET_NODE_RANK'], os.environ['MARKS']
+if os.path.exists(os.path.join(marks, 'stopped-' + rank)):
+    sys.exit(0)
+def term(*_):
+    open(os.path.join(marks, 'stopped-' + rank), 'w').close()
+    sys.exit(75)
+signal.signal(signal.SIGTERM, term)
+open(os.path.join(marks, 'started-' + rank), 'w').close()
+while True:
+    time.sleep(0.05)
+"""
+
+
+def _wait(condition, what: str, emu, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {emu.events[-8:]}"
+        time.sleep(0.05)
+
+
+def test_a_deactivated_trainjob_workload_suspends_it_its_pods_go_and_activated_it_runs_again(tmp_path, runtime, registry):
+    """Issue 25.2 for a TrainJob: Kueue evicts a deactivated Workload (InactiveWorkload) by suspending the
+    TrainJob; Trainer suspends its JobSet, whose pods get SIGTERM; activated again once they are gone,
+    the TrainJob is admitted and unsuspended and its pods are created anew."""
+    api = InMemoryKubernetesApi().start()
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    image = Image(env={"PATH": f"{sys.prefix}/bin:/usr/bin:/bin"}, mounts={"/marks": str(marks)})
+    controller = TrainerController(api, validator=lambda obj: validate_object(obj, registry))
+    emu = EmulatedCluster(api, workdir=tmp_path / "pods", image=image, audit_dir=tmp_path / "audit", drill_id="test-trainer-pause",
+                          period=0.05, controllers=[controller]).start()  # fmt: skip
+    try:
+        api.put(*RUNTIMES, runtime)
+        trainjob = gangflow_trainjob()
+        trainer = trainjob["spec"]["trainer"]
+        trainer |= {"command": ["python", "-c", PAUSABLE], "args": []}
+        trainer["env"] = [e for e in trainer["env"] if "valueFrom" not in e] + [{"name": "MARKS", "value": "/marks"}]
+        del trainjob["metadata"]["uid"]
+        trainjob = api.put(*TRAINJOBS, trainjob)
+        name, ns = trainjob["metadata"]["name"], trainjob["metadata"]["namespace"]
+        _wait(lambda: {p.name for p in marks.iterdir()} == {"started-0", "started-1"}, "both ranks", emu)
+        (workload,) = api.items(*KQ)
+        with api._lock:
+            workload["spec"]["active"] = False  # what `python -m operators.cli.gang pause` patches
+        _wait(lambda: (marks / "stopped-0").exists() and (marks / "stopped-1").exists(), "SIGTERM to both ranks", emu)
+        _wait(lambda: not [p for p in api.items("", "pods", ns) if p["metadata"]["name"].startswith(name)], "the pods to go", emu)
+        assert api.get(*TRAINJOBS, ns, name)["spec"]["suspend"] is True and api.get(*JS, ns, name)["spec"]["suspend"] is True
+        assert st.gang_state("TrainJob", api.get(*TRAINJOBS, ns, name)).state not in ("failed", "succeeded")
+        assert any("InactiveWorkload" in c.get("reason", "") for c in api.items(*KQ)[0]["status"]["conditions"])
+        with api._lock:
+            api.items(*KQ)[0]["spec"]["active"] = True
+        _wait(lambda: st.gang_state("TrainJob", api.get(*TRAINJOBS, ns, name)).state == "succeeded", "the resumed TrainJob to succeed", emu)
+        assert api.get(*TRAINJOBS, ns, name)["spec"]["suspend"] is False
+        order = [next(i for i, e in enumerate(emu.events) if needle in e) for needle in (
+            "(InactiveWorkload: spec.active is false); the TrainJob is suspended", "suspended: the Job controller deletes its pods",
+            "again (spec.active is true)")]  # fmt: skip
+        assert order == sorted(order), emu.events
+    finally:
+        emu.stop(grace=1)
+        api.stop()
+    assert processes_with_marker("test-trainer-pause/") == []
