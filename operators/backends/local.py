@@ -28,14 +28,12 @@ from operators.config import settings
 from operators.backends import local_control
 from operators.backends.base import GangBackend, GangResult, GangSpec, LogFn, mpirun_argv
 from operators.exceptions import GangCapacityError, GangConfigError
-from operators.failures.evidence import parse_mpirun_failure
+from operators.failures.evidence import MPI_RANK_LINE, parse_mpirun_failure
 from operators.utils.processes import stop_group_nowait
 from trainer.urls import credentials_refusal, has_credentials, redact_url
 
 LOG_TAIL_LINES = 60
 _RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$")
-# mpirun --tag-output: "[JOB,RANK]<stdout>: text"
-_MPI_RANK_LINE = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>: ?(.*)$")
 _RESUMED = re.compile(r"gangflow: resuming from checkpoint step-(\d+)")
 _FAILURE_FIELD = re.compile(r"^\s+(rank|exitcode|error_file)\s*:\s*(.*)$")
 
@@ -74,7 +72,7 @@ MPIRUN_EXPORTED = ("PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS", 
 def rank_of_line(line: str, launcher: str) -> tuple[int | None, str]:
     """(rank, text) of a line the launcher tagged with its rank (torchrun `--tee`, mpirun
     `--tag-output`), or (None, line) for the launcher's own output."""
-    if m := (_MPI_RANK_LINE if launcher == "mpirun" else _RANK_LINE).match(line):
+    if m := (MPI_RANK_LINE if launcher == "mpirun" else _RANK_LINE).match(line):
         return int(m.group(1)), m.group(2)
     return None, line
 

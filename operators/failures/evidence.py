@@ -49,6 +49,21 @@ MPIRUN_EXIT = re.compile(r"(?:mpirun|prterun) detected that one or more processe
                          r"Process name:\s*\[[^\]]*?,(\d{1,6})\]+\s+Exit code:\s+(-?\d{1,6})", re.DOTALL)
 
 
+# mpirun --tag-output: "[JOB,RANK]<stdout>: text"
+MPI_RANK_LINE = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>: ?(.*)$")
+
+
+def mpirun_launcher_evidence(log: str, tail_lines: int = 60) -> dict | None:
+    """From an mpirun launcher's whole output (an MPIJob's launcher pod): the rank its summary
+    names first, with that rank's own lines as `log_tail`, or None. The other ranks' lines, e.g. a
+    peer's "Connection reset by peer" after the kill, are not this rank's evidence."""
+    first = parse_mpirun_failure(log)
+    if first is None:
+        return None
+    own = [m.group(2) for line in log.splitlines() if (m := MPI_RANK_LINE.match(line)) and int(m.group(1)) == first["rank"]]
+    return {**first, "log_tail": "\n".join(own[-tail_lines:])}
+
+
 def parse_mpirun_failure(output: str) -> dict | None:
     """The first failed rank of Open MPI's summary (`{rank, signal}` or `{rank, exit_code}`), or None."""
     if m := MPIRUN_SIGNAL.search(output):

@@ -37,6 +37,8 @@ DISRUPTION_POD_REASONS = frozenset({"Evicted", "Preempted", "NodeLost", "Shutdow
 RANK_KEYS = ("batch.kubernetes.io/job-completion-index", "volcano.sh/task-index")
 
 LOG_TAIL_LINES = 50
+# mpi-operator v2's label on its pods: an MPIJob's `launcher` runs mpirun, whose output holds every rank's
+MPI_ROLE_LABEL = "training.kubeflow.org/job-role"
 LOG_TAIL_CHARS = 4000
 MAX_EVENTS = 10
 
@@ -349,6 +351,10 @@ def pod_evidence(
     if log_tail:
         ev["log_tail"] = log_tail
     return {k: v for k, v in ev.items() if v is not None}
+
+
+def is_mpi_launcher(pod: Mapping[str, Any]) -> bool:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(MPI_ROLE_LABEL) == "launcher"
 
 
 def _finished_at(ev: Mapping[str, Any]) -> str:

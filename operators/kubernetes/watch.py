@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from operators.failures.evidence import mpirun_launcher_evidence
 from operators.kubernetes import status as st
 from operators.hooks.kubernetes import GangApi
 
@@ -69,8 +70,11 @@ async def gather_evidence(
     for ev in st.root_cause_order(ranks)[:max_pods]:
         pod = by_name[ev["pod"]]
         events = await api.list_events(ev["pod"], "Pod")
-        log = await api.read_log(ev["pod"], handle.get("container"), tail_lines=st.LOG_TAIL_LINES)
+        launcher = st.is_mpi_launcher(pod)  # its log holds every rank's lines: more of it, then the failed rank's own
+        log = await api.read_log(ev["pod"], handle.get("container"), tail_lines=st.LOG_TAIL_LINES * (8 if launcher else 1))
         ev.update(st.pod_evidence(pod, events=events, log=log, container=handle.get("container")))
+        if launcher and log and (first := mpirun_launcher_evidence(log, st.LOG_TAIL_LINES)):
+            ev.update(first)
     extra: dict[str, Any] = {}
     gang_conditions = []
     if obj is not None:

@@ -1,0 +1,58 @@
+"""The watch's evidence of a failed MPIJob: its launcher pod's log holds every rank's lines (mpirun
+--tag-output) and Open MPI's summary of the rank that failed first; the evidence is that rank's,
+as the local backend's mpirun evidence is, not whichever rank's words the log tail ends with."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from operators.failures import classify
+from operators.kubernetes import status as st
+from operators.kubernetes.watch import gather_evidence
+
+from gangflow_tests_k8s_support import CONN_ID, NAMESPACE, Fixtures  # loaded by conftest.py
+
+# real mpirun output of 2-rank gangs: rank 1 SIGKILLed at an unsynchronised time (rank 0 then lost
+# its peer: "Connection reset by peer"), and rank 1 raising in the training code
+MPIRUN = Path(__file__).resolve().parents[1] / "backends" / "fixtures"
+
+
+def _launcher_pod(fx, exit_code: int) -> dict:
+    pod = fx.pod("user_error", rank=0)
+    meta = pod["metadata"]
+    meta["name"] = f"{fx.name}-launcher-x7k2q"
+    meta["labels"] = {"gangflow.io/gang": fx.gang, "gangflow.io/attempt": "1", st.MPI_ROLE_LABEL: "launcher",
+                      "training.kubeflow.org/job-name": fx.name, "training.kubeflow.org/operator-name": "mpi-operator"}  # fmt: skip
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    terminated.update(exitCode=exit_code, message="")
+    return pod
+
+
+def _evidence(api, fx, fixture: str, exit_code: int) -> dict:
+    from operators.hooks.kubernetes import open_api
+
+    pod = api.put("", "pods", _launcher_pod(fx, exit_code))
+    api.logs[(NAMESPACE, pod["metadata"]["name"])] = (MPIRUN / f"{fixture}.out").read_text()
+    handle = {"kind": "MPIJob", "name": fx.name, "namespace": NAMESPACE, "pod_selector": f"gangflow.io/gang={fx.gang}",
+              "container": pod["spec"]["containers"][0]["name"]}  # fmt: skip
+
+    async def gather():
+        async with open_api(CONN_ID, NAMESPACE) as gang_api:
+            return await gather_evidence(gang_api, handle)
+
+    return asyncio.run(gather())
+
+
+@pytest.mark.parametrize(("fixture", "exit_code", "kind", "words"), [
+    ("mpirun_kill_time_rank_1", 137, "infra", "SIGKILL"),
+    ("mpirun_raise_rank_1", 1, "user", "ValueError"),
+])  # fmt: skip
+def test_a_failed_mpijob_is_judged_on_the_rank_mpirun_names(fake_k8s, fixture, exit_code, kind, words):
+    evidence = _evidence(fake_k8s, Fixtures(), fixture, exit_code)
+    assert evidence["rank"] == 1 and evidence["pod"].endswith("-launcher-x7k2q")
+    assert "Connection reset by peer" not in evidence["log_tail"]  # rank 0's words after rank 1 died
+    verdict = classify(evidence)
+    assert verdict.kind == kind and words in verdict.reason and "rank 1" in verdict.reason, verdict.reason
