@@ -4,6 +4,7 @@ TrainJob status it mirrors, and a TrainJob run on the emulated cluster with tiny
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
@@ -122,20 +123,32 @@ def test_trainjob_status_mirrors_the_jobset(runtime, registry, state, reason, ga
 SCRIPT = "import os; print('PET', os.environ['PET_NODE_RANK'], os.environ['PET_MASTER_ADDR'], os.environ['PET_NNODES'], flush=True)"
 
 
-def test_a_trainjob_runs_on_the_emulated_cluster(tmp_path, runtime, registry):
+@contextlib.contextmanager
+def trainjob_running(tmp_path, runtime, registry, drill_id: str, script: str, mounts: dict[str, str] | None = None,
+                     env: list[dict] = ()):
+    """(api, emulated cluster, the TrainJob) with gangflow's TrainJob running `python -c script` on
+    the emulated cluster under the drill's Trainer controller; every pod process is gone after."""
     api = InMemoryKubernetesApi().start()
-    image = Image(env={"PATH": f"{sys.prefix}/bin:/usr/bin:/bin"}, mounts={})
+    image = Image(env={"PATH": f"{sys.prefix}/bin:/usr/bin:/bin"}, mounts=dict(mounts or {}))
     controller = TrainerController(api, validator=lambda obj: validate_object(obj, registry))
-    emu = EmulatedCluster(api, workdir=tmp_path / "pods", image=image, audit_dir=tmp_path / "audit", drill_id="test-trainer",
+    emu = EmulatedCluster(api, workdir=tmp_path / "pods", image=image, audit_dir=tmp_path / "audit", drill_id=drill_id,
                           period=0.05, controllers=[controller]).start()  # fmt: skip
     try:
         api.put(*RUNTIMES, runtime)
         trainjob = gangflow_trainjob()
         trainer = trainjob["spec"]["trainer"]
-        trainer |= {"command": ["python", "-c", SCRIPT], "args": []}
-        trainer["env"] = [e for e in trainer["env"] if "valueFrom" not in e]  # no Secrets in this API
+        trainer |= {"command": ["python", "-c", script], "args": []}
+        trainer["env"] = [e for e in trainer["env"] if "valueFrom" not in e] + list(env)  # no Secrets in this API
         del trainjob["metadata"]["uid"]
-        trainjob = api.put(*TRAINJOBS, trainjob)
+        yield api, emu, api.put(*TRAINJOBS, trainjob)
+    finally:
+        emu.stop(grace=1)
+        api.stop()
+    assert processes_with_marker(f"{drill_id}/") == []
+
+
+def test_a_trainjob_runs_on_the_emulated_cluster(tmp_path, runtime, registry):
+    with trainjob_running(tmp_path, runtime, registry, "test-trainer", SCRIPT) as (api, emu, trainjob):
         name, ns, uid = trainjob["metadata"]["name"], trainjob["metadata"]["namespace"], trainjob["metadata"]["uid"]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and st.gang_state("TrainJob", api.get(*TRAINJOBS, ns, name)).state != "succeeded":
@@ -154,10 +167,6 @@ def test_a_trainjob_runs_on_the_emulated_cluster(tmp_path, runtime, registry):
         while time.monotonic() < deadline and api.get(*JS, ns, name) is not None:
             time.sleep(0.05)
         assert api.get(*JS, ns, name) is None
-    finally:
-        emu.stop(grace=1)
-        api.stop()
-    assert processes_with_marker("test-trainer/") == []
 
 
 def test_a_jobset_the_schema_refuses_fails_the_trainjob_with_the_reason(tmp_path, runtime, registry):
@@ -204,21 +213,10 @@ def test_a_deactivated_trainjob_workload_suspends_it_its_pods_go_and_activated_i
     """Issue 25.2 for a TrainJob: Kueue evicts a deactivated Workload (InactiveWorkload) by suspending the
     TrainJob; Trainer suspends its JobSet, whose pods get SIGTERM; activated again once they are gone,
     the TrainJob is admitted and unsuspended and its pods are created anew."""
-    api = InMemoryKubernetesApi().start()
     marks = tmp_path / "marks"
     marks.mkdir()
-    image = Image(env={"PATH": f"{sys.prefix}/bin:/usr/bin:/bin"}, mounts={"/marks": str(marks)})
-    controller = TrainerController(api, validator=lambda obj: validate_object(obj, registry))
-    emu = EmulatedCluster(api, workdir=tmp_path / "pods", image=image, audit_dir=tmp_path / "audit", drill_id="test-trainer-pause",
-                          period=0.05, controllers=[controller]).start()  # fmt: skip
-    try:
-        api.put(*RUNTIMES, runtime)
-        trainjob = gangflow_trainjob()
-        trainer = trainjob["spec"]["trainer"]
-        trainer |= {"command": ["python", "-c", PAUSABLE], "args": []}
-        trainer["env"] = [e for e in trainer["env"] if "valueFrom" not in e] + [{"name": "MARKS", "value": "/marks"}]
-        del trainjob["metadata"]["uid"]
-        trainjob = api.put(*TRAINJOBS, trainjob)
+    with trainjob_running(tmp_path, runtime, registry, "test-trainer-pause", PAUSABLE, mounts={"/marks": str(marks)},
+                          env=[{"name": "MARKS", "value": "/marks"}]) as (api, emu, trainjob):  # fmt: skip
         name, ns = trainjob["metadata"]["name"], trainjob["metadata"]["namespace"]
         _wait(lambda: {p.name for p in marks.iterdir()} == {"started-0", "started-1"}, "both ranks", emu)
         (workload,) = api.items(*KQ)
@@ -237,7 +235,3 @@ def test_a_deactivated_trainjob_workload_suspends_it_its_pods_go_and_activated_i
             "(InactiveWorkload: spec.active is false); the TrainJob is suspended", "suspended: the Job controller deletes its pods",
             "again (spec.active is true)")]  # fmt: skip
         assert order == sorted(order), emu.events
-    finally:
-        emu.stop(grace=1)
-        api.stop()
-    assert processes_with_marker("test-trainer-pause/") == []
