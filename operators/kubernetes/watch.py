@@ -67,6 +67,7 @@ async def gather_evidence(
     # every failed pod is in the evidence; the likeliest root causes also get events and logs
     by_name = {p["metadata"]["name"]: p for p in chosen}
     ranks = [st.pod_evidence(p, container=handle.get("container")) for p in chosen]
+    others: list[dict[str, Any]] = []
     for ev in st.root_cause_order(ranks)[:max_pods]:
         pod = by_name[ev["pod"]]
         events = await api.list_events(ev["pod"], "Pod")
@@ -74,7 +75,14 @@ async def gather_evidence(
         log = await api.read_log(ev["pod"], handle.get("container"), tail_lines=st.LOG_TAIL_LINES * (8 if launcher else 1))
         ev.update(st.pod_evidence(pod, events=events, log=log, container=handle.get("container")))
         if launcher and log and (first := mpirun_launcher_evidence(log, st.LOG_TAIL_LINES)):
+            record = ev.get("error_file")
+            if isinstance(record, dict) and record.get("rank") not in (None, first["rank"]):
+                # a record another rank wrote (e.g. the peer that lost it) is that rank's evidence; that
+                # rank ran on a worker, not in this pod
+                del ev["error_file"]
+                others.append({"rank": record["rank"], "error_file": record})
             ev.update(first)
+    ranks += others
     extra: dict[str, Any] = {}
     gang_conditions = []
     if obj is not None:

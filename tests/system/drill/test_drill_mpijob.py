@@ -33,8 +33,9 @@ def test_mpijob_killed_rank_is_retried_once_resumes_and_is_promoted(mpijob_run):
     assert len(failed) == 1 and "-t1" in failed[0] and "BackoffLimitExceeded" in failed[0]
     assert any("MPI Operator: MPIJob" in e and " Succeeded (" in e and "-t2" in e for e in events)
     # the first try's failure was read as a retryable one (a killed rank), not the user's
-    verdicts = re.findall(r"gangflow: (\S+) failure \((retryable|not retryable)\)", mpijob_run["output"])
+    verdicts = re.findall(r"gangflow: (\S+) failure \((retryable|not retryable)\): (.*)", mpijob_run["output"])
     assert len(verdicts) == 1 and verdicts[0][1] == "retryable", verdicts
+    assert "rank 1" in verdicts[0][2] and "SIGKILL" in verdicts[0][2], verdicts
     assert processes_touching(mpijob_run["keep"]) == []
     assert mpijob_run["report"]["left_in_cluster"]["pods"] == []
 
@@ -84,6 +85,8 @@ def test_mpijob_rank_killed_at_an_unsynchronised_time_resumes(mpijob_unsync_run)
     assert summary["train_attempts"] == 2 and resumed and resumed % 25 == 0, summary
     # the last commit before the kill (the timer's step is read before it kills; a commit may land meanwhile)
     assert resumed <= int(fired[0]) + 25, (fired, resumed)
-    verdicts = re.findall(r"gangflow: (\S+) failure \((retryable|not retryable)\)", output)
+    verdicts = re.findall(r"gangflow: (\S+) failure \((retryable|not retryable)\): (.*)", output)
     assert len(verdicts) == 1 and verdicts[0][1] == "retryable", verdicts
+    # judged on the rank mpirun names (rank 1, SIGKILL), not on rank 0's lost peer that follows it
+    assert "rank 1" in verdicts[0][2] and "SIGKILL" in verdicts[0][2], verdicts
     assert processes_touching(mpijob_unsync_run["keep"]) == []

@@ -20,21 +20,21 @@ from gangflow_tests_k8s_support import CONN_ID, NAMESPACE, Fixtures  # loaded by
 MPIRUN = Path(__file__).resolve().parents[1] / "backends" / "fixtures"
 
 
-def _launcher_pod(fx, exit_code: int) -> dict:
+def _launcher_pod(fx, exit_code: int, message: str = "") -> dict:
     pod = fx.pod("user_error", rank=0)
     meta = pod["metadata"]
     meta["name"] = f"{fx.name}-launcher-x7k2q"
     meta["labels"] = {"gangflow.io/gang": fx.gang, "gangflow.io/attempt": "1", st.MPI_ROLE_LABEL: "launcher",
                       "training.kubeflow.org/job-name": fx.name, "training.kubeflow.org/operator-name": "mpi-operator"}  # fmt: skip
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
-    terminated.update(exitCode=exit_code, message="")
+    terminated.update(exitCode=exit_code, message=message)
     return pod
 
 
-def _evidence(api, fx, fixture: str, exit_code: int) -> dict:
+def _evidence(api, fx, fixture: str, exit_code: int, message: str = "") -> dict:
     from operators.hooks.kubernetes import open_api
 
-    pod = api.put("", "pods", _launcher_pod(fx, exit_code))
+    pod = api.put("", "pods", _launcher_pod(fx, exit_code, message))
     api.logs[(NAMESPACE, pod["metadata"]["name"])] = (MPIRUN / f"{fixture}.out").read_text()
     handle = {"kind": "MPIJob", "name": fx.name, "namespace": NAMESPACE, "pod_selector": f"gangflow.io/gang={fx.gang}",
               "container": pod["spec"]["containers"][0]["name"]}  # fmt: skip
@@ -56,3 +56,39 @@ def test_a_failed_mpijob_is_judged_on_the_rank_mpirun_names(fake_k8s, fixture, e
     assert "Connection reset by peer" not in evidence["log_tail"]  # rank 0's words after rank 1 died
     verdict = classify(evidence)
     assert verdict.kind == kind and words in verdict.reason and "rank 1" in verdict.reason, verdict.reason
+
+
+def test_another_ranks_record_in_the_launchers_termination_message_stays_that_ranks(fake_k8s):
+    """The cluster drill found it: rank 0's error record (its lost peer) as the launcher's
+    termination message was read as the killed rank's, and "peer lost" won over the SIGKILL."""
+    record = (MPIRUN / "mpirun_kill_time_rank_1.rank-0.json").read_text()
+    evidence = _evidence(fake_k8s, Fixtures(), "mpirun_kill_time_rank_1", 137, message=record)
+    assert evidence["rank"] == 1 and "error_file" not in evidence
+    assert [(r["rank"], "error_file" in r) for r in evidence["ranks"]] == [(0, True), (1, False)]
+    verdict = classify(evidence)
+    assert (verdict.kind, verdict.rule) == ("infra", "killed-from-outside") and "rank 1" in verdict.reason, verdict.reason
+
+
+def test_the_killed_ranks_verdict_survives_the_merge_of_the_triggers_snapshot_with_fresh_evidence(fake_k8s):
+    """The training task merges the trigger's snapshot with what it gathers again (per pod): the other
+    rank's record must stay an entry of its own there too (the drill found the merge undoing it)."""
+    from operators.backends.kubernetes import KubernetesBackend
+
+    record = (MPIRUN / "mpirun_kill_time_rank_1.rank-0.json").read_text()
+    snapshot = _evidence(fake_k8s, Fixtures(), "mpirun_kill_time_rank_1", 137, message=record)
+
+    class Api:  # the MPIJob object and its Workload, as the backend reads them before gathering again
+        async def get_custom(self, *args):
+            return {}
+
+        async def list_workloads(self, uid):
+            return []
+
+    async def gather(api, handle, **kwargs):
+        return dict(snapshot)
+
+    handle = {"group": "kubeflow.org", "version": "v2beta1", "plural": "mpijobs", "kind": "MPIJob", "name": "x", "uid": "u"}
+    merged = asyncio.run(KubernetesBackend(runtime_configmap=None)._merge_evidence(Api(), handle, snapshot, gather))
+    assert merged["rank"] == 1 and "error_file" not in merged
+    verdict = classify(merged)
+    assert (verdict.kind, verdict.rule) == ("infra", "killed-from-outside") and "rank 1" in verdict.reason, verdict.reason
