@@ -106,12 +106,13 @@ class GangTrainingOperator(BaseOperator):
         the task re-launches itself, from the last committed checkpoint, without spending one of
         Airflow's retries; past it a preemption is judged as the `infra` failure it was before.
     :param max_run_time_seconds: the longest this try's gang may run, counted from its first launch
-        (templated: the trigger form's Param, bounded by the pipeline file's `training.max_run_time_seconds`;
-        None or "": no limit). Past it the gang is stopped
-        with SIGTERM, so the ranks commit a final checkpoint, and the try fails as the user's (not
-        retried), naming the limit; on Kubernetes the pods' `activeDeadlineSeconds` (a TrainJob's own).
+        (templated: the trigger form's Param, at most the pipeline file's `training.max_run_time_seconds`;
+        None or "": no limit). Past it the gang is stopped with SIGTERM, so the ranks commit a final
+        checkpoint, and the try fails as the user's (not retried), naming the limit; on Kubernetes
+        the pods' `activeDeadlineSeconds` (a TrainJob's own).
     :param max_queue_wait_seconds: the longest the gang may wait for admission where it queues
-        (templated: the trigger form's Param, default the pipeline file's `training.max_queue_wait_seconds`; Kubernetes: instead of the runtime's
+        (templated: the trigger form's Param, by default the pipeline file's
+        `training.max_queue_wait_seconds`; Kubernetes: instead of the runtime's
         `admissionTimeoutSeconds`). The local and Ray gangs do not queue: Airflow's pool does.
     :returns: (XCom) `model_uri` (`models:/<model_id>`: this task logs the run's `final/` once, after
         the gang, as the MLflow run's LoggedModel: a signed pyfunc with gangflow's installed loader,
