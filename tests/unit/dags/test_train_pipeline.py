@@ -40,7 +40,7 @@ def test_dag_shape_schedule_and_pools(tmp_path):
     assert {"validate_dataset", "admit_gang", "training_result", "evaluate", "promote", "train_kubernetes", "train_ray"} <= set(shape["tasks"])
     assert shape["params"] == sorted(
         ["dataset_version", "world_size", "backend", "launcher", "max_steps", "learning_rate", "batch_size",
-         "checkpoint_every_steps", "promotion_floor", "min_improvement"]
+         "checkpoint_every_steps", "max_run_time_seconds", "max_queue_wait_seconds", "promotion_floor", "min_improvement"]
     )  # fmt: skip
     assert shape["schedule"] == "AssetOrTimeSchedule" and shape["doc"] and "gangflow" in shape["tags"]
 
