@@ -6,7 +6,8 @@ STAMP  := $(VENV)/.gangflow-installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
 PIPELINE ?= digits
-# Launch API of the cluster drill: jobset, or trainjob (run as Kubeflow Trainer v2 would run it)
+# Launch API of the cluster drill: jobset, trainjob (run as Kubeflow Trainer v2 would run it), mpijob
+# (as the MPI Operator v2 would) or rayjob (as KubeRay would: a local Ray cluster, `ray job submit`)
 API ?= jobset
 
 .PHONY: install browser-deps prometheus-deps podman-deps images setup data demo baseline cluster-drill test test-fast ui benchmarks constraints clean
@@ -45,7 +46,8 @@ baseline: setup
 # processes (RUNTIME=process) or as podman containers of the image `make images` built
 # (RUNTIME=podman), S3 (moto) and MLflow servers on 127.0.0.1 (docs/kubernetes.md, "The cluster
 # drill"); honours GANGFLOW_FAULT. API=trainjob submits a TrainJob that the drill's Kubeflow Trainer
-# v2 controller turns into a JobSet from the chart's ClusterTrainingRuntime.
+# v2 controller turns into a JobSet from the chart's ClusterTrainingRuntime; API=mpijob and
+# API=rayjob run the MPIJob and the RayJob as their operators would (docs/design/cluster-drill.md).
 # MULTIKUEUE=2: two worker clusters behind a MultiKueue manager (GANGFLOW_DRILL_EVENT=lose-worker@step=N).
 RUNTIME ?= process
 MULTIKUEUE ?= 0

@@ -181,6 +181,9 @@ PEER_LOST = _rx(
 RENDEZVOUS = _rx(
     r"RendezvousTimeoutError", r"RendezvousClosedError", r"RendezvousConnectionError",
     r"The client socket has timed out after \d+", r"connect\(\) timed out\. Original timeout",
+    # a Ray node that could not join its cluster (`ray start` under KubeRay): the raylet did not
+    # register with the head's GCS in time, or the head's GCS never answered
+    r"The current node timed out during startup", r"No node info found for head node in GCS",
 )  # fmt: skip
 STORAGE = _rx(
     r"Stale (?:NFS )?file handle", r"\[Errno 116\]", r"Input/output error", r"\[Errno 5\]", r"\bEIO\b",

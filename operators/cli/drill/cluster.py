@@ -240,6 +240,7 @@ class EmulatedCluster(ReconcileLoop):
         event: DrillEvent | None = None,
         committed_step: Callable[[], int | None] | None = None,
         runtime=None,
+        tmp_alias: Callable[[Path], Path] | None = None,
     ):
         self.api = api
         self.workdir = Path(workdir)
@@ -251,6 +252,9 @@ class EmulatedCluster(ReconcileLoop):
         self.echo = echo
         self.controllers = list(controllers)  # reconciled before the JobSets (trainer_controller.TrainerController)
         self.runtime = runtime  # None: each pod's container as local processes; else a PodmanRuntime
+        # a short name for a pod's /tmp folder (api=rayjob: Ray's Unix sockets live there, and a
+        # socket path may not exceed 107 bytes); None: the folder's own path
+        self.tmp_alias = tmp_alias
         self.runs: dict[tuple[str, str], PodRun] = {}
         self.history: list[PodRun] = []
         self.events: list[str] = []
@@ -583,6 +587,9 @@ class EmulatedCluster(ReconcileLoop):
             if spec.get("subdomain") == subdomain and spec.get("hostname"):
                 for suffix in ("", f".{ns}.svc.cluster.local", f".{ns}.svc", f".{ns}"):
                     hosts[f"{spec['hostname']}.{subdomain}{suffix}"] = "127.0.0.1"
+        for service in self.api.items("", "services", ns):  # a Service's DNS names (the Ray head's): this machine too
+            for suffix in ("", f".{ns}.svc.cluster.local", f".{ns}.svc", f".{ns}"):
+                hosts[f"{service['metadata']['name']}{suffix}"] = "127.0.0.1"
         return dict(sorted(hosts.items(), key=lambda kv: -len(kv[0])))
 
     def _rewrites(self, pod: dict[str, Any], run: PodRun) -> Rewrites:
@@ -592,16 +599,28 @@ class EmulatedCluster(ReconcileLoop):
         volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
         for volume_mount in pod["spec"]["containers"][0].get("volumeMounts") or []:
             if volume_mount["mountPath"] == "/tmp":
-                mounts["/tmp"] = str(tmp)
+                mounts["/tmp"] = str(self.tmp_alias(tmp) if self.tmp_alias else tmp)
             elif volume_mount["mountPath"] == "/dev/shm":
                 pass  # the host's /dev/shm (Memory emptyDir); nothing in the drill names it
             elif (volumes.get(volume_mount["name"]) or {}).get("configMap"):
                 mounts[volume_mount["mountPath"]] = str(self._config_map_volume(pod, run, volumes[volume_mount["name"]]))
+            elif (volumes.get(volume_mount["name"]) or {}).get("persistentVolumeClaim"):
+                mounts[volume_mount["mountPath"]] = str(self._claim_volume(pod, volumes[volume_mount["name"]]))
             else:
-                raise ContainerConfigError(f"volume mount {volume_mount['mountPath']}: the drill provides /tmp, /dev/shm and "
-                                           "configMap volumes only (use checkpoint.uri)")  # fmt: skip
+                raise ContainerConfigError(f"volume mount {volume_mount['mountPath']}: the drill provides /tmp, /dev/shm, "
+                                           "configMap and persistentVolumeClaim volumes only")  # fmt: skip
         mounts[pod["spec"]["containers"][0].get("terminationMessagePath") or TERMINATION_LOG] = str(run.dir / "termination-log")
         return Rewrites(hosts=hosts, mounts=mounts)
+
+    def _claim_volume(self, pod: dict[str, Any], volume: dict[str, Any]) -> Path:
+        """A PersistentVolumeClaim's volume: one folder a claim, shared by every pod that mounts it (a
+        ReadWriteMany claim; the checkpoint PVC of api=rayjob). Pod names cannot start with '.'."""
+        claim = volume["persistentVolumeClaim"]["claimName"]
+        if self.api.get("", "persistentvolumeclaims", pod["metadata"]["namespace"], claim) is None:  # the kubelet's FailedMount
+            raise ContainerConfigError(f'MountVolume.SetUp failed for volume "{volume["name"]}": persistentvolumeclaim "{claim}" not found')
+        folder = self.workdir / ".claims" / claim
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
 
     def _config_map_volume(self, pod: dict[str, Any], run: PodRun, volume: dict[str, Any]) -> Path:
         """A configMap volume's files (its `items`, or every key), read-only, in the pod's folder."""

@@ -153,8 +153,9 @@ class Rewrites:
     - `hosts`: names of the gang's pods (the rank-0 rendezvous host) -> 127.0.0.1: the only
       rewrite of what the container says;
     - `mounts`: container paths -> local folders, as the container runtime's mounts would
-      provide them (the pod's `/tmp` emptyDir, the termination-message file, the image's `/app`).
-      A value that is a mounted path, or `--flag=` one, is mapped; nothing else is touched.
+      provide them (the pod's `/tmp` emptyDir, the termination-message file, the image's `/app`, a
+      PersistentVolumeClaim). A value that is a mounted path, or `--flag=` one, is mapped, and in
+      shell text (a value with whitespace) each word that is; nothing else is touched.
     """
 
     hosts: Mapping[str, str] = field(default_factory=dict)
@@ -166,9 +167,18 @@ class Rewrites:
                 return self.mounts[src] + value[len(src.rstrip("/")) :] if value != src else self.mounts[src]
         return value
 
+    def _words(self, text: str) -> str:
+        """Shell text (KubeRay's `bash -c` scripts): each word that is a mounted path, or starts one."""
+        if not self.mounts:
+            return text
+        roots = "|".join(re.escape(src.rstrip("/")) for src in sorted(self.mounts, key=len, reverse=True))
+        return re.sub(rf"(?<![^\s'\"=])({roots})(?=[/\s'\";]|$)", lambda m: self._path(m.group(1)), text)
+
     def apply(self, value: str) -> str:
         for host, target in self.hosts.items():
             value = re.sub(rf"(?<![\w.-]){re.escape(host)}(?![\w-])", target, value)
+        if any(c.isspace() for c in value):
+            return self._words(value)
         if value.startswith("-") and "=" in value:
             flag, _, rest = value.partition("=")
             return f"{flag}={self._path(rest)}"

@@ -1,13 +1,14 @@
 """`make cluster-drill`: `train_pipeline` with `backend=kubernetes`, the gang's pods run locally.
 
-    python -m operators.cli.drill [--pipeline NAME] [--api jobset|trainjob|mpijob] [--runtime process|podman] [--conf JSON] [--keep DIR]
+    python -m operators.cli.drill [--pipeline NAME] [--api jobset|trainjob|mpijob|rayjob] [--runtime process|podman] [--conf JSON] [--keep DIR]
     GANGFLOW_FAULT="kill@step=30,rank=1" python -m operators.cli.drill
     GANGFLOW_DRILL_EVENT="preempt@step=30" python -m operators.cli.drill
 
 Starts an S3 API (moto), an MLflow server, the Kubernetes API test double and the emulated cluster
 on 127.0.0.1, and runs the DAG with dag.test(). With --api trainjob the cluster also runs Kubeflow
 Trainer v2's controller (trainer_controller.py) on the chart's ClusterTrainingRuntime; with --api
-mpijob the MPI Operator's (mpi_controller.py; the DAG's `launcher` is then mpirun); with --runtime
+mpijob the MPI Operator's (mpi_controller.py; the DAG's `launcher` is then mpirun); with --api rayjob
+KubeRay's (ray_controller.py: a real Ray cluster, `ray job submit`; checkpoints on a PVC); with --runtime
 podman each pod is a container of the training image `make images` built. The last line is `make
 demo`'s JSON plus `backend`, `api`, `checkpoint_uri`, `resumed_from_step`, `runtime` and
 `image_digest`; exit 0 only when the run succeeded and no pod touched
@@ -40,6 +41,9 @@ BUCKET = "gangflow-drill"
 CONN_ID = "kubernetes_default"
 S3_SECRET = "gangflow-s3"
 MLFLOW_SECRET = "gangflow-mlflow"
+# api=rayjob keeps Ray Train's storage under the run dir as a file path: a ReadWriteMany claim (the
+# kubelet gives every pod that mounts it the same folder), not checkpoint.uri
+CHECKPOINT_CLAIM = "gangflow-checkpoints"
 # How a pod's container runs: as local processes in an emulation of the image, or as a podman
 # container of the image `make images` built (operators/cli/drill/podman.py).
 RUNTIMES = ("process", "podman")
@@ -83,7 +87,7 @@ def drill_runtime(*, image: str, mlflow_url: str, s3_url: str, rendezvous_port: 
         "queue": "gangflow",
         "resources": {"cpu": "1", "memory": "2Gi", "gpu": 0},
         "shmSize": "256Mi",
-        "checkpoint": {"uri": f"s3://{BUCKET}/checkpoints"},
+        "checkpoint": {"pvc": CHECKPOINT_CLAIM, "mountPath": "/checkpoints"} if api == "rayjob" else {"uri": f"s3://{BUCKET}/checkpoints"},
         "mlflowTrackingUri": mlflow_url,
         "mlflowSecretRef": {"name": MLFLOW_SECRET, "key": "token"},
         "rendezvousPort": rendezvous_port,
@@ -125,7 +129,9 @@ def cluster_objects(runtime: dict[str, Any], *, s3_key: str, s3_secret: str, mlf
     import yaml
 
     meta = lambda name: {"name": name, "namespace": NAMESPACE}  # noqa: E731
-    return [
+    claims = [("", "persistentvolumeclaims", {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta(runtime["checkpoint"]["pvc"]),
+               "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})] if runtime["checkpoint"].get("pvc") else []  # fmt: skip
+    return claims + [
         ("", "configmaps", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta("gangflow-runtime"), "data": {"runtime.yaml": yaml.safe_dump(runtime)}}),
         ("", "secrets", {"apiVersion": "v1", "kind": "Secret", "metadata": meta(S3_SECRET), "type": "Opaque",
                          "data": {"AWS_ACCESS_KEY_ID": _b64(s3_key), "AWS_SECRET_ACCESS_KEY": _b64(s3_secret)}}),
@@ -210,6 +216,19 @@ def mpi_placement_findings(runs) -> list[str]:
     return findings
 
 
+def rendered_words(argv: list[str]) -> list[str]:
+    """A container's argv, shell text (KubeRay's `bash -c` scripts) split into its words."""
+    import shlex
+
+    words = []
+    for item in argv:
+        try:
+            words += shlex.split(item) if any(c.isspace() for c in item) else [item]
+        except ValueError:  # not shell text after all
+            words.append(item)
+    return words
+
+
 def worker_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:
     """What the worker container gets of this process's environment: the drill's servers, their
     credentials and the cluster connection, and the operators' own settings (GANGFLOW_*), but not
@@ -261,6 +280,8 @@ class Drill:
                 raise DrillError("--api mpijob: with --runtime process only (the drill's ssh runs the ranks as processes of the worker pods)")
             if event is not None:
                 raise DrillError(f"GANGFLOW_DRILL_EVENT={event.spec}: the drill's events act on JobSets, not on an MPIJob (--api mpijob)")
+        if api == "rayjob" and (runtime != "process" or event is not None):  # the Ray nodes are processes of their pods
+            raise DrillError("--api rayjob: with --runtime process and no GANGFLOW_DRILL_EVENT only (the events act on JobSets)")
         self.state = settings.state_dir()
         base = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="gangflow-drill-"))
         if keep and base.exists() and any(base.iterdir()):
@@ -271,6 +292,7 @@ class Drill:
         self.dir = base.resolve()
         self.runtime_name = runtime
         self.servers: list = []
+        self._ray_temp: Path | None = None  # short names of the pods' /tmp (api=rayjob): see _short_tmp
         self.api = None
         self.cluster = None
         self.runtime: dict[str, Any] = {}
@@ -386,14 +408,30 @@ class Drill:
 
             agent = mpi_ssh.install(self.dir / "mpi", image)  # the workers' sshd stand-in and the launcher's ssh
             controllers.append(MPIController(self.api, launcher_env=drill_launcher_env(agent)))
+        if self.launch_api == "rayjob":
+            from operators.cli.drill.ray_controller import RayController, drill_node_params
+            from operators.cli.drill.servers import free_port
+
+            controllers.append(RayController(self.api, node_params=drill_node_params(free_port)))
         if self.multikueue:
             self.cluster = self._multikueue(image, audit_dir, extra)
             return
         self.cluster = EmulatedCluster(
             self.api, workdir=self.dir / "pods", image=image, audit_dir=audit_dir, drill_id=self.id, extra_env=extra, echo=echo,
             controllers=controllers, event=self.event, committed_step=self._committed_step,
-            runtime=self.container_runtime,
+            runtime=self.container_runtime, tmp_alias=self._short_tmp if self.launch_api == "rayjob" else None,
         ).start()  # fmt: skip
+
+    def _short_tmp(self, folder: Path) -> Path:
+        """A pod's /tmp folder under a short name (a symlink; api=rayjob): Ray's Unix sockets (raylet,
+        object store, the dashboard's forkserver) live under TMPDIR, and a socket path may not
+        exceed 107 bytes. Not under /tmp, which the kubelet maps to the pod's own /tmp."""
+        if self._ray_temp is None:
+            base = "/var/tmp" if os.access("/var/tmp", os.W_OK) else "/dev/shm"
+            self._ray_temp = Path(tempfile.mkdtemp(prefix="gf-ray-", dir=base))
+        link = self._ray_temp / str(len(list(self._ray_temp.iterdir())))
+        link.symlink_to(folder, target_is_directory=True)
+        return link
 
     def _multikueue(self, image, audit_dir: Path, extra: dict[str, str]):
         """Worker clusters worker-1..N, each an API test double with the namespace's objects (the
@@ -452,7 +490,8 @@ class Drill:
             "backend": "kubernetes",
             "api": self.api_that_ran(),
             # where the pods really wrote: the --run-dir of the containers the backend rendered
-            "checkpoint_uri": next((run.rendered_argv[i + 1] for run in runs for i, a in enumerate(run.rendered_argv[:-1]) if a == "--run-dir"), None),
+            "checkpoint_uri": next((words[i + 1] for run in runs for words in [rendered_words(run.rendered_argv)]
+                                    for i, a in enumerate(words[:-1]) if a == "--run-dir"), None),  # fmt: skip
             "resumed_from_step": resumed[-1] if resumed else None,
             "runtime": self.runtime_name,
             # the image that really ran (podman's digest of it); no image runs in the process runtime
@@ -498,14 +537,15 @@ class Drill:
 
     def api_that_ran(self) -> str:
         """The launch API of the gang objects the backend created (the requested one when none was)."""
-        created = [api for api, plural in (("trainjob", "/trainjobs"), ("jobset", "/jobsets"), ("mpijob", "/mpijobs")) if self.api.count("POST", plural)]
+        created = [api for api, plural in (("trainjob", "/trainjobs"), ("jobset", "/jobsets"), ("mpijob", "/mpijobs"), ("rayjob", "/rayjobs"))
+                   if self.api.count("POST", plural)]  # fmt: skip
         return created[0] if len(created) == 1 else self.launch_api
 
     def _report(self, summary: dict[str, Any], runs) -> None:
         # what the DAG run left in the cluster it talked to: a gang, a Workload (quota held) or a pod
         left = {plural: [o["metadata"]["name"] for o in self.api.items(group, plural)]
                 for group, plural in (("jobset.x-k8s.io", "jobsets"), ("trainer.kubeflow.org", "trainjobs"), ("kubeflow.org", "mpijobs"),
-                                      ("kueue.x-k8s.io", "workloads"), ("", "pods"))}  # fmt: skip
+                                      ("ray.io", "rayjobs"), ("kueue.x-k8s.io", "workloads"), ("", "pods"))}  # fmt: skip
         report = {"summary": summary, "state_dir": str(self.state), "drill_dir": str(self.dir), "runtime": self.runtime,
                   "pods": [run.record() | {"audit_path": str(run.audit_path)} for run in runs], "events": self.cluster.events,
                   "left_in_cluster": left}  # fmt: skip
@@ -526,6 +566,8 @@ class Drill:
             self.api.stop()
         for server in reversed(self.servers):
             server.stop()
+        if self._ray_temp is not None:  # symlinks only: their targets are the pods' folders
+            shutil.rmtree(self._ray_temp, ignore_errors=True)
         if (remove or not any(self.dir.iterdir())) and not self.keep:
             make_writable(self.dir)
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -577,7 +619,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conf", default="{}", help="DAG run conf (Params) merged over the drill's: " + json.dumps(DEFAULT_CONF)
                         + "; per pipeline: " + json.dumps(PIPELINE_CONF))
     parser.add_argument("--api", default="jobset", choices=APIS, help="launch API the backend submits (runtime.yaml `api`): jobset (default), "
-                        "trainjob, run as Kubeflow Trainer v2 would run it, or mpijob, run as the MPI Operator v2 would (launcher mpirun)")
+                        "trainjob, run as Kubeflow Trainer v2 would run it, mpijob, run as the MPI Operator v2 would (launcher mpirun), or rayjob, "
+                        "run as KubeRay would (a local Ray cluster, `ray job submit`)")
     parser.add_argument("--runtime", choices=RUNTIMES, default="process",
                         help="process: each pod's container as local processes (default); podman: as a container of the training image `make images` built")
     parser.add_argument("--keep", type=Path, help="keep the drill's files (servers' data, pod dirs and logs, report.json) in this folder")
