@@ -1,7 +1,9 @@
 """The training loop of one rank: set up, resume, train, checkpoint, stop, export.
 
-`run()` is called by the entry point after the config was validated. `Trainer.fit()` is the
-loop; everything else is a small helper around it.
+gangflow's own loop is one user of the runtime API (trainer.runtime): `run()`, called by the entry
+point after the config was validated, opens a `Session` (process group, SIGTERM, faults, metrics,
+progress, the stop agreement, checkpoints) and `Trainer.fit()` trains on it, with its own model,
+data, checkpoint contents (Snapshot: weights, optimizer, scheduler, RNG, data position) and export.
 """
 
 from __future__ import annotations
@@ -20,56 +22,30 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer import EXIT_OK, EXIT_PREEMPTED, errors
-from trainer.checkpoint import Checkpointer, CorruptCheckpoint, Snapshot, cpu_copy, flatten_optimizer, rng_state, set_rng_state
+from trainer import EXIT_OK, errors
+from trainer.checkpoint import Snapshot, cpu_copy, flatten_optimizer, rng_state, set_rng_state
 from trainer.checkpoint_interval import PROBE_STEPS, IntervalInputs, choose_interval
 from trainer.console import say
 from trainer.config import AUTO, Config, resolve_factory
 from trainer.data import PREPROCESSING_PARAMS, DataFiles, make_loader, preprocessing_stats, resolve_data
-from trainer.distributed import Dist, Launch, StopAgreement, setup, teardown
-from trainer.errors import CheckpointError, ConfigError, DataError, user_code
+from trainer.distributed import Launch
+from trainer.errors import DataError, user_code
 from trainer.export import write_final
-from trainer.faults import Fault, FaultInjector
+from trainer.faults import Fault
+from trainer.identity import TRAIN_IDENTITY
 from trainer.metrics import score
 from trainer.preemption import Preemption
+from trainer.runtime import Session
 from trainer.storage import Storage
-from trainer.tracking import Progress, Tracker
-
-# What a checkpoint must share with the run resuming it (issue: a finished checkpoint under a new
-# dataset or config must not publish old weights). Not here: world size (resume across world sizes
-# is supported), device, logging/checkpoint/tracking settings, file paths (the md5s stand for them).
-TRAIN_IDENTITY = ("max_steps", "seed", "batch_size", "lr", "momentum", "weight_decay", "warmup_steps",
-                  "optimizer", "lr_schedule")
-
-
-class ResumeMismatch(ConfigError):
-    """The newest checkpoint was made with another config or other data than this run's."""
 
 
 def run_identity(cfg: Config, data: DataFiles) -> dict[str, Any]:
-    """The training-relevant config and the data identity, as recorded in every checkpoint."""
+    """The training-relevant config (trainer.identity) and the data identity, as recorded in every
+    checkpoint; a resume under another one is refused."""
     train = {f"train.{k}": getattr(cfg.train, k) for k in TRAIN_IDENTITY}
     model = {"model.factory": cfg.model.factory, **{f"model.{k}": v for k, v in sorted(cfg.model.kwargs.items())}}
     ident = {f"data.{k}": v for k, v in data.identity().items()}
     return {**ident, "data.factory": cfg.data.factory, **model, **train}
-
-
-def identity_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    return [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
-
-
-def check_identity(where: str, saved: Any, current: dict[str, Any], *, what: str = "config/data") -> None:
-    """Refuse (ResumeMismatch) to resume checkpoint `where` when the identity it records differs from
-    this run's: gangflow's loop and trainer.runtime's checkpoints alike."""
-    advice = ("resuming would mix two runs and could publish old weights under this run's lineage; "
-              f"use a new run dir for the new {what}, or run with the checkpoint's")
-    if not isinstance(saved, dict):
-        raise ResumeMismatch(f"{where} records no {what} identity (written by an older trainer); {advice}")
-    diff = identity_mismatch(saved, current)
-    if diff:
-        was = ", ".join(f"{k}={saved.get(k)!r}" for k in diff)
-        now = ", ".join(f"{k}={current.get(k)!r}" for k in diff)
-        raise ResumeMismatch(f"{where} was made with {was}; this run has {now}: {advice}")
 
 
 class WarmupCosine:
@@ -134,11 +110,11 @@ class _Window:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, fault: Fault | None, d: Dist, run_dir: Storage, preempt: Preemption,
-                 data: DataFiles) -> None:
-        self.cfg, self.d, self.run_dir, self.preempt, self.data = cfg, d, run_dir, preempt, data
-        self.identity = run_identity(cfg, data)
-        self.faults = FaultInjector(fault, run_dir, d.rank, d.world_size)  # reads markers before any step
+    """gangflow's model, optimizer and data on one rank, trained on the runtime `Session` `run`."""
+
+    def __init__(self, cfg: Config, run: Session, data: DataFiles) -> None:
+        self.cfg, self.run, self.data = cfg, run, data
+        self.d = d = run.dist
         t = cfg.train
         self.global_batch = t.batch_size
         self.local_batch = t.batch_size // d.world_size
@@ -158,15 +134,8 @@ class Trainer:
         if len(self.sampler) // self.local_batch == 0:
             raise DataError(f"the training set has {len(self.train_set)} rows, fewer than one global batch "
                             f"(train.batch_size={t.batch_size})")
-        self.tracker = Tracker(run_dir, enabled=d.is_main, mlflow_uri=cfg.tracking.mlflow_uri,
-                               experiment=cfg.tracking.experiment, flush_every_s=cfg.tracking.flush_every_s,
-                               params=cfg.to_dict(), tags={"gangflow.world_size": str(d.world_size),
-                                                           "gangflow.run_dir": run_dir.url})
-        self.ckpt = Checkpointer(run_dir.child("checkpoints"), cfg.checkpoint, rank=d.rank, log=self.log,
-                                 on_commit=self._on_commit, at_save=self.faults.save_hook)
         self.config_dict = cfg.to_dict()
         self.step = self.epoch = self.batch_in_epoch = 0
-        self.resumed_from: int | None = None
         self.ckpt_blocked_s = 0.0
         # checkpoint.every_steps: auto is chosen PROBE_STEPS steps into each attempt (None until then)
         auto = cfg.checkpoint.every_steps == AUTO
@@ -197,27 +166,20 @@ class Trainer:
     # --- the loop -------------------------------------------------------------------------------
 
     def fit(self) -> int:
-        t, d = self.cfg.train, self.d
-        self.ckpt.start_writer()  # rank 0: it starts beside the resume, not at the first save
+        t, d, run = self.cfg.train, self.d, self.run
         self.resume()
         model = DDP(self.model, device_ids=[d.device] if d.device.type == "cuda" else None) if d.world_size > 1 else self.model
         model.train()
-        stop = StopAgreement(d, lambda: self.preempt.requested)
         self.sampler.set_epoch(self.epoch)
         self.sampler.set_start(self.batch_in_epoch * self.local_batch)
         self._it = iter(self.loader)
         window, train_t0 = _Window(), time.perf_counter()
-        progress = Progress(self.tracker, log=self.log, every_s=self.cfg.tracking.progress_every_s, total=t.max_steps,
-                            global_batch=self.global_batch, start_step=self.step, committed_step=self.resumed_from)
-        self._progress = progress
-        self.faults.start_clock()  # kill@time: unsynchronised, counted from here
+        run.start_loop()  # progress lines and kill@time count from here
         probe_at = self.step + PROBE_STEPS if self.every_steps is None else None
         first_step_done = 0.0
-        while self.step < t.max_steps and not stop.should_stop():
-            errors.context.step = self.step + 1  # the step in progress, for error records
+        while self.step < t.max_steps and not run.should_stop:
             loss = self.train_step(model, *self.next_batch(), step=self.step + 1)
             self.step += 1
-            self.faults.step = self.step
             window.add(loss)
             if self.step % t.log_every_steps == 0 or self.step == t.max_steps:
                 self.log_metrics(window)
@@ -228,15 +190,9 @@ class Trainer:
                 first_step_done = time.perf_counter()  # the first step's warm-up is not timed
             elif self.step == probe_at and self.step < t.max_steps:
                 self.choose_interval((time.perf_counter() - first_step_done) / (PROBE_STEPS - 1))
-            if self.faults.process_fault_due(self.step):
-                self.ckpt.wait()  # drills are reproducible: pending writes are committed first
-                d.barrier()
-                self.faults.fire(self.step)
-            progress.tick(self.step)
-        self.faults.stop_clock()
+            run.step_done(self.step)  # a due GANGFLOW_FAULT fires (after this step's checkpoint); progress line
         train_s = time.perf_counter() - train_t0
-        stop.drain()
-        if stop.stopped and self.step < t.max_steps:
+        if run.end_loop() and self.step < t.max_steps:  # stopped for a SIGTERM (on any rank)
             return self.preempted()
         self.checkpoint(block=True)
         return self.finish(train_s)
@@ -258,7 +214,7 @@ class Trainer:
     def train_step(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, step: int) -> torch.Tensor:
         with user_code():
             loss = self.loss(model(x), y)
-            self.faults.maybe_raise(step)
+            self.run.faults.maybe_raise(step)  # raise@step=N: inside the step, a user error
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
         self.optimizer.step()
@@ -268,18 +224,16 @@ class Trainer:
     def log_metrics(self, window: _Window) -> None:
         """Every rank calls this at the same steps (the loss is averaged over ranks)."""
         loss, steps, elapsed = window.take()
-        loss = self.d.mean(loss)
-        self._progress.loss = loss
-        self.tracker.step(self.step, loss=loss, lr=self.scheduler.get_last_lr()[0],
-                          samples_per_sec=steps * self.global_batch / elapsed, epoch=self.epoch,
-                          step_time_s=round(elapsed / max(steps, 1), 6))
+        self.run.report(self.step, loss=self.d.mean(loss), lr=self.scheduler.get_last_lr()[0],
+                        samples_per_sec=steps * self.global_batch / elapsed, epoch=self.epoch,
+                        step_time_s=round(elapsed / max(steps, 1), 6))
 
     # --- checkpoints ----------------------------------------------------------------------------
 
     def checkpoint(self, block: bool = False) -> float:
         """Save the state at self.step on every rank (rank 0 writes). Returns the time blocked."""
-        if self.ckpt.last_step == self.step:
-            self.ckpt.wait()
+        if self.run.checkpoints.last_step == self.step:
+            self.run.checkpoints.wait()
             return 0.0
         t0 = time.perf_counter()
         rng = self.d.gather_json(rng_state(self.d.device))
@@ -288,13 +242,13 @@ class Trainer:
             "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
             "samples_seen": self.step * self.global_batch, "global_batch": self.global_batch,
             "world_size": self.d.world_size, "config": self.config_dict, "model_kwargs": self.model_kwargs,
-            "identity": self.identity,
+            "identity": self.run.identity,
             "scheduler": self.scheduler.state_dict(), "optimizer": opt_json, "rng": rng,
             "torch_version": torch.__version__, "time": time.time(),
         }
         snap = Snapshot(self.step, cpu_copy(self.model.state_dict()), opt_tensors, state)
         snap.blocked_s = time.perf_counter() - t0
-        self.ckpt.save(snap, block=block)
+        self.run.save_snapshot(snap, block=block)
         return time.perf_counter() - t0
 
     def choose_interval(self, step_s: float) -> None:
@@ -311,43 +265,27 @@ class Trainer:
         self.every_steps = self.d.broadcast_int(chosen.every_steps if chosen else None)
         if chosen is not None:
             self.log(f"gangflow: checkpoint interval: {chosen.describe()}")
-            attempt = self._progress.attempt
-            self.tracker.event("checkpoint_interval", self.step, mlflow_prefix="checkpoint_interval_", mlflow_step=attempt,
-                               attempt=attempt, **chosen.as_dict())
+            attempt, tracker = self.run.progress.attempt, self.run.tracker
+            tracker.event("checkpoint_interval", self.step, mlflow_prefix="checkpoint_interval_", mlflow_step=attempt,
+                          attempt=attempt, **chosen.as_dict())
             # a tag, not a param: a retry may choose another interval, and MLflow params never change
-            self.tracker.write({"event": "tracking", "step": self.step, "params": {},
-                                "tags": {"gangflow.checkpoint_interval": json.dumps({"attempt": attempt, **chosen.as_dict()})}})
-
-    def _on_commit(self, info: dict[str, Any]) -> None:
-        self._progress.committed(info)
-        self.tracker.event("checkpoint", info["step"], mlflow_prefix="checkpoint_", duration_s=info["duration_s"],
-                           blocked_s=info["blocked_s"], bytes=info["bytes"], path=info["path"])
+            tracker.write({"event": "tracking", "step": self.step, "params": {},
+                           "tags": {"gangflow.checkpoint_interval": json.dumps({"attempt": attempt, **chosen.as_dict()})}})
 
     def resume(self) -> None:
+        """Every rank: restore the newest committed checkpoint, or seed a fresh start."""
         d = self.d
-        chosen = None
-        if d.is_main:
-            self.ckpt.cleanup_stale()
-            chosen = self.ckpt.select()
-        step = d.broadcast_int(chosen[0] if chosen else None)
+        step = self.run.newest_checkpoint()
         if step is None:
             seed_all(self.cfg.train.seed + d.rank)
-            self.log("gangflow: starting from step 0")
-            self.tracker.event("start", 0, world_size=d.world_size)
             return
         restore_t0 = time.perf_counter()
-        try:
-            loaded = self.ckpt.read(step)
-        except CorruptCheckpoint as exc:
-            raise CheckpointError(f"rank {d.rank} cannot read checkpoint step-{step}: {exc}") from None
+        loaded = self.run.read_snapshot(step)  # verified, and refused under another config or data
         state = loaded.state
-        self.check_identity(step, loaded.path, state.get("identity"))
         self.model.load_state_dict(loaded.model)
         self.optimizer.load_state_dict(loaded.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
-        self.resumed_from = step
-        errors.context.step = step
         saved_rng = state["rng"]
         if d.rank < len(saved_rng):
             set_rng_state(saved_rng[d.rank], d.device)
@@ -356,28 +294,16 @@ class Trainer:
         if state["world_size"] != d.world_size:
             self.log(f"gangflow: checkpoint step-{step} was written by {state['world_size']} ranks; continuing on "
                      f"{d.world_size} (global batch {self.global_batch} and sample order unchanged)")
-        self.log(f"gangflow: resuming from checkpoint step-{step} ({loaded.path})")
-        self.tracker.event("resume", step, world_size=d.world_size, checkpoint_world_size=state["world_size"],
-                           restore_s=round(time.perf_counter() - restore_t0, 4))
-
-    def check_identity(self, step: int, path: Any, saved: Any) -> None:
-        """Refuse to resume a checkpoint made with another config or other data (every rank)."""
-        check_identity(f"checkpoint step-{step} ({path})", saved, self.identity)
+        self.run.resumed(step, loaded.path, checkpoint_world_size=state["world_size"],
+                         restore_s=round(time.perf_counter() - restore_t0, 4))
 
     # --- endings --------------------------------------------------------------------------------
 
     def preempted(self) -> int:
         if self.step > 0:
             self.checkpoint(block=True)
-        self.d.barrier()  # every rank exits only once the checkpoint is committed
-        since = (f"{time.monotonic() - self.preempt.received_at:.2f}s after the signal" if self.preempt.received_at
-                 else "(SIGTERM was received by another rank)")
-        saved = f"checkpoint step-{self.step} committed" if self.step > 0 else "no step done, nothing to checkpoint"
-        self.log(f"gangflow: preempted (SIGTERM): stopped at step {self.step}; {saved} {since}; exiting with {EXIT_PREEMPTED}")
-        self.tracker.event("preempted", self.step)
-        self._progress.attempt_record(self.step)
-        self.tracker.close(status=None)
-        return EXIT_PREEMPTED
+        return self.run.preempted(f"checkpoint step-{self.step} committed" if self.step > 0
+                                  else "no step done, nothing to checkpoint")
 
     def evaluate(self) -> dict[str, float]:
         with user_code():
@@ -407,30 +333,24 @@ class Trainer:
                 "config": self.cfg.to_dict(),
                 "data": self.data.card(),
                 "metrics": metrics, "world_size": d.world_size, "steps": self.step,
-                "global_batch": self.global_batch, "resumed_from_step": self.resumed_from,
+                "global_batch": self.global_batch, "resumed_from_step": self.run.resumed_from,
                 "torch_version": torch.__version__, "python_version": sys.version.split()[0],
-                "mlflow_run_id": self.tracker.mlflow_run_id, "created": time.time(),
+                "mlflow_run_id": self.run.tracker.mlflow_run_id, "created": time.time(),
             }
             logged: list[str | None] = []
-            final = write_final(self.run_dir, self.model, card, then=lambda local: logged.append(self.tracker.log_final(local)))
+            final = write_final(self.run.run_dir, self.model, card,
+                                then=lambda local: logged.append(self.run.tracker.log_final(local)))
             if logged and logged[0]:
                 self.log(f"gangflow: final weights logged to MLflow as {logged[0]}")
-            self.tracker.event("final", self.step, mlflow_prefix="", **metrics, world_size=d.world_size,
-                               global_batch=self.global_batch,
-                               train_s=round(train_s, 4), checkpoint_blocked_s=round(self.ckpt_blocked_s, 6))
+            self.run.tracker.event("final", self.step, mlflow_prefix="", **metrics, world_size=d.world_size,
+                                   global_batch=self.global_batch,
+                                   train_s=round(train_s, 4), checkpoint_blocked_s=round(self.ckpt_blocked_s, 6))
             headline = "; ".join(f"{k.replace('_', ' ', 1)} {v:.4f}" for k, v in metrics.items() if k != "test_loss")
             self.log(f"gangflow: done: {self.step} steps on {d.world_size} rank(s); {headline}; "
                      f"final weights at {final}/model.safetensors")
-        self._progress.attempt_record(self.step)
         d.barrier()
-        self.tracker.close(status="FINISHED")
+        self.run.close(status="FINISHED")  # the attempt's record, the last commit, the tracker
         return EXIT_OK
-
-    def close(self, status: str | None) -> None:
-        try:
-            self.ckpt.close()
-        finally:
-            self.tracker.close(status=status)
 
 
 def run(cfg: Config, fault: Fault | None, launch: Launch, run_dir: str | Path | Storage,
@@ -443,23 +363,20 @@ def run(cfg: Config, fault: Fault | None, launch: Launch, run_dir: str | Path | 
         preempt = Preemption(cfg.checkpoint.grace_period_s)
         preempt.install()
     errors.context.rank = launch.rank
-    trainer = None
+    session = None
     try:
         if data is None:
             data = resolve_data(cfg.data, run_dir.url)
-        d = setup(launch, cfg.train.device)
-        trainer = Trainer(cfg, fault, d, run_dir, preempt, data)
-        code = trainer.fit()
-        trainer.close(status=None)
-        return code
+        session = Session(launch, run_dir, preemption=preempt, fault=fault, identity=run_identity(cfg, data),
+                          checkpoint=cfg.checkpoint, tracking=cfg.tracking, params=cfg.to_dict(),
+                          total_steps=cfg.train.max_steps, global_batch=cfg.train.batch_size, device=cfg.train.device)
+        return Trainer(cfg, session, data).fit()  # fit closes the session (finished or preempted)
     except BaseException as exc:
         if not isinstance(exc, SystemExit):
             errors.write_records(exc, rank=launch.rank, step=errors.context.step, run_dir=run_dir)
-        if trainer is not None:
+        if session is not None:
             try:
-                trainer.close(status="FAILED")
+                session.close(status="FAILED")
             except BaseException:  # noqa: BLE001 - the original error matters
                 pass
         raise
-    finally:
-        teardown()

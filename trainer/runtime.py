@@ -23,6 +23,11 @@ GANGFLOW_KEEP_LAST, GANGFLOW_GRACE_PERIOD_S, GANGFLOW_PROGRESS_EVERY_S, GANGFLOW
 RANK/WORLD_SIZE/LOCAL_RANK. Importing this module imports neither Airflow nor MLflow. Checkpoints
 follow contract 2 and faults contract 3 (docs/contracts.md); docs/extending.md, "Bring your own
 training script", is the user's page.
+
+`Session` is the same machinery from explicit arguments (rank, process group, SIGTERM, faults,
+tracker, progress, stop agreement, checkpointer, step bookkeeping): gangflow's own loop
+(trainer.loop) runs on one, with its own config and checkpoint format; `Run` is a `Session` from
+the launcher's environment, plus the user's checkpoint format, dataset and final model.
 """
 
 from __future__ import annotations
@@ -44,19 +49,19 @@ from typing import Any
 import torch
 
 from trainer import EXIT_PREEMPTED, errors
-from trainer.checkpoint import Checkpointer, CorruptCheckpoint, Snapshot
-from trainer.config import CheckpointConfig
+from trainer.checkpoint import REQUIRED as SNAPSHOT_FILES
+from trainer.checkpoint import Checkpointer, CorruptCheckpoint, Loaded, Snapshot
+from trainer.config import CheckpointConfig, TrackingConfig
 from trainer.console import say
-from trainer.distributed import Dist, StopAgreement, detect, pick_device, setup, teardown
+from trainer.distributed import Dist, Launch, StopAgreement, detect, pick_device, setup, teardown
 from trainer.errors import CheckpointError, ConfigError
-from trainer.faults import ENV as FAULT_ENV
-from trainer.faults import FaultInjector, fault_from_env
+from trainer.faults import Fault, FaultInjector, fault_from_env
+from trainer.identity import TRAIN_IDENTITY, ResumeMismatch, check_identity
 from trainer.preemption import Preemption
-from trainer.loop import TRAIN_IDENTITY, ResumeMismatch, check_identity  # the loop's own rules, one place
 from trainer.storage import Storage, publish_folder
 from trainer.tracking import FINAL_ARTIFACT_PATH, Progress, Tracker
 
-__all__ = ["Checkpoint", "ResumeMismatch", "Run", "current", "init"]
+__all__ = ["Checkpoint", "ResumeMismatch", "Run", "Session", "current", "init"]
 
 ENV_RUN_DIR = "GANGFLOW_RUN_DIR"
 ENV_DATA_REMOTE = "GANGFLOW_DATA_REMOTE"
@@ -123,62 +128,51 @@ def _untar(data: bytes, dest: Path) -> None:
         tar.extractall(dest, filter="data")  # refuses absolute paths, `..`, links out of `dest`, devices
 
 
-class Run:
-    """One rank's handle on gangflow (made by `init()`)."""
+class Session:
+    """One rank's part of a training run, from explicit arguments: rank, world size and process
+    group, the SIGTERM flag, GANGFLOW_FAULT, metrics.jsonl, progress lines, the stop agreement, the
+    checkpointer and the step bookkeeping. gangflow's own loop (trainer.loop) runs on one; `Run`
+    is one made from the launcher's environment. `preemption` comes installed (the entry point
+    installs it before anything slow); `identity` is what a checkpoint records and a resume must
+    match; `params` go to the tracker (MLflow params); `required`: the files a checkpoint's manifest
+    must list."""
 
-    def __init__(self, *, config: Mapping[str, Any] | None = None, total_steps: int | None = None,
+    def __init__(self, launch: Launch, run_dir: str | Path | Storage, *, preemption: Preemption, fault: Fault | None,
+                 identity: dict[str, Any], checkpoint: CheckpointConfig, tracking: TrackingConfig, params: dict[str, Any],
+                 total_steps: int | None, global_batch: int | None = None, required: tuple[str, ...] = SNAPSHOT_FILES,
                  device: str = "auto", process_group: bool = True) -> None:
-        self.preemption = Preemption(_env_number(ENV_GRACE, 25.0, float, 0.001))
-        self.preemption.install()  # from now on a SIGTERM is a request to stop at a step boundary
-        launch = detect()
+        self.preemption = preemption
         self.rank, self.world_size, self.local_rank = launch.rank, launch.world_size, launch.local_rank
         errors.context.rank = self.rank
-        fault = fault_from_env(rank=self.rank)
-        if fault is not None and fault.rank is not None and fault.rank >= self.world_size:
-            raise ConfigError(f"{FAULT_ENV}={fault.spec!r} is invalid: rank={fault.rank} but the world size is {self.world_size}")
-        self.run_dir = Storage(os.environ.get(ENV_RUN_DIR) or DEFAULT_RUN_DIR)
+        self.run_dir = Storage(run_dir)
+        self.faults = FaultInjector(fault, self.run_dir, self.rank, self.world_size)  # a bad rank=R fails here, before any group
         self.run_dir.makedirs()
-        self.data_remote = os.environ.get(ENV_DATA_REMOTE, "")
-        self.data_version = os.environ.get(ENV_DATA_VERSION, "")
-        self.code = os.environ.get(ENV_CODE, " ".join(sys.argv))
-        self.config = dict(config or {})
+        self.identity = identity
+        self._owns_group = process_group
         try:
-            self.params: dict[str, Any] = json.loads(os.environ.get(ENV_PARAMS) or "{}")
-        except ValueError:
-            raise ConfigError(f"environment {ENV_PARAMS} is not a JSON object") from None
-        keep_last = _env_number(ENV_KEEP_LAST, 2, int, 1)
-        if process_group:
-            self.dist = setup(launch, device)
-        else:  # the framework starts the process group itself; collectives use its default group
-            self.dist = Dist(launch.rank, launch.world_size, launch.local_rank, launch.launcher,
-                             pick_device(device, launch.local_rank))
-        self.device = self.dist.device
-        # What a checkpoint must share with the run resuming it: the code, the data, the training
-        # parameters the launcher passed (as the trainer's TRAIN_IDENTITY) and the code's own config.
-
-        self.identity = {"code": self.code, "data.version": self.data_version,
-                         **{f"train.{k}": self.params[f"train.{k}"] for k in TRAIN_IDENTITY if f"train.{k}" in self.params},
-                         **{f"config.{k}": v for k, v in sorted(self.config.items())}}
-        self.faults = FaultInjector(fault, self.run_dir, self.rank, self.world_size)
-        self.tracker = Tracker(self.run_dir, enabled=self.is_main, params={"code": self.code, "config": self.config},
-                               tags={"gangflow.world_size": str(self.world_size), "gangflow.run_dir": self.run_dir.url})
-        self.checkpoints = Checkpointer(self.run_dir.child("checkpoints"), CheckpointConfig(keep_last=keep_last, async_save=False),
-                                        rank=self.rank, log=self.log, on_commit=self._on_commit,
-                                        at_save=self.faults.save_hook, required=REQUIRED)
-        self.checkpoints.start_writer()
-        self.progress = Progress(self.tracker, log=self.log, every_s=_env_number(ENV_PROGRESS, 10.0, float, 0.0),
-                                 total=total_steps or self.params.get("train.max_steps"), global_batch=None,
-                                 start_step=0, committed_step=None)
+            if process_group:
+                self.dist = setup(launch, device)
+            else:  # the framework starts the process group itself; collectives use its default group
+                self.dist = Dist(launch.rank, launch.world_size, launch.local_rank, launch.launcher,
+                                 pick_device(device, launch.local_rank))
+            self.device = self.dist.device
+            self.tracker = Tracker(self.run_dir, enabled=self.is_main, mlflow_uri=tracking.mlflow_uri,
+                                   experiment=tracking.experiment, flush_every_s=tracking.flush_every_s, params=params,
+                                   tags={"gangflow.world_size": str(self.world_size), "gangflow.run_dir": self.run_dir.url})
+            self.checkpoints = Checkpointer(self.run_dir.child("checkpoints"), checkpoint, rank=self.rank, log=self.log,
+                                            on_commit=self._on_commit, at_save=self.faults.save_hook, required=required)
+            self.checkpoints.start_writer()  # rank 0: it starts beside the rank's own start, not at the first save
+        except BaseException:
+            if process_group:
+                teardown()
+            raise
+        self.progress = Progress(self.tracker, log=self.log, every_s=tracking.progress_every_s, total=total_steps,
+                                 global_batch=global_batch, start_step=0, committed_step=None)
+        self.step = 0  # the last step done on this rank (step_done), or the step resumed from
         self.resumed_from: int | None = None
-        self.step = 0
         self._stop = StopAgreement(self.dist, lambda: self.preemption.requested)
         self._clock_started = False
-        self._data: Path | None = None
-        self._scratch: list[Path] = []
         self._closed = False
-        self.model_uri: str | None = None
-
-    # --- who and where ----------------------------------------------------------------------
 
     @property
     def is_main(self) -> bool:
@@ -188,6 +182,197 @@ class Run:
         """A line in the task log, from rank 0 only."""
         if self.is_main:
             say(message)
+
+    @property
+    def _collectives(self) -> bool:
+        import torch.distributed as dist
+
+        return self.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+    # --- checkpoints (contract 2) -------------------------------------------------------------
+
+    def newest_checkpoint(self) -> int | None:
+        """The step of the newest committed checkpoint that verifies (a corrupt newer one is set
+        aside), the same on every rank; None, logged as a start from step 0, when there is none.
+        Call it on every rank."""
+        chosen = None
+        if self.is_main:
+            self.checkpoints.cleanup_stale()
+            chosen = self.checkpoints.select()
+        step = self.dist.broadcast_int(chosen[0] if chosen else None) if self._collectives else (chosen[0] if chosen else None)
+        if step is None and not self.is_main and not self._collectives:
+            picked = self.checkpoints.committed()  # no process group: each rank reads the listing
+            step = picked[0][0] if picked else None
+        if step is None:
+            self.log("gangflow: starting from step 0")
+            self.tracker.event("start", 0, world_size=self.world_size)
+        return step
+
+    def read_snapshot(self, step: int) -> Loaded:
+        """Checkpoint `step` in the Snapshot format (model and optimizer tensors, state.json: gangflow's
+        loop's), verified; ResumeMismatch when it records another identity than this session's."""
+        try:
+            loaded = self.checkpoints.read(step)
+        except CorruptCheckpoint as exc:
+            raise self._unreadable(step, exc) from None
+        check_identity(f"checkpoint step-{step} ({loaded.path})", loaded.state.get("identity"), self.identity)
+        return loaded
+
+    def _unreadable(self, step: int, exc: Exception) -> CheckpointError:
+        return CheckpointError(f"rank {self.rank} cannot read checkpoint step-{step}: {exc}")
+
+    def resumed(self, step: int, where: Any, **fields: Any) -> None:
+        """This rank resumed from checkpoint `step` (at `where`): the step bookkeeping, the log line
+        and the `resume` event (`fields`: its figures)."""
+        self.step = self.resumed_from = step
+        errors.context.step = step
+        self.progress.start_step = self.progress.last_step = step
+        self.progress.committed_step = step
+        self.log(f"gangflow: resuming from checkpoint step-{step} ({where})")
+        self.tracker.event("resume", step, world_size=self.world_size, **fields)
+
+    def save_snapshot(self, snapshot: Snapshot, *, block: bool = False) -> None:
+        """Commit `snapshot` (every rank at the same step; rank 0 writes, in the background unless
+        `block` or checkpoint.async_save is off). Its step is done on this rank: an unsynchronised
+        fault firing during the write records it."""
+        self.faults.step = max(self.faults.step, snapshot.step)
+        self.checkpoints.save(snapshot, block=block)
+
+    def _on_commit(self, info: dict[str, Any]) -> None:
+        self.progress.committed(info)
+        self.tracker.event("checkpoint", info["step"], mlflow_prefix="checkpoint_", duration_s=info["duration_s"],
+                           blocked_s=info["blocked_s"], bytes=info["bytes"], path=info["path"])
+
+    # --- the loop: progress, metrics, faults, stopping -----------------------------------------
+
+    def start_loop(self) -> None:
+        """The training loop starts now (every rank, after the resume): progress lines, the
+        attempt's run time and `kill@time` count from here. Without this call (training code of
+        one's own) they count from `init()` and the first `step_done`."""
+        self.progress.restart()
+        errors.context.step = self.step + 1  # the step in progress, for error records
+        self._start_clock()
+
+    def _start_clock(self) -> None:
+        if not self._clock_started:
+            self._clock_started = True
+            self.faults.start_clock()
+
+    def report(self, step: int, **metrics: float) -> None:
+        """Metrics at `step`: metrics.jsonl (relayed to the DAG run's MLflow run) from rank 0; a
+        `loss` also goes into the progress line. Other ranks' calls are ignored."""
+        bad = [k for k, v in metrics.items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
+        if bad:
+            raise TypeError(f"report({step}, ...): {', '.join(bad)} must be numbers (call .item() on a tensor)")
+        if "loss" in metrics:
+            self.progress.loss = float(metrics["loss"])
+        self.tracker.step(step, **{k: v if isinstance(v, int) else float(v) for k, v in metrics.items()})
+
+    def step_done(self, step: int) -> None:
+        """Step `step` (1-based) is complete, on this rank: fires a due GANGFLOW_FAULT (step=N:
+        after a barrier; raise: a ValueError; time=S: counted from the first call) and prints
+        the progress line every GANGFLOW_PROGRESS_EVERY_S. Call it on every rank after every step."""
+        self.step = self.faults.step = step
+        errors.context.step = step + 1
+        self._start_clock()
+        self.faults.maybe_raise(step)
+        if self.faults.process_fault_due(step):
+            self.checkpoints.wait()  # drills are reproducible: pending writes are committed first
+            self.dist.barrier()  # and every rank reached the step
+            self.faults.fire(step)
+        self.progress.tick(step)
+
+    @property
+    def should_stop(self) -> bool:
+        """True once a SIGTERM reached any rank (all ranks agree, at most a step late): save a
+        checkpoint and call `exit_preempted()`. Poll it on every rank at the same points."""
+        if not self._collectives:
+            return self.preemption.requested
+        return self._stop.should_stop()
+
+    def end_loop(self) -> bool:
+        """The training loop ended (every rank): the `kill@time` clock stops and the stop agreement
+        is settled. True when it ended for a SIGTERM (on any rank)."""
+        self.faults.stop_clock()
+        errors.context.step = self.step
+        if not self._collectives:
+            return self.preemption.requested
+        return self._stop.drain()
+
+    def preempted(self, saved: str | None = None) -> int:
+        """Stop after a SIGTERM (every rank, its checkpoint saved): wait for every rank, record the
+        attempt, close; returns 75 (the retry resumes). `saved`: what the loop committed, for the
+        log line (with how long after the signal)."""
+        self.end_loop()
+        self.dist.barrier()  # every rank exits only once the checkpoint is committed
+        what = f"stopped at step {self.step}"
+        if saved is not None:
+            since = (f"{time.monotonic() - self.preemption.received_at:.2f}s after the signal" if self.preemption.received_at
+                     else "(SIGTERM was received by another rank)")
+            what += f"; {saved} {since}"
+        self.log(f"gangflow: preempted (SIGTERM): {what}; exiting with {EXIT_PREEMPTED}")
+        self.tracker.event("preempted", self.step)
+        self.progress.attempt_record(self.step)
+        self.close(status=None)
+        return EXIT_PREEMPTED
+
+    def exit_preempted(self) -> None:
+        """Stop after a SIGTERM: wait for every rank, then exit 75 (the retry resumes)."""
+        raise SystemExit(self.preempted())
+
+    # --- the end ------------------------------------------------------------------------------
+
+    def close(self, status: str | None = "FINISHED") -> None:
+        """Finish this rank's part: FINISHED records the attempt; the checkpointer and the tracker
+        close, and the process group ends when this session started it. A second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        self.faults.stop_clock()
+        try:
+            if status == "FINISHED":
+                self.progress.attempt_record(self.step)
+            self.checkpoints.close()
+        finally:
+            self.tracker.close(status=status)
+            if self._owns_group:
+                teardown()
+
+
+class Run(Session):
+    """One rank's handle on gangflow (made by `init()`): a `Session` from the launcher's
+    environment, with checkpoints of the user's own state, the dataset and the final model."""
+
+    def __init__(self, *, config: Mapping[str, Any] | None = None, total_steps: int | None = None,
+                 device: str = "auto", process_group: bool = True) -> None:
+        preemption = Preemption(_env_number(ENV_GRACE, 25.0, float, 0.001))
+        preemption.install()  # from now on a SIGTERM is a request to stop at a step boundary
+        launch = detect()
+        errors.context.rank = launch.rank
+        fault = fault_from_env(rank=launch.rank)
+        self.data_remote = os.environ.get(ENV_DATA_REMOTE, "")
+        self.data_version = os.environ.get(ENV_DATA_VERSION, "")
+        self.code = os.environ.get(ENV_CODE, " ".join(sys.argv))
+        self.config = dict(config or {})
+        try:
+            self.params: dict[str, Any] = json.loads(os.environ.get(ENV_PARAMS) or "{}")
+        except ValueError:
+            raise ConfigError(f"environment {ENV_PARAMS} is not a JSON object") from None
+        checkpoint = CheckpointConfig(keep_last=_env_number(ENV_KEEP_LAST, 2, int, 1), async_save=False)
+        tracking = TrackingConfig(progress_every_s=_env_number(ENV_PROGRESS, 10.0, float, 0.0))
+        # What a checkpoint must share with the run resuming it: the code, the data, the training
+        # parameters the launcher passed (as the trainer's TRAIN_IDENTITY) and the code's own config.
+        identity = {"code": self.code, "data.version": self.data_version,
+                    **{f"train.{k}": self.params[f"train.{k}"] for k in TRAIN_IDENTITY if f"train.{k}" in self.params},
+                    **{f"config.{k}": v for k, v in sorted(self.config.items())}}
+        self._data: Path | None = None
+        self._scratch: list[Path] = []
+        self.model_uri: str | None = None
+        super().__init__(launch, os.environ.get(ENV_RUN_DIR) or DEFAULT_RUN_DIR, preemption=preemption, fault=fault,
+                         identity=identity, checkpoint=checkpoint, tracking=tracking,
+                         params={"code": self.code, "config": self.config},
+                         total_steps=total_steps or self.params.get("train.max_steps"), required=REQUIRED,
+                         device=device, process_group=process_group)
 
     def dataset(self) -> Path:
         """The pinned dataset version's files as a local folder, fetched by content address and
@@ -233,25 +418,16 @@ class Run:
     def load_checkpoint(self) -> Checkpoint | None:
         """The newest committed checkpoint that verifies (a corrupt newer one is set aside), or None;
         call it on every rank. ResumeMismatch when it was made by other code, config or data."""
-        chosen = None
-        if self.is_main:
-            self.checkpoints.cleanup_stale()
-            chosen = self.checkpoints.select()
-        step = self.dist.broadcast_int(chosen[0] if chosen else None) if self._collectives else (chosen[0] if chosen else None)
-        if step is None and not self.is_main and not self._collectives:
-            picked = self.checkpoints.committed()  # no process group: each rank reads the listing
-            step = picked[0][0] if picked else None
+        step = self.newest_checkpoint()
         if step is None:
-            self.log("gangflow: starting from step 0")
-            self.tracker.event("start", 0, world_size=self.world_size)
             return None
         try:
             files = self.checkpoints.read_files(step)
             meta = json.loads(files[STATE_JSON])
         except (CorruptCheckpoint, ValueError) as exc:
-            raise CheckpointError(f"rank {self.rank} cannot read checkpoint step-{step}: {exc}") from None
+            raise self._unreadable(step, exc) from None
         where = self.checkpoints.store.uri(f"step-{step}")
-        self._check_identity(step, where, meta.get("identity"))
+        check_identity(f"checkpoint step-{step} ({where})", meta.get("identity"), self.identity, what="code/config/data")
         loaded = Checkpoint(step=step, path=where)
         if STATE_FILE in files:
             loaded.state = torch.load(io.BytesIO(files[STATE_FILE]), map_location="cpu", weights_only=True)
@@ -260,74 +436,8 @@ class Run:
             self._scratch.append(dest)
             _untar(files[FOLDER_FILE], dest)
             loaded.folder = dest
-        self.step = self.resumed_from = step
-        errors.context.step = step
-        self.progress.start_step = self.progress.last_step = step
-        self.progress.committed_step = step
-        self.log(f"gangflow: resuming from checkpoint step-{step} ({where})")
-        self.tracker.event("resume", step, world_size=self.world_size, checkpoint_world_size=meta.get("world_size"))
+        self.resumed(step, where, checkpoint_world_size=meta.get("world_size"))
         return loaded
-
-    def _check_identity(self, step: int, where: str, saved: Any) -> None:
-        check_identity(f"checkpoint step-{step} ({where})", saved, self.identity, what="code/config/data")
-
-    def _on_commit(self, info: dict[str, Any]) -> None:
-        self.progress.committed(info)
-        self.tracker.event("checkpoint", info["step"], mlflow_prefix="checkpoint_", duration_s=info["duration_s"],
-                           blocked_s=info["blocked_s"], bytes=info["bytes"], path=info["path"])
-
-    # --- progress, metrics, faults ------------------------------------------------------------
-
-    def report(self, step: int, **metrics: float) -> None:
-        """Metrics at `step`: metrics.jsonl (relayed to the DAG run's MLflow run) from rank 0; a
-        `loss` also goes into the progress line. Other ranks' calls are ignored."""
-        bad = [k for k, v in metrics.items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
-        if bad:
-            raise TypeError(f"report({step}, ...): {', '.join(bad)} must be numbers (call .item() on a tensor)")
-        if "loss" in metrics:
-            self.progress.loss = float(metrics["loss"])
-        self.tracker.step(step, **{k: float(v) for k, v in metrics.items()})
-
-    def step_done(self, step: int) -> None:
-        """Step `step` (1-based) is complete, on this rank: fires a due GANGFLOW_FAULT (step=N:
-        after a barrier; raise: a ValueError; time=S: counted from the first call) and prints
-        the progress line every GANGFLOW_PROGRESS_EVERY_S. Call it on every rank after every step."""
-        self.step = self.faults.step = step
-        errors.context.step = step + 1
-        if not self._clock_started:
-            self._clock_started = True
-            self.faults.start_clock()
-        self.faults.maybe_raise(step)
-        if self.faults.process_fault_due(step):
-            self.checkpoints.wait()
-            self.dist.barrier()  # drills are reproducible: every rank reached the step
-            self.faults.fire(step)
-        self.progress.tick(step)
-
-    @property
-    def should_stop(self) -> bool:
-        """True once a SIGTERM reached any rank (all ranks agree, at most a step late): save a
-        checkpoint and call `exit_preempted()`. Poll it on every rank at the same points."""
-        if not self._collectives:
-            return self.preemption.requested
-        return self._stop.should_stop()
-
-    def exit_preempted(self) -> None:
-        """Stop after a SIGTERM: wait for every rank, then exit 75 (the retry resumes)."""
-        self._stop.drain()
-        self.faults.stop_clock()
-        self.dist.barrier()
-        self.log(f"gangflow: preempted (SIGTERM): stopped at step {self.step}; exiting with {EXIT_PREEMPTED}")
-        self.tracker.event("preempted", self.step)
-        self.progress.attempt_record(self.step)
-        self.close(status=None)
-        raise SystemExit(EXIT_PREEMPTED)
-
-    @property
-    def _collectives(self) -> bool:
-        import torch.distributed as dist
-
-        return self.world_size > 1 and dist.is_available() and dist.is_initialized()
 
     # --- the final model -----------------------------------------------------------------------
 
@@ -399,14 +509,9 @@ class Run:
         """Finish this rank's part (the launcher calls it when the user's code returns)."""
         if self._closed:
             return
-        self._closed = True
-        self.faults.stop_clock()
         try:
-            if status == "FINISHED":
-                self.progress.attempt_record(self.step)
-            self.checkpoints.close()
+            super().close(status)
         finally:
-            self.tracker.close(status=status)
             for path in self._scratch:
                 shutil.rmtree(path, ignore_errors=True)
             global _current

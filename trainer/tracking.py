@@ -376,6 +376,11 @@ class Progress:
             self.try_started_at = None
         self.queue_wait_s: float | None = None
 
+    def restart(self) -> None:
+        """The training loop starts now: rates, the ETA and the attempt's run time count from here."""
+        self.t0 = self.last_t = time.monotonic()
+        self.next_at = self.t0 + self.every_s
+
     def tick(self, step: int) -> None:
         if not self.enabled:
             return

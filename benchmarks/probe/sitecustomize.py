@@ -44,7 +44,8 @@ WRAP = {
                            ("GangTrainingOperator._open_run", "op_open_run"), ("GangTrainingOperator._finish", "op_finish")],
     "operators.hooks.mlflow_relay": [("TrackingRelay.finish", "op_relay_finish")],
     "trainer.loop": [("Trainer.__init__", "trainer_init"), ("make_loader", "make_loader"), ("Trainer.resume", "resume"),
-                     ("Trainer.train_step", "first_step"), ("Trainer.close", "close")],
+                     ("Trainer.train_step", "first_step")],
+    "trainer.runtime": [("Session.close", "close")],  # the loop's session: the last commit, the tracker
 }
 
 

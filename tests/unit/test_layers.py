@@ -85,3 +85,12 @@ def test_no_import_reaches_a_layer_above(path: Path):
         if target is not None and target > own:
             upward.append(f"{path.relative_to(ROOT)}:{line} imports {name} (layer {target} > {own})")
     assert upward == []
+
+
+@pytest.mark.parametrize("module", ["trainer.runtime", "trainer.identity"])
+def test_the_runtime_is_below_gangflows_own_loop(module: str):
+    """Inside layer 0, gangflow's loop (trainer.loop) is one user of the runtime API: the runtime
+    and the identity rules both use never import it, lazily included (issue 22)."""
+    path = ROOT / (module.replace(".", "/") + ".py")
+    assert [f"{module}:{line} imports {name}" for line, name in imported_modules(path, module)
+            if name == "trainer.loop" or name.startswith("trainer.loop.")] == []
