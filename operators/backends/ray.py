@@ -155,6 +155,22 @@ class DriverOutput:
         return ray_evidence(self.result or {}, exit_code, "\n".join(self.driver_lines), dict(self.rank_tails), records)
 
 
+# Ray's message of a failed job (the job manager's; KubeRay copies it into a RayJob's `message`)
+_JOB_FAILED = re.compile(r"Job entrypoint command failed with exit code (-?\d+), last available logs[^\n]*:\n")
+
+
+def job_message_evidence(message: str) -> dict | None:
+    """Evidence from a failed Ray job's message, which ends with the driver's own output (a RayJob's
+    `AppFailed`): judged as this backend judges its driver's output, or None when it is not one."""
+    m = _JOB_FAILED.search(message or "")
+    if m is None:
+        return None
+    output = DriverOutput()
+    for line in message[m.end() :].splitlines():
+        output.feed(line)
+    return output.evidence(int(m.group(1)), {})
+
+
 # --- the driver: `python -m operators.backends.ray ... -- TRAINER ARGS` ----------------------
 
 

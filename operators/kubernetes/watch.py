@@ -104,6 +104,14 @@ async def gather_evidence(
         state = st.gang_state(kind, obj)
         extra["pod_reason"] = state.reason or f"{kind}Failed"
         extra["pod_message"] = state.message or f"{kind} {handle['namespace']}/{name} failed without a failed pod"
+    if kind == "RayJob" and obj is not None:
+        from operators.backends.ray import job_message_evidence
+
+        # KubeRay's AppFailed message is Ray's, ending with the driver's output: the Ray Train ranks'
+        # failures are judged there, as the local ray backend judges them (the pods, being shut
+        # down with the RayCluster, and the message's first KiB say little)
+        if (driver := job_message_evidence(st.gang_state(kind, obj).message)) is not None:
+            return {**extra, **driver}
     return st.gang_evidence(ranks, extra=extra)
 
 

@@ -11,9 +11,9 @@ Modelled on kuberay ray-operator (controllers/ray/rayjob_controller.go, common/p
   RayCluster's name `<job>-<5 random>`, startTime): the head pod `<cluster>-head-<suffix>`, the
   worker group's pods and the head Service `<cluster>-head-svc`; the container runs KubeRay's
   generated `ulimit -n 65536; ray start --head ... --block` (workers: `--address=<svc>:<port>`).
-  The worker pods start once the head's GCS answers (KubeRay injects a `wait-gcs-ready` init
-  container into them; the drill's kubelet runs no init containers, so the controller holds the
-  pods until then). Once every Ray node passes KubeRay's readiness probe (the dashboard's
+  The worker pods start once the head is ready (KubeRay injects a `wait-gcs-ready` init container
+  into them, which waits for the GCS only; the drill's kubelet runs no init containers, so the
+  controller holds the pods until then). Once every Ray node passes KubeRay's readiness probe (the dashboard's
   `/api/gcs_healthz`, each node's agent `/api/healthz`) the submitter Job's pod runs `ray job
   status || ray job submit --no-wait --submission-id <jobId> -- <entrypoint>; ray job logs
   --follow` through `/bin/bash -ce` (the entrypoint is shell text, as in KubeRay): `Running`;
@@ -221,8 +221,11 @@ class RayController:
             if cluster is None or cluster.name != status["rayClusterName"]:
                 cluster = self.clusters[uid] = self._create_cluster(rayjob, status["rayClusterName"], note)
             status["dashboardURL"] = f"{cluster.name}-head-svc.{ns}.svc.cluster.local:{cluster.ports['dashboard']}"
-            if cluster.waiting and self.dashboard.healthy(cluster.ports["dashboard"], "/api/gcs_healthz"):
-                for pod in cluster.waiting:  # KubeRay's wait-gcs-ready init container has passed
+            if cluster.waiting and self._ready(cluster, ns, cluster.pods[:1]):
+                # KubeRay's wait-gcs-ready init container waits for the GCS only; the drill waits for
+                # the whole head (its readiness probe): on one loaded machine a head still starting its
+                # dashboard left a joining raylet's GCS calls past their deadline (the node gave up)
+                for pod in cluster.waiting:
                     self.api.put("", "pods", pod)
                 note(f"KubeRay: the head of RayCluster {cluster.name} answers: its {len(cluster.waiting)} worker pods start")
                 cluster.waiting = []
@@ -372,11 +375,11 @@ class RayController:
                 "spec": template["spec"],
                 "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "", "lastTransitionTime": _now()}]}}  # fmt: skip
 
-    def _ready(self, cluster: RayCluster, ns: str) -> bool:
-        """The RayCluster is ready: every pod runs and passes KubeRay's readiness probe."""
-        if cluster.waiting:
+    def _ready(self, cluster: RayCluster, ns: str, pods: list[str] | None = None) -> bool:
+        """The RayCluster (or these of its pods) is ready: every pod runs and passes KubeRay's readiness probe."""
+        if cluster.waiting and pods is None:
             return False
-        for pod_name in cluster.pods:
+        for pod_name in cluster.pods if pods is None else pods:
             pod = self.api.get("", "pods", ns, pod_name)
             if pod is None or (pod.get("status") or {}).get("phase") != "Running":
                 return False

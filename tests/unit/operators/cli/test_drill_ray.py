@@ -93,7 +93,7 @@ def test_kueue_admits_and_kuberay_starts_the_ray_nodes_with_its_generated_comman
     assert api.get("", "services", NS, svc) is not None
     assert status["dashboardURL"] == f"{svc}.{NS}.svc.cluster.local:8265"
     (head,) = pods(api, "head")
-    assert pods(api, "worker") == []  # KubeRay's wait-gcs-ready: the workers wait for the head's GCS
+    assert pods(api, "worker") == []  # KubeRay's wait-gcs-ready: the workers wait for the head
     run_all(api)
     dashboard.up = True
     step(api, controller, notes)
@@ -117,8 +117,9 @@ def test_the_submitter_runs_ray_job_submit_once_the_cluster_is_ready(cluster):
     api, controller, dashboard, notes = cluster
     api.put(*RAYJOBS, gangflow_rayjob())
     step(api, controller, notes, 3)
+    run_all(api)
     dashboard.up = True
-    step(api, controller, notes)  # the head answers: the workers start
+    step(api, controller, notes)  # the head is ready: the workers start
     dashboard.up = False
     run_all(api)
     rayjob = step(api, controller, notes, 2)  # running, but the probes fail: not ready
@@ -145,8 +146,9 @@ def test_the_submitter_runs_ray_job_submit_once_the_cluster_is_ready(cluster):
 def ready_and_submitted(api, controller, dashboard, notes, **spec) -> dict:
     api.put(*RAYJOBS, gangflow_rayjob(**spec))
     step(api, controller, notes, 3)
+    run_all(api)
     dashboard.up = True
-    step(api, controller, notes)  # the workers start
+    step(api, controller, notes)  # the head is ready: the workers start
     run_all(api)
     return step(api, controller, notes)
 
