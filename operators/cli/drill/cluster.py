@@ -241,6 +241,7 @@ class EmulatedCluster(ReconcileLoop):
         committed_step: Callable[[], int | None] | None = None,
         runtime=None,
         tmp_alias: Callable[[Path], Path] | None = None,
+        pin: bool = True,
     ):
         self.api = api
         self.workdir = Path(workdir)
@@ -255,6 +256,7 @@ class EmulatedCluster(ReconcileLoop):
         # a short name for a pod's /tmp folder (api=rayjob: Ray's Unix sockets live there, and a
         # socket path may not exceed 107 bytes); None: the folder's own path
         self.tmp_alias = tmp_alias
+        self.pin = pin  # CPU-pin each container to as many CPUs as its limit (not for Ray pods: run.py)
         self.runs: dict[tuple[str, str], PodRun] = {}
         self.history: list[PodRun] = []
         self.events: list[str] = []
@@ -741,7 +743,7 @@ class EmulatedCluster(ReconcileLoop):
 
     def _pin(self, run: PodRun, container: dict[str, Any]) -> None:
         cpu = str(((container.get("resources") or {}).get("limits") or {}).get("cpu", ""))
-        if not cpu.isdigit() or not self._cpus or not hasattr(os, "sched_setaffinity"):
+        if not self.pin or not cpu.isdigit() or not self._cpus or not hasattr(os, "sched_setaffinity"):
             return
         want = min(int(cpu), len(self._cpus))
         cpus = {self._cpus[(self._next_cpu + i) % len(self._cpus)] for i in range(want)}

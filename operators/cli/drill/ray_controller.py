@@ -27,9 +27,9 @@ Modelled on kuberay ray-operator (controllers/ray/rayjob_controller.go, common/p
 Where the drill differs from KubeRay (stated, not hidden):
 
 - one machine for every pod: each Ray node gets free ports of its own (`port`, `dashboard-port`,
-  `ray-client-server-port`, `metrics-export-port`, `dashboard-agent-listen-port`), the dashboard
-  on 127.0.0.1 and no usage stats: the `node_params` the drill adds to rayStartParams (report.json
-  lists the argv); the kubelet gives each pod's /tmp a short name (Unix socket paths: run.py);
+  `ray-client-server-port`, `metrics-export-port`, `dashboard-agent-listen-port`), its own
+  `temp-dir=/tmp/ray`, the dashboard on 127.0.0.1 and no usage stats: the `node_params` the drill
+  adds to rayStartParams (report.json lists the argv); the kubelet gives each pod's /tmp a short name (Unix socket paths: run.py);
 - the RayCluster is not an API object (its CRD is not vendored): the controller keeps it; the
   Services are, so that the kubelet maps their names to 127.0.0.1 (cluster.py `_hosts`); the
   readiness probes are run by this controller, not the kubelet;
@@ -413,7 +413,11 @@ def drill_node_params(free_port: Callable[[], int]) -> NodeParams:
     dashboard on loopback, no usage stats (nothing leaves this machine)."""
 
     def params(node_type: str, pod: str) -> dict[str, str]:
-        out = {"metrics-export-port": str(free_port()), "dashboard-agent-listen-port": str(free_port()), "disable-usage-stats": "true"}
+        # temp-dir: the pod's own /tmp/ray, Ray's default in a pod, stated because Ray 2.60's other
+        # nodes take the head's from its GCS: on one machine, the head pod's folder (workers then
+        # timed out joining)
+        out = {"metrics-export-port": str(free_port()), "dashboard-agent-listen-port": str(free_port()), "disable-usage-stats": "true",
+               "temp-dir": "/tmp/ray"}  # fmt: skip
         if node_type == "head":
             out |= {"port": str(free_port()), "dashboard-port": str(free_port()), "ray-client-server-port": str(free_port()),
                     "dashboard-host": "127.0.0.1"}  # fmt: skip

@@ -420,6 +420,9 @@ class Drill:
             self.api, workdir=self.dir / "pods", image=image, audit_dir=audit_dir, drill_id=self.id, extra_env=extra, echo=echo,
             controllers=controllers, event=self.event, committed_step=self._committed_step,
             runtime=self.container_runtime, tmp_alias=self._short_tmp if self.launch_api == "rayjob" else None,
+            # a Ray node is a dozen processes (GCS, raylet, dashboard and agents): pinned to one CPU each
+            # on two cores, joining raylets missed Ray's fixed 30 s registration wait
+            pin=self.launch_api != "rayjob",
         ).start()  # fmt: skip
 
     def _short_tmp(self, folder: Path) -> Path:
