@@ -16,10 +16,8 @@ imports Ray and a kill stops the driver, its cluster and the workers together. I
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
-import re
 import secrets
 import signal
 import sys
@@ -29,20 +27,13 @@ import traceback
 from pathlib import Path
 
 from operators.backends.base import GangResult, GangSpec, LogFn, driver_argv
-from operators.backends.local import LOG_TAIL_LINES, LocalBackend, ProcessGangBackend, errors_since
+from operators.backends.local import LocalBackend, ProcessGangBackend, errors_since
 from operators.exceptions import GangCapacityError
-from operators.failures.evidence import ray_evidence
+from operators.failures.evidence import RESULT_PREFIX, DriverOutput
 
-RESULT_PREFIX = "gangflow-ray-result: "
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Ray Train's placement-group cleaner polls the State API, which the dashboard serves; without the
 # dashboard it says so every second. Kept in the driver's log file, not repeated in the task log.
 _NOISE = "State API may be temporarily unavailable"
-# "gangflow: ray worker rank R pid P": how the backend maps a worker's output to its rank.
-_WORKER_HELLO = re.compile(r"gangflow: ray worker rank (\d+) pid (\d+)")
-# Ray's prefix of a worker process's forwarded output: "(RayTrainWorker pid=123, ip=127.0.0.1) text".
-_WORKER_LINE = re.compile(r"^\((?:[\w.]+ )?pid=(\d+)(?:, ip=[^)]*)?\)\s?(.*)$")
-_RESUMED = re.compile(r"gangflow: resuming from checkpoint step-(\d+)")
 # What the driver passes on to the workers by name (values through Ray's runtime env, never argv).
 EXPORTED = ("PYTHONPATH", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "GANGFLOW_HOME", "GANGFLOW_PROJECT",
             "GANGFLOW_FAULT", "GANGFLOW_ALLOW_FAULTS", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION",
@@ -116,59 +107,6 @@ class RayBackend(ProcessGangBackend):
             return GangResult(succeeded=True, exit_code=0, resumed_from_step=output.resumed_from)
         evidence = output.evidence(exit_code, errors_since(Path(spec.run_dir), launched_at))
         return GangResult(succeeded=False, exit_code=exit_code, evidence=evidence, resumed_from_step=output.resumed_from)
-
-
-class DriverOutput:
-    """What the driver printed, line by line: each worker's lines by rank (Ray prefixes them with
-    the worker's pid; the worker's first line names its rank), the driver's and Ray's own, the result."""
-
-    def __init__(self) -> None:
-        self.pid_rank: dict[int, int] = {}
-        self.rank_tails: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=LOG_TAIL_LINES))
-        self.driver_lines: collections.deque = collections.deque(maxlen=400)
-        self.resumed_from: int | None = None
-        self.result: dict | None = None
-
-    def feed(self, raw: str) -> tuple[int | None, str | None]:
-        """(rank, text) of a worker's line, (None, text) of any other, (None, None) of the result line."""
-        line = _ANSI.sub("", raw.rstrip("\n"))
-        if line.startswith(RESULT_PREFIX):
-            try:
-                self.result = json.loads(line[len(RESULT_PREFIX):])
-                return None, None
-            except ValueError:
-                pass
-        m = _WORKER_LINE.match(line)
-        if m and (hello := _WORKER_HELLO.search(m.group(2))):
-            self.pid_rank[int(hello.group(2))] = int(hello.group(1))
-        rank = self.pid_rank.get(int(m.group(1))) if m else None
-        if rank is None:
-            self.driver_lines.append(line)
-            return None, line
-        text = m.group(2)
-        self.rank_tails[rank].append(text)
-        if self.resumed_from is None and (r := _RESUMED.search(text)):
-            self.resumed_from = int(r.group(1))
-        return rank, text
-
-    def evidence(self, exit_code: int, records: dict[int, dict]) -> dict:
-        return ray_evidence(self.result or {}, exit_code, "\n".join(self.driver_lines), dict(self.rank_tails), records)
-
-
-# Ray's message of a failed job (the job manager's; KubeRay copies it into a RayJob's `message`)
-_JOB_FAILED = re.compile(r"Job entrypoint command failed with exit code (-?\d+), last available logs[^\n]*:\n")
-
-
-def job_message_evidence(message: str) -> dict | None:
-    """Evidence from a failed Ray job's message, which ends with the driver's own output (a RayJob's
-    `AppFailed`): judged as this backend judges its driver's output, or None when it is not one."""
-    m = _JOB_FAILED.search(message or "")
-    if m is None:
-        return None
-    output = DriverOutput()
-    for line in message[m.end() :].splitlines():
-        output.feed(line)
-    return output.evidence(int(m.group(1)), {})
 
 
 # --- the driver: `python -m operators.backends.ray ... -- TRAINER ARGS` ----------------------

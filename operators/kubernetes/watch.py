@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from operators.failures.evidence import mpirun_launcher_evidence
+from operators.failures.evidence import job_message_evidence, mpirun_launcher_evidence
 from operators.kubernetes import status as st
 from operators.hooks.kubernetes import GangApi
 
@@ -105,8 +105,6 @@ async def gather_evidence(
         extra["pod_reason"] = state.reason or f"{kind}Failed"
         extra["pod_message"] = state.message or f"{kind} {handle['namespace']}/{name} failed without a failed pod"
     if kind == "RayJob" and obj is not None:
-        from operators.backends.ray import job_message_evidence
-
         # KubeRay's AppFailed message is Ray's, ending with the driver's output: the Ray Train ranks'
         # failures are judged there, as the local ray backend judges them (the pods, being shut
         # down with the RayCluster, and the message's first KiB say little)
