@@ -446,7 +446,9 @@ class KubernetesBackend(GangBackend):
                     gang_conditions.append(cond)
         if gang_conditions:
             extra["pod_conditions"] = gang_conditions
-        return st.gang_evidence(list(by_pod.values()), extra=extra)
+        # evidence not from pods (a Ray job's message: ray_evidence) already put its root cause first
+        root = next((s["rank"] for s in (snapshot, fresh) if s.get("ranks") and not s.get("pod") and s.get("rank") is not None), None)
+        return st.gang_evidence(list(by_pod.values()), extra=extra, root_rank=root)
 
     async def _teardown(self, api: GangApi, handle: Mapping[str, Any]) -> str:
         """Delete the gang (foreground: its Jobs and pods go first, freeing the accelerators)."""

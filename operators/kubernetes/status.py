@@ -382,12 +382,16 @@ def root_cause_order(ranks: Iterable[Mapping[str, Any]]) -> list[Mapping[str, An
     return sorted(ranks, key=lambda e: (_finished_at(e), _priority(e), e.get("rank") if e.get("rank") is not None else 1 << 30))
 
 
-def gang_evidence(ranks: list[dict[str, Any]], *, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def gang_evidence(ranks: list[dict[str, Any]], *, extra: Mapping[str, Any] | None = None,
+                  root_rank: int | None = None) -> dict[str, Any]:
     """Top level = the root-cause pod's evidence (the first to fail); `ranks` = every failed pod.
 
     `extra` adds gang-level facts (Kueue eviction, JobSet Failed condition) to pod_conditions/events.
+    `root_rank`: the rank a launcher's own evidence already named first (a Ray job's), kept first.
     """
     clean = [dict(e) for e in root_cause_order(ranks)]
+    if root_rank is not None:
+        clean.sort(key=lambda e: e.get("rank") != root_rank or bool(e.get("pod")))  # stable: the rest keep their order
     evidence: dict[str, Any] = dict(clean[0]) if clean else {}
     extra = dict(extra or {})
     if extra.get("pod_conditions"):

@@ -41,7 +41,7 @@ def test_rayjob_killed_rank_is_retried_once_on_a_new_ray_cluster_and_resumes(ray
     (record,) = Path(rayjob_run["home"]).glob("runs/train_pipeline/*/failures/try-1.json")
     verdict = json.loads(record.read_text())["verdict"]
     # judged on the driver's output in KubeRay's message: Ray's words about the killed worker
-    assert verdict["kind"] == "infra" and "the node died or was removed under the job at rank" in verdict["reason"], verdict
+    assert verdict["kind"] == "infra" and "the node died or was removed under the job at rank 1" in verdict["reason"], verdict
     assert processes_touching(rayjob_run["keep"]) == [] and not list(Path("/var/tmp").glob("gf-ray-*/*"))
     assert rayjob_run["report"]["left_in_cluster"]["pods"] == [] and rayjob_run["report"]["left_in_cluster"]["rayjobs"] == []
 

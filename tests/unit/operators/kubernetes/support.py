@@ -75,3 +75,24 @@ RUNTIME = {
     "admissionTimeoutSeconds": 3600,
     "startupTimeoutSeconds": 900,
 }
+
+
+def merged_again(snapshot: dict[str, Any], kind: str) -> dict[str, Any]:
+    """What the training task makes of the trigger's evidence `snapshot` when it gathers the same
+    evidence again (`KubernetesBackend._merge_evidence`, the gang object and its Workload read as empty)."""
+    import asyncio
+
+    from operators.backends.kubernetes import KubernetesBackend
+
+    class Api:
+        async def get_custom(self, *args):
+            return {}
+
+        async def list_workloads(self, uid):
+            return []
+
+    async def gather(api, handle, **kwargs):
+        return dict(snapshot)
+
+    handle = {"group": "g", "version": "v", "plural": "p", "kind": kind, "name": "x", "uid": "u"}
+    return asyncio.run(KubernetesBackend(runtime_configmap=None)._merge_evidence(Api(), handle, snapshot, gather))

@@ -13,7 +13,7 @@ from operators.failures import classify
 from operators.kubernetes import status as st
 from operators.kubernetes.watch import gather_evidence
 
-from gangflow_tests_k8s_support import CONN_ID, NAMESPACE, Fixtures  # loaded by conftest.py
+from gangflow_tests_k8s_support import CONN_ID, NAMESPACE, Fixtures, merged_again  # loaded by conftest.py
 
 # real mpirun output of 2-rank gangs: rank 1 SIGKILLed at an unsynchronised time (rank 0 then lost
 # its peer: "Connection reset by peer"), and rank 1 raising in the training code
@@ -72,23 +72,10 @@ def test_another_ranks_record_in_the_launchers_termination_message_stays_that_ra
 def test_the_killed_ranks_verdict_survives_the_merge_of_the_triggers_snapshot_with_fresh_evidence(fake_k8s):
     """The training task merges the trigger's snapshot with what it gathers again (per pod): the other
     rank's record must stay an entry of its own there too (the drill found the merge undoing it)."""
-    from operators.backends.kubernetes import KubernetesBackend
-
     record = (MPIRUN / "mpirun_kill_time_rank_1.rank-0.json").read_text()
     snapshot = _evidence(fake_k8s, Fixtures(), "mpirun_kill_time_rank_1", 137, message=record)
 
-    class Api:  # the MPIJob object and its Workload, as the backend reads them before gathering again
-        async def get_custom(self, *args):
-            return {}
-
-        async def list_workloads(self, uid):
-            return []
-
-    async def gather(api, handle, **kwargs):
-        return dict(snapshot)
-
-    handle = {"group": "kubeflow.org", "version": "v2beta1", "plural": "mpijobs", "kind": "MPIJob", "name": "x", "uid": "u"}
-    merged = asyncio.run(KubernetesBackend(runtime_configmap=None)._merge_evidence(Api(), handle, snapshot, gather))
+    merged = merged_again(snapshot, "MPIJob")
     assert merged["rank"] == 1 and "error_file" not in merged
     verdict = classify(merged)
     assert (verdict.kind, verdict.rule) == ("infra", "killed-from-outside") and "rank 1" in verdict.reason, verdict.reason

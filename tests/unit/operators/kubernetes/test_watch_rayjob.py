@@ -12,7 +12,7 @@ from pathlib import Path
 from operators.failures import classify
 from operators.kubernetes.watch import gather_evidence
 
-from gangflow_tests_k8s_support import CONN_ID, NAMESPACE, Fixtures  # loaded by conftest.py
+from gangflow_tests_k8s_support import CONN_ID, NAMESPACE, Fixtures, merged_again  # loaded by conftest.py
 
 # the real RayJob message of the cluster drill's first try (rank 1 SIGKILLed at step 30)
 MESSAGE = (Path(__file__).with_name("fixtures") / "rayjob_appfailed_kill_rank_1.txt").read_text()
@@ -43,3 +43,28 @@ def test_a_failed_rayjob_is_judged_on_the_drivers_output_in_its_message(fake_k8s
 def test_a_rayjob_message_without_the_drivers_output_keeps_the_gang_level_evidence(fake_k8s):
     evidence = _rayjob_evidence(Fixtures(), "The RayJob has passed the activeDeadlineSeconds. StartTime: x. ActiveDeadlineSeconds: 60")
     assert "rank" not in evidence and evidence["pod_reason"] == "AppFailed"
+
+
+def test_the_killed_ranks_verdict_survives_the_merge_of_the_triggers_snapshot_with_fresh_evidence(fake_k8s):
+    """The training task merges the trigger's snapshot with what it gathers again: Ray's own order
+    (the rank whose worker died first) stays, not the lowest rank (the drill said "at rank 0")."""
+    snapshot = _rayjob_evidence(Fixtures(), MESSAGE)
+
+    merged = merged_again(snapshot, "RayJob")
+    assert merged["rank"] == 1, [r.get("rank") for r in merged["ranks"]]
+    verdict = classify(merged)
+    assert (verdict.kind, verdict.rule) == ("infra", "node-gone") and "rank 1" in verdict.reason, verdict.reason
+
+
+def test_when_ray_reports_both_ranks_the_one_whose_worker_died_stays_first_through_the_merge():
+    from operators.failures.evidence import ray_evidence
+
+    failures = {"0": {"type": "RuntimeError", "message": "rank 0: the trainer exited with code 1",
+                      "traceback": "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer"},
+                "1": {"type": "ray.exceptions.ActorDiedError", "message": "The actor died unexpectedly before finishing this task.",
+                      "traceback": "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task."}}  # fmt: skip
+    snapshot = ray_evidence({"worker_failures": failures}, 1, "", {}, {})
+    assert snapshot["rank"] == 1  # Ray's own order: the worker that died
+
+    merged = merged_again(snapshot, "RayJob")
+    assert merged["rank"] == 1 and [r["rank"] for r in merged["ranks"]] == [0, 1]
