@@ -125,3 +125,20 @@ def pids_with_env(name: str, value: str, *, prefix: bool = False) -> list[int]:
         if any(item.startswith(needle) if prefix else item == needle for item in items):
             found.append(int(entry))
     return found
+
+
+def pids_in_folder(folder: str) -> list[int]:
+    """PIDs, other than this process, whose working directory is `folder` or below it: a process
+    that dropped the environment it was started with (Ray's agents do) still works where it started."""
+    prefix = os.path.join(folder, "")
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:  # gone, or another user's
+            continue
+        if cwd == folder or cwd.startswith(prefix):
+            found.append(int(entry))
+    return found

@@ -202,6 +202,17 @@ class InMemoryKubernetesApi:
             obj["status"] = copy.deepcopy(status)
             obj.setdefault("spec", {}).update(spec_changes)
 
+    def update_status(self, group: str, plural: str, namespace: str | None, name: str, status: dict[str, Any] | None = None,
+                      **spec_changes: Any) -> bool:
+        """A controller's write: `status` (default: the object's own) and `spec_changes`, unless the
+        object is gone meanwhile (False then)."""
+        with self._lock:
+            current = self.get(group, plural, namespace, name)
+            if current is None:
+                return False
+            self.set_status(group, plural, namespace, name, current.get("status") or {} if status is None else status, **spec_changes)
+            return True
+
     def fail(self, method: str, path_contains: str, status: int, message: str = "", times: int = 1) -> None:
         """Answer the next `times` matching requests with an error Status."""
         self._faults.append({"method": method, "path": path_contains, "status": status, "message": message, "times": times})

@@ -29,7 +29,7 @@ from typing import Any
 from operators.cli.drill.api_double import InMemoryKubernetesApi
 from operators.cli.drill.image import Image
 from operators.cli.drill.pods import ContainerConfigError, Rewrites, differences, expand_argv, process_env, resolve_env
-from operators.utils.processes import pids_with_env
+from operators.utils.processes import pids_in_folder, pids_with_env
 
 JS = ("jobset.x-k8s.io", "jobsets")
 KQ = ("kueue.x-k8s.io", "workloads")
@@ -95,6 +95,18 @@ def set_admission(workload: dict[str, Any], *, admitted: bool, reason: str, mess
     ]
 
 
+def admit(api: InMemoryKubernetesApi, resource: tuple[str, str], workload: dict[str, Any], **unsuspend: Any) -> bool:
+    """Kueue admits a job object whole: its Workload put and the object unsuspended (`unsuspend`:
+    the spec fields that do it), unless the object is gone meanwhile (False then)."""
+    meta = workload["metadata"]
+    owner = meta["ownerReferences"][0]["name"]
+    with api._lock:
+        if api.get(*resource, meta["namespace"], owner) is None:
+            return False
+        api.put(*KQ, workload)
+        return api.update_status(*resource, meta["namespace"], owner, **unsuspend)
+
+
 def kueue_workload(owner: dict[str, Any], *, prefix: str, queue: str, pod_sets: list[dict[str, Any]], stamp: str,
                    admitted: bool = True) -> dict[str, Any]:  # fmt: skip
     """The Workload the drill's Kueue makes for `owner` (a JobSet, TrainJob or MPIJob; `prefix` its
@@ -129,8 +141,10 @@ def processes_with_marker(marker: str) -> list[int]:
     return pids_with_env(POD_MARKER, marker, prefix=True)
 
 
-def kill_marked(marker: str, sig: int = signal.SIGKILL) -> int:
-    pids = processes_with_marker(marker)
+def kill_marked(marker: str, sig: int = signal.SIGKILL, folder: Path | None = None) -> int:
+    """Signal the processes of a pod (or a drill: `marker` a prefix): those with its marker, and
+    with `folder` those working below it (as a container's cgroup holds them all)."""
+    pids = sorted(set(processes_with_marker(marker)) | set(pids_in_folder(str(folder)) if folder else ()))
     for pid in pids:
         try:
             os.kill(pid, sig)
@@ -284,7 +298,7 @@ class EmulatedCluster(ReconcileLoop):
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and processes_with_marker(self.drill_id + "/"):
             time.sleep(0.2)
-        kill_marked(self.drill_id + "/")
+        kill_marked(self.drill_id + "/", folder=self.workdir)
         for run in list(self.runs.values()):
             if run.proc is not None:
                 try:
@@ -501,9 +515,7 @@ class EmulatedCluster(ReconcileLoop):
             "restarts": 0,
             "terminalState": state,
         }  # fmt: skip
-        with self.api._lock:
-            if self.api.get(*JS, ns, name) is not None:
-                self.api.set_status(*JS, ns, name, status)
+        self.api.update_status(*JS, ns, name, status)
 
     def _pod(self, jobset: dict[str, Any], rj: dict[str, Any], job_index: int, index: int, subdomain: str) -> dict[str, Any]:
         js_name, ns = jobset["metadata"]["name"], jobset["metadata"]["namespace"]
@@ -775,13 +787,13 @@ class EmulatedCluster(ReconcileLoop):
             except OSError:
                 pass
         elif time.monotonic() - run.deleting_since > run.grace:
-            kill_marked(run.marker)
+            kill_marked(run.marker, folder=run.dir)
 
     def _finished(self, run: PodRun) -> None:
         assert run.proc is not None
         if run.reader is not None:
             run.reader.join(5)
-        kill_marked(run.marker)  # the container's cgroup goes with it: no worker outlives the pod
+        kill_marked(run.marker, folder=run.dir)  # the container's cgroup goes with it: no worker outlives the pod
         code = run.proc.returncode
         run.exit_code = code if code >= 0 else 128 - code
         run.finished_at = now()

@@ -48,7 +48,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from operators.cli.drill.api_double import InMemoryKubernetesApi
-from operators.cli.drill.cluster import kueue_workload
+from operators.cli.drill.cluster import admit, kueue_workload
 
 MPIJOBS = ("kubeflow.org", "mpijobs")
 WORKLOADS = ("kueue.x-k8s.io", "workloads")
@@ -147,14 +147,9 @@ class MPIController:
         replicas = spec.get("mpiReplicaSpecs") or {}
         pod_sets = [{"name": role.lower(), "count": int((replicas.get(role) or {}).get("replicas", 1))} for role in ("Launcher", "Worker")]
         workload = kueue_workload(mpijob, prefix="mpijob", queue=queue, pod_sets=pod_sets, stamp=stamp)
-        with self.api._lock:
-            current = self.api.get(*MPIJOBS, ns, name)
-            if current is None:
-                return
-            self.api.put(*WORKLOADS, workload)
-            self.api.set_status(*MPIJOBS, ns, name, current.get("status") or {}, runPolicy={**policy, "suspend": False})
-        sets = " + ".join(f"{p['count']} {p['name']}" for p in pod_sets)
-        note(f"Kueue admitted MPIJob {ns}/{name} ({sets})")
+        if admit(self.api, MPIJOBS, workload, runPolicy={**policy, "suspend": False}):
+            sets = " + ".join(f"{p['count']} {p['name']}" for p in pod_sets)
+            note(f"Kueue admitted MPIJob {ns}/{name} ({sets})")
 
     # --- mpi-operator --------------------------------------------------------------------------
 
@@ -239,9 +234,7 @@ class MPIController:
             note(f"MPI Operator deleted the running pods of finished MPIJob {meta['namespace']}/{meta['name']} (cleanPodPolicy): {', '.join(sorted(deleted))}")
 
     def _write_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
-        with self.api._lock:
-            if self.api.get(*MPIJOBS, ns, name) is not None:
-                self.api.set_status(*MPIJOBS, ns, name, status)
+        self.api.update_status(*MPIJOBS, ns, name, status)
 
     # --- the objects it creates ----------------------------------------------------------------
 

@@ -51,7 +51,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from operators.cli.drill.api_double import InMemoryKubernetesApi
-from operators.cli.drill.cluster import kueue_workload
+from operators.cli.drill.cluster import admit, kueue_workload
 
 RAYJOBS = ("ray.io", "rayjobs")
 WORKLOADS = ("kueue.x-k8s.io", "workloads")
@@ -188,13 +188,8 @@ class RayController:
         workers = sum(int(g.get("replicas") or 0) for g in cluster.get("workerGroupSpecs") or [])
         pod_sets = [{"name": "head", "count": 1}, {"name": "workers", "count": workers}, {"name": "submitter", "count": 1}]
         workload = kueue_workload(rayjob, prefix="rayjob", queue=queue, pod_sets=pod_sets, stamp=_now())
-        with self.api._lock:
-            current = self.api.get(*RAYJOBS, ns, name)
-            if current is None:
-                return
-            self.api.put(*WORKLOADS, workload)
-            self.api.set_status(*RAYJOBS, ns, name, current.get("status") or {}, suspend=False)
-        note(f"Kueue admitted RayJob {ns}/{name} (1 head + {workers} workers + the submitter)")
+        if admit(self.api, RAYJOBS, workload, suspend=False):
+            note(f"Kueue admitted RayJob {ns}/{name} (1 head + {workers} workers + the submitter)")
 
     # --- KubeRay -------------------------------------------------------------------------------
 
@@ -403,9 +398,7 @@ class RayController:
             note(f"KubeRay deleted RayCluster {cluster.name} ({why}): {', '.join(sorted(deleted))}")
 
     def _write_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
-        with self.api._lock:
-            if self.api.get(*RAYJOBS, ns, name) is not None:
-                self.api.set_status(*RAYJOBS, ns, name, status)
+        self.api.update_status(*RAYJOBS, ns, name, status)
 
 
 def drill_node_params(free_port: Callable[[], int]) -> NodeParams:

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from operators.cli.drill.api_double import InMemoryKubernetesApi
-from operators.cli.drill.cluster import jobset_pods, kueue_workload, set_admission
+from operators.cli.drill.cluster import admit, jobset_pods, kueue_workload, set_admission
 
 TRAINJOBS = ("trainer.kubeflow.org", "trainjobs")
 RUNTIMES = ("trainer.kubeflow.org", "clustertrainingruntimes")
@@ -261,13 +261,8 @@ class TrainerController:
         stamp = _now()
         nodes = int(((trainjob.get("spec") or {}).get("trainer") or {}).get("numNodes", 1))
         workload = kueue_workload(trainjob, prefix="trainjob", queue=queue, pod_sets=[{"name": NODE, "count": nodes}], stamp=stamp)
-        with self.api._lock:
-            current = self.api.get(*TRAINJOBS, ns, name)
-            if current is None:
-                return
-            self.api.put(*WORKLOADS, workload)
-            self.api.set_status(*TRAINJOBS, ns, name, current.get("status") or {}, suspend=False)
-        note(f"Kueue admitted TrainJob {ns}/{name} ({nodes} pods)")
+        if admit(self.api, TRAINJOBS, workload, suspend=False):
+            note(f"Kueue admitted TrainJob {ns}/{name} ({nodes} pods)")
 
     def _workload_active(self, trainjob: dict[str, Any], note: Note) -> None:
         """Kueue and `spec.active` (a pause): a deactivated Workload is evicted (InactiveWorkload) and
@@ -294,10 +289,8 @@ class TrainerController:
             set_admission(workload, admitted=True, reason="Admitted", message="The workload is admitted", stamp=stamp)
         else:
             return
-        with self.api._lock:
-            if (current := self.api.get(*TRAINJOBS, ns, name)) is not None:
-                self.api.set_status(*TRAINJOBS, ns, name, current.get("status") or {}, suspend=suspend)
-        note(words)
+        if self.api.update_status(*TRAINJOBS, ns, name, suspend=suspend):
+            note(words)
 
     # --- Trainer -------------------------------------------------------------------------------
 
@@ -344,9 +337,7 @@ class TrainerController:
                 note(f"Trainer: TrainJob {ns}/{name} {finished['type']} ({finished['reason']}: {finished['message']}), from its JobSet")
 
     def _write_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
-        with self.api._lock:
-            if self.api.get(*TRAINJOBS, ns, name) is not None:
-                self.api.set_status(*TRAINJOBS, ns, name, status)
+        self.api.update_status(*TRAINJOBS, ns, name, status)
 
     def _collect_garbage(self, live: set[str], note: Note) -> None:
         """The garbage collector: a JobSet whose TrainJob is gone goes, and its pods with it."""

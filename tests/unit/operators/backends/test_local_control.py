@@ -18,7 +18,6 @@ from operators.backends import local_control
 from operators.backends.base import GangResult, GangSpec
 from operators.backends.local import LocalBackend
 from operators.cli.gang import control
-from operators.exceptions import GangControlError
 
 
 @pytest.fixture()
