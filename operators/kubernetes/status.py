@@ -37,10 +37,10 @@ DISRUPTION_POD_REASONS = frozenset({"Evicted", "Preempted", "NodeLost", "Shutdow
 RANK_KEYS = ("batch.kubernetes.io/job-completion-index", "volcano.sh/task-index")
 
 LOG_TAIL_LINES = 50
-# mpi-operator v2's label on its pods: an MPIJob's `launcher` runs mpirun, whose output holds every rank's
-MPI_ROLE_LABEL = "training.kubeflow.org/job-role"
 LOG_TAIL_CHARS = 4000
 MAX_EVENTS = 10
+# mpi-operator v2's label on its pods: an MPIJob's `launcher` runs mpirun, whose output holds every rank's
+MPI_ROLE_LABEL = "training.kubeflow.org/job-role"
 
 
 def conditions(obj: Mapping[str, Any] | None) -> list[dict[str, Any]]:

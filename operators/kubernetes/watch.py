@@ -85,8 +85,8 @@ async def gather_evidence(
     ranks += others
     extra: dict[str, Any] = {}
     gang_conditions = []
-    if obj is not None:
-        state = st.gang_state(kind, obj)
+    state = st.gang_state(kind, obj) if obj is not None else None
+    if state is not None:
         if state.state == "failed":
             gang_conditions.append({"type": f"{kind}Failed", "reason": state.reason, "message": state.message})
     if workload is not None:
@@ -100,15 +100,14 @@ async def gather_evidence(
     gang_events = st.event_list(await api.list_events(name))
     if gang_events:
         extra["events"] = gang_events
-    if not ranks and obj is not None and "pod_reason" not in extra:
-        state = st.gang_state(kind, obj)
+    if not ranks and state is not None and "pod_reason" not in extra:
         extra["pod_reason"] = state.reason or f"{kind}Failed"
         extra["pod_message"] = state.message or f"{kind} {handle['namespace']}/{name} failed without a failed pod"
-    if kind == "RayJob" and obj is not None:
+    if kind == "RayJob" and state is not None:
         # KubeRay's AppFailed message is Ray's, ending with the driver's output: the Ray Train ranks'
         # failures are judged there, as the local ray backend judges them (the pods, being shut
         # down with the RayCluster, and the message's first KiB say little)
-        if (driver := job_message_evidence(st.gang_state(kind, obj).message)) is not None:
+        if (driver := job_message_evidence(state.message)) is not None:
             return {**extra, **driver}
     return st.gang_evidence(ranks, extra=extra)
 

@@ -114,16 +114,14 @@ def pids_with_env(name: str, value: str, *, prefix: bool = False) -> list[int]:
     their group or session."""
     needle = f"{name}={value}".encode()
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
+    for pid in _other_pids():
         try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
                 items = fh.read().split(b"\0")
         except OSError:  # gone, or another user's
             continue
         if any(item.startswith(needle) if prefix else item == needle for item in items):
-            found.append(int(entry))
+            found.append(pid)
     return found
 
 
@@ -132,13 +130,16 @@ def pids_in_folder(folder: str) -> list[int]:
     that dropped the environment it was started with (Ray's agents do) still works where it started."""
     prefix = os.path.join(folder, "")
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
+    for pid in _other_pids():
         try:
-            cwd = os.readlink(f"/proc/{entry}/cwd")
+            cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:  # gone, or another user's
             continue
         if cwd == folder or cwd.startswith(prefix):
-            found.append(int(entry))
+            found.append(pid)
     return found
+
+
+def _other_pids() -> list[int]:
+    """Every PID in Linux /proc but this process's."""
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and int(entry) != os.getpid()]
