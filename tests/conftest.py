@@ -14,11 +14,12 @@ CRDS_DIR = PROJECT_ROOT / "operators" / "kubernetes" / "crds"
 
 
 # Under pytest-xdist (`make test`: `-n 2 --dist loadfile`) a worker builds every session fixture it uses
-# for itself: tests sharing one that prepares a state dir stay on one worker. A folder of these counts as
-# one file (ui: the Airflow it starts; a drill file has a drill_home of its own). The DAG runs, the longest folder, are two such
-# groups side by side, each with a state dir of its own (pipeline_home: about a minute to set up); no
-# test there reads what a test of the other group left. (The xdist_group marks of --dist loadgroup are
-# lost under pytest 9: xdist 3.8 renames item._nodeid.)
+# for itself. A folder whose tests must share one (ui: the Airflow it starts) counts as one file. The
+# DAG runs, the longest folder, are two such groups side by side, each with a state dir of its own
+# (pipeline_home: about a minute to set up); no test there reads what a test of the other group left.
+# The drill files need no group: each drill brings its own servers, and a worker prepares one
+# drill_home for all the drill files it runs. (The xdist_group marks of --dist loadgroup are lost
+# under pytest 9: xdist 3.8 renames item._nodeid.)
 ONE_WORKER_FOLDERS = ("tests/system/dags/", "tests/system/ui/")
 SECOND_DAG_GROUP = ("test_baseline.py", "test_byo_pipeline.py", "test_checkpoint_auto_pipeline.py", "test_demo_cli.py",
                     "test_framework_pipelines.py", "test_prometheus.py")

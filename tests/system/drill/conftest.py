@@ -1,4 +1,5 @@
-"""The drill tests' state dir: one per test module (a module's drills follow each other on it)."""
+"""The drill tests' state dir: one per test session (per xdist worker), prepared once; the drills
+of a worker follow each other on it, each with its own S3-API server, MLflow server and cluster."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from pipeline_runs import setup_state
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def drill_home(tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("gangflow-drill-home")
     setup_state(home)

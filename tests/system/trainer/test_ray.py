@@ -109,7 +109,9 @@ def test_ray_kill_at_time_on_rank_1_is_infra_resumes_and_matches_torchrun(h, ray
     output = "\n".join(lines)
     assert second.succeeded, output[-4000:]
     resumed = second.resumed_from_step
-    assert resumed and resumed % INTERVAL == 0 and resumed <= fired["step"] and fired["step"] - resumed <= 2 * INTERVAL, (fired, resumed)
+    # The marker's step is the rank's last step_done; the timer may fire after this rank handed
+    # step N+1's checkpoint over and before its step_done(N+1): N+1 may be committed.
+    assert resumed and resumed % INTERVAL == 0 and resumed <= fired["step"] + 1 and fired["step"] - resumed <= 2 * INTERVAL, (fired, resumed)
     final = (run_dir / "final" / "model.safetensors").read_bytes()
     assert final == (reference / "final" / "model.safetensors").read_bytes()
 

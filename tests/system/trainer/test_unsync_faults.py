@@ -71,7 +71,7 @@ def test_kill_at_time_drill_on_rank_1_resumes_and_matches(h, drill_reference, tm
     second = h.check_ok(h.run(run_dir, DRILL, GANGFLOW_FAULT="kill@time=1.5,rank=1"))
     match = RESUME.search(second)
     resumed = int(match.group(1)) if match else 0
-    assert resumed % INTERVAL == 0 and resumed <= fired["step"]
+    assert resumed % INTERVAL == 0 and resumed <= fired["step"] + 1  # the checkpoint is saved before step_done (test_ray.py)
     assert fired["step"] - resumed <= 2 * INTERVAL, (fired, resumed)
     assert _final(run_dir) == _final(drill_reference)
 
