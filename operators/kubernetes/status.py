@@ -41,6 +41,8 @@ LOG_TAIL_CHARS = 4000
 MAX_EVENTS = 10
 # mpi-operator v2's label on its pods: an MPIJob's `launcher` runs mpirun, whose output holds every rank's
 MPI_ROLE_LABEL = "training.kubeflow.org/job-role"
+# KubeRay's label on a RayCluster's pods: `head` or `worker` (a RayJob's submitter pod has none)
+RAY_NODE_TYPE_LABEL = "ray.io/node-type"
 
 
 def conditions(obj: Mapping[str, Any] | None) -> list[dict[str, Any]]:
@@ -355,6 +357,17 @@ def pod_evidence(
 
 def is_mpi_launcher(pod: Mapping[str, Any]) -> bool:
     return ((pod.get("metadata") or {}).get("labels") or {}).get(MPI_ROLE_LABEL) == "launcher"
+
+
+def hosts_ranks(kind: str, pod: Mapping[str, Any]) -> bool:
+    """Whether `pod` runs training ranks: every pod of a JobSet, Volcano Job or TrainJob; an MPIJob's
+    workers, not its launcher; a RayJob's worker nodes, not its head (`num-cpus: 0`) nor its submitter."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    if kind == "MPIJob":
+        return labels.get(MPI_ROLE_LABEL) != "launcher"
+    if kind == "RayJob":
+        return labels.get(RAY_NODE_TYPE_LABEL) == "worker"
+    return True
 
 
 def _finished_at(ev: Mapping[str, Any]) -> str:

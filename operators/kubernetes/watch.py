@@ -311,16 +311,17 @@ class GangWatcher:
             self.phase = "running"
             self.log(f"{self.where} running on worker cluster {self.dispatched_to!r} (MultiKueue)")
             return None
+        rank_pods = [(p, v) for p, v in zip(pods, views) if st.hosts_ranks(self.kind, p)]
         if self.started_at is None:
-            ready = sum(1 for v in views if v.ready)
+            ready = sum(1 for _, v in rank_pods if v.ready)
             if ready >= self.world_size:
                 self.started_at = now
                 self.phase = "running"
                 self.log(f"{self.where} running: {ready}/{self.world_size} ranks Ready after {format_duration(now - self.admitted_at)}")
                 return None
-            reasons = await self._pod_reasons(pods, views)
-            if len(pods) < self.world_size:
-                reasons.insert(0, f"{len(pods)}/{self.world_size} rank pods created")
+            reasons = await self._pod_reasons(pods, views)  # every pod's: a head or launcher may hold the ranks up
+            if len(rank_pods) < self.world_size:
+                reasons.insert(0, f"{len(rank_pods)}/{self.world_size} rank pods created")
             reason = f"{ready}/{self.world_size} ranks Ready; " + "; ".join(reasons)
             waited = now - self.admitted_at
             if waited >= self.startup_timeout:
@@ -340,7 +341,7 @@ class GangWatcher:
                 self._last_logged = now
             return None
         if now - self._last_logged >= self.log_interval:
-            ready = sum(1 for v in views if v.ready)
+            ready = sum(1 for _, v in rank_pods if v.ready)
             self.log(f"{self.where} running for {format_duration(now - self.started_at)}: {ready}/{self.world_size} ranks Ready")
             self._last_logged = now
         return None

@@ -1,6 +1,7 @@
 """The watch's evidence of a failed MPIJob: its launcher pod's log holds every rank's lines (mpirun
 --tag-output) and Open MPI's summary of the rank that failed first; the evidence is that rank's,
-as the local backend's mpirun evidence is, not whichever rank's words the log tail ends with."""
+as the local backend's mpirun evidence is, not whichever rank's words the log tail ends with. And
+the start-up gate of the kinds whose pods do not all host ranks (a RayJob's head, an MPIJob's launcher)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,59 @@ def test_the_killed_ranks_verdict_survives_the_merge_of_the_triggers_snapshot_wi
     assert merged["rank"] == 1 and "error_file" not in merged
     verdict = classify(merged)
     assert (verdict.kind, verdict.rule) == ("infra", "killed-from-outside") and "rank 1" in verdict.reason, verdict.reason
+
+
+class _StartupApi:
+    """The reads GangWatcher.poll makes, answered from lists (a double of the API server for one poll)."""
+
+    def __init__(self, obj: dict, pods: list[dict]):
+        self.obj, self.pods = obj, pods
+
+    async def get_custom(self, *args):
+        return self.obj
+
+    async def list_pods(self, selector):
+        return self.pods
+
+    async def list_workloads(self, uid):
+        return [Fixtures().workload("admitted")]
+
+    async def list_events(self, *args):
+        return []
+
+
+def _role_pod(fx, name: str, ready: bool, labels: dict) -> dict:
+    pod = fx.pod("running" if ready else "container_creating", rank=0)
+    pod["metadata"]["name"] = name
+    pod["metadata"]["labels"] = {"gangflow.io/gang": fx.gang, **labels}
+    return pod
+
+
+@pytest.mark.parametrize(("kind", "helpers", "worker_labels"), [
+    ("RayJob", [{"ray.io/node-type": "head"}, {"batch.kubernetes.io/job-name": "submitter"}], {"ray.io/node-type": "worker"}),
+    ("MPIJob", [{st.MPI_ROLE_LABEL: "launcher"}], {st.MPI_ROLE_LABEL: "worker"}),
+])  # fmt: skip
+def test_start_up_counts_the_pods_that_host_ranks_not_a_head_submitter_or_launcher(kind, helpers, worker_labels):
+    """A RayJob's head and submitter, an MPIJob's launcher, are Ready before the ranks' pods: the
+    gang is running only once every rank pod is (the drill said "4/2 ranks Ready")."""
+    from operators.kubernetes.watch import GangWatcher
+
+    fx = Fixtures()
+    handle = {"kind": kind, "name": fx.name, "namespace": NAMESPACE, "group": "g", "version": "v1", "plural": "p",
+              "pod_selector": f"gangflow.io/gang={fx.gang}", "pods": 2, "world_size": 2, "scheduler": "kueue", "uid": fx.uid,
+              "admission_timeout_seconds": 10**9, "startup_timeout_seconds": 10**9}  # fmt: skip
+    helper_pods = [_role_pod(fx, f"helper-{i}", True, labels) for i, labels in enumerate(helpers)]
+    workers = [_role_pod(fx, "worker-0", True, worker_labels), _role_pod(fx, "worker-1", False, worker_labels)]
+    obj = {"kind": kind, "metadata": {"name": fx.name, "creationTimestamp": "2026-11-29T10:02:00Z"}, "spec": {},
+           "status": {"jobDeploymentStatus": "Running"} if kind == "RayJob" else {}}
+    lines: list[str] = []
+    watcher = GangWatcher(_StartupApi(obj, helper_pods + workers), handle, log=lines.append)
+
+    assert asyncio.run(watcher.poll()) is None
+    assert watcher.phase == "startup" and watcher.started_at is None, lines
+    assert "1/2 ranks Ready; ContainerCreating" in lines[-1], lines
+
+    workers[1] = _role_pod(fx, "worker-1", True, worker_labels)
+    watcher.api = _StartupApi(obj, helper_pods + workers)
+    assert asyncio.run(watcher.poll()) is None
+    assert watcher.phase == "running" and "running: 2/2 ranks Ready" in lines[-1], lines
