@@ -516,8 +516,11 @@ class GangTrainingOperator(BaseOperator):
                 model_uri: str | None = None) -> dict[str, Any]:
         if result.resumed_from_step is not None:
             self.log.info("gangflow: try %d resumed from checkpoint step %d", spec.attempt, result.resumed_from_step)
-        elif spec.attempt > 1:
+        elif spec.attempt > 1 and result.start_step_known:
             self.log.info("gangflow: try %d started from step 0 (no committed checkpoint)", spec.attempt)
+        elif spec.attempt > 1:
+            self.log.info("gangflow: try %d: rank 0's log says which checkpoint it resumed from ('resuming from checkpoint')",
+                          spec.attempt)
         if self.preemptions:
             self.log.info("gangflow: %d preemption(s) in this DAG run: %s", len(self.preemptions), "; ".join(self.preemptions))
         if not result.succeeded:

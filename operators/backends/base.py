@@ -181,6 +181,7 @@ class GangResult:
     exit_code: int | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     resumed_from_step: int | None = None
+    start_step_known: bool = True  # False: the backend did not read the ranks' start (pods' logs stay in the cluster)
     detail: str = ""
     pauses: int = 0  # times the gang was paused and resumed while it ran (local gangs: `local_control`)
 

@@ -397,12 +397,13 @@ class KubernetesBackend(GangBackend):
             if status == "success":
                 if self.delete_on_success:
                     await self._teardown(api, handle)
-                return GangResult(succeeded=True, exit_code=0, detail=message or f"{where} succeeded")
+                return GangResult(succeeded=True, exit_code=0, start_step_known=False, detail=message or f"{where} succeeded")
             if status == "failed":
                 evidence = await self._merge_evidence(api, handle, event.get("evidence") or {}, gather_evidence)
                 teardown = await self._teardown(api, handle)
                 detail = message + (f"; {teardown}" if teardown else "")
-                return GangResult(succeeded=False, exit_code=evidence.get("exit_code"), evidence=evidence, detail=detail)
+                return GangResult(succeeded=False, exit_code=evidence.get("exit_code"), evidence=evidence, start_step_known=False,
+                                  detail=detail)
             teardown = await self._teardown(api, handle)
         suffix = f" ({teardown})" if teardown else ""
         if status == "timeout":

@@ -315,3 +315,20 @@ def test_a_rendered_limit_that_is_no_count_is_refused_naming_the_field(worker_ma
     op.render_template_fields({"params": {"max_run_time_seconds": 45, "max_queue_wait_seconds": 45, field: "1h"}})
     with pytest.raises(UserError, match=rf"{field}='1h': accepted values: an integer >= 1"):
         op.build_spec(_context(), mlflow_run_id="0123456789abcdef")
+
+
+@pytest.mark.parametrize(("result", "said"), [
+    (GangResult(succeeded=True, exit_code=0, resumed_from_step=30), "try 2 resumed from checkpoint step 30"),
+    (GangResult(succeeded=True, exit_code=0), "try 2 started from step 0 (no committed checkpoint)"),
+    # a Kubernetes gang: the ranks' logs stay in the cluster, so the task does not claim a fresh start
+    (GangResult(succeeded=True, exit_code=0, start_step_known=False), "try 2: rank 0's log says which checkpoint"),
+])  # fmt: skip
+def test_a_retry_says_where_it_started_only_when_the_backend_read_it(worker_manifest, monkeypatch, result, said):
+    op = GangTrainingOperator(task_id="train_local_2", world_size=2, dataset=worker_manifest, overrides={"train.max_steps": 5})
+    spec = op.build_spec(_context(try_number=2), mlflow_run_id="0123456789abcdef")
+    lines: list[str] = []
+    task_log = SimpleNamespace(info=lambda message, *args: lines.append(message % args), warning=lambda *a: None)
+    monkeypatch.setattr(GangTrainingOperator, "log", property(lambda self: task_log))
+    op._finish(spec, result, None, "models:/m-0123456789abcdef")
+    starts = [line for line in lines if "try 2" in line]
+    assert len(starts) == 1 and said in starts[0], lines
