@@ -168,6 +168,14 @@ class GangWatcher:
             self._last_logged = now
         self._last_reason = reason
 
+    def _wait_or_time_out(self, reason: str, now: float, since: float, limit: float, what: str) -> dict[str, Any] | None:
+        """The timeout event once `limit` seconds have passed since `since`; until then, note why we wait."""
+        waited = now - since
+        if waited >= limit:
+            return self._event("timeout", f"{self.where} {what} (waited {format_duration(waited)}); last reason: {reason}", now)
+        self._note(reason, now, since)
+        return None
+
     def _event(self, status: str, message: str, now: float, **extra: Any) -> dict[str, Any]:
         event = {
             "status": status,
@@ -288,16 +296,8 @@ class GangWatcher:
         if self.admitted_at is None:
             admitted, reason = await self._admission(obj, state, workload, pods, views)
             if not admitted:
-                waited = now - self.created_at
-                if waited >= self.admission_timeout:
-                    return self._event(
-                        "timeout",
-                        f"{self.where} was not admitted within {self.admission_timeout_field}={int(self.admission_timeout)} "
-                        f"(waited {format_duration(waited)}); last reason: {reason}",
-                        now,
-                    )
-                self._note(reason, now, self.created_at)
-                return None
+                return self._wait_or_time_out(reason, now, self.created_at, self.admission_timeout,
+                                              f"was not admitted within {self.admission_timeout_field}={int(self.admission_timeout)}")
             admitted_at = _parse_time(st.workload_state(workload).admitted_at) if workload is not None else None
             self.admitted_at = max(self.created_at, min(admitted_at, now)) if admitted_at else now
             self.phase = "startup"
@@ -323,16 +323,8 @@ class GangWatcher:
             if len(rank_pods) < self.world_size:
                 reasons.insert(0, f"{len(rank_pods)}/{self.world_size} rank pods created")
             reason = f"{ready}/{self.world_size} ranks Ready; " + "; ".join(reasons)
-            waited = now - self.admitted_at
-            if waited >= self.startup_timeout:
-                return self._event(
-                    "timeout",
-                    f"{self.where} was admitted but not all ranks became Ready within startupTimeoutSeconds="
-                    f"{int(self.startup_timeout)} (waited {format_duration(waited)}); last reason: {reason}",
-                    now,
-                )
-            self._note(reason, now, self.admitted_at)
-            return None
+            return self._wait_or_time_out(reason, now, self.admitted_at, self.startup_timeout,
+                                          f"was admitted but not all ranks became Ready within startupTimeoutSeconds={int(self.startup_timeout)}")
 
         # --- running ---------------------------------------------------------------------------------
         if self.dispatched_to:
