@@ -1,8 +1,8 @@
 """`make cluster-drill` end to end (slow): `train_pipeline` with backend=kubernetes, the rendered
 pods run as local processes, moto's S3 API and an MLflow server on 127.0.0.1.
 
-Each drill runs in a subprocess (`python -m operators.cli.drill --keep DIR`) on a state dir
-of its own; its report.json says what every pod was rendered with and started with, and the
+Each drill runs in a subprocess (`python -m operators.cli.drill --keep DIR`) on the worker's
+drill state dir (conftest.py); its report.json says what every pod was rendered with and started with, and the
 audit hook's logs say what every pod process opened.
 """
 
