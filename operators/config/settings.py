@@ -94,9 +94,12 @@ def run_key(dag_id: str, run_id: str) -> str:
     Never '.', '..' or empty, and distinct runs never share one (the stem alone would:
     `retrain:v2` and `retrain+v2`).
     """
-    # The stem is for humans only (lossy: ':' and '+' both become '_'); the hash makes it unique.
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)[:60].strip("._-") or "run"
-    return f"{stem}-{run_identity(dag_id, run_id)[:16]}"
+    return f"{run_stem(run_id)}-{run_identity(dag_id, run_id)[:16]}"
+
+
+def run_stem(run_id: str) -> str:
+    """The readable part of `run_key`: for humans only (lossy: ':' and '+' both become '_'); the hash makes it unique."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)[:60].strip("._-") or "run"
 
 
 def run_dir(dag_id: str, run_id: str) -> Path:

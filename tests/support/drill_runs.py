@@ -62,5 +62,14 @@ def run_drill(home: Path, tmp_path_factory, name: str, conf: dict | None = None,
     return result | {"keep": keep, "home": home, "seconds": time.monotonic() - started}
 
 
+def run_folder(result: dict) -> Path:
+    """The run dir of this drill's own DAG run (runs/<dag_id>/<run key>): the drills of a worker
+    share its state dir, so a glob over runs/ finds the other drills' runs too."""
+    from operators.config.settings import run_stem
+
+    (folder,) = Path(result["home"]).glob(f"runs/*/{run_stem(result['summary']['dag_run_id'])}-*")
+    return folder
+
+
 def report_pods(report: dict) -> list[dict]:
     return report.get("pods") or []

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from drill_runs import processes_touching, report_pods, run_drill
+from drill_runs import processes_touching, report_pods, run_drill, run_folder
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def test_a_lost_worker_cluster_is_infra_and_the_retry_runs_on_the_other_from_obj
     pods = report_pods(multikueue_run["report"])
     assert {Path(p["dir"]).parent.name for p in pods} == {"worker-1", "worker-2"}  # each try's pods on its worker
     # the first try's verdict: the rule for a lost worker, on the evidence the manager had
-    (record,) = [json.loads(p.read_text()) for p in (multikueue_run["home"] / "runs").glob("*/*/failures/try-1.json")]
+    record = json.loads((run_folder(multikueue_run) / "failures" / "try-1.json").read_text())
     assert record["verdict"]["kind"] == "infra" and "MultiKueue" in record["verdict"]["reason"], record["verdict"]
     assert record["evidence"]["dispatched_to"] == "worker-1"
     assert processes_touching(multikueue_run["keep"]) == []

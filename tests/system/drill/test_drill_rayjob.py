@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from drill_runs import processes_touching, report_pods, run_drill
+from drill_runs import processes_touching, report_pods, run_drill, run_folder
 
 pytestmark = pytest.mark.slow
 
@@ -38,8 +38,7 @@ def test_rayjob_killed_rank_is_retried_once_on_a_new_ray_cluster_and_resumes(ray
     # the first try's failure: Ray's words about the killed worker, read as infra (retryable)
     verdicts = re.findall(r"gangflow: (\S+) failure \((retryable|not retryable)\)", output)
     assert verdicts == [("infra", "retryable")], verdicts
-    (record,) = Path(rayjob_run["home"]).glob("runs/train_pipeline/*/failures/try-1.json")
-    verdict = json.loads(record.read_text())["verdict"]
+    verdict = json.loads((run_folder(rayjob_run) / "failures" / "try-1.json").read_text())["verdict"]
     # judged on the driver's output in KubeRay's message: Ray's words about the killed worker
     assert verdict["kind"] == "infra" and "the node died or was removed under the job at rank 1" in verdict["reason"], verdict
     assert processes_touching(rayjob_run["keep"]) == [] and not list(Path("/var/tmp").glob("gf-ray-*/*"))
