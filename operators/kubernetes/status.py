@@ -362,11 +362,10 @@ def is_mpi_launcher(pod: Mapping[str, Any]) -> bool:
 def hosts_ranks(kind: str, pod: Mapping[str, Any]) -> bool:
     """Whether `pod` runs training ranks: every pod of a JobSet, Volcano Job or TrainJob; an MPIJob's
     workers, not its launcher; a RayJob's worker nodes, not its head (`num-cpus: 0`) nor its submitter."""
-    labels = (pod.get("metadata") or {}).get("labels") or {}
     if kind == "MPIJob":
-        return labels.get(MPI_ROLE_LABEL) != "launcher"
+        return not is_mpi_launcher(pod)
     if kind == "RayJob":
-        return labels.get(RAY_NODE_TYPE_LABEL) == "worker"
+        return ((pod.get("metadata") or {}).get("labels") or {}).get(RAY_NODE_TYPE_LABEL) == "worker"
     return True
 
 
