@@ -16,6 +16,8 @@ import pytest
 DAG_ID = "train_pipeline"
 MLFLOW_UI_URL = "http://127.0.0.1:5000"
 DASHBOARD_URL = "http://127.0.0.1:3000/d/gangflow-gangs/gangflow"
+REQUEST_TIMEOUT_S = 30
+GET_ATTEMPTS = 3
 
 
 @dataclass
@@ -39,11 +41,23 @@ class AirflowUI:
             data=json.dumps(body).encode() if body is not None else None,
             headers={"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"},
         )  # fmt: skip
-        try:
-            with urllib.request.urlopen(request, timeout=30) as resp:
-                return resp.status, json.load(resp)
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"{}")
+        # A GET is asked again when the api-server does not answer in time: on a loaded 2-core CI
+        # machine it once took over 30 s while the UI loaded a run page (stop 35's CI). A POST is
+        # never repeated, so a timeout there fails at once.
+        attempts = GET_ATTEMPTS if method == "GET" else 1
+        for _ in range(attempts):
+            try:
+                with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as resp:
+                    return resp.status, json.load(resp)
+            except urllib.error.HTTPError as exc:
+                return exc.code, json.loads(exc.read() or b"{}")
+            except (TimeoutError, urllib.error.URLError) as exc:
+                if isinstance(exc, urllib.error.URLError) and not isinstance(exc.reason, TimeoutError):
+                    raise
+                last = exc
+        raise TimeoutError(
+            f"{method} {path}: no answer in {attempts} x {REQUEST_TIMEOUT_S} s\n--- airflow log ---\n{self.log_tail()}"
+        ) from last
 
     def get(self, path: str) -> dict:
         status, body = self.api("GET", path)
@@ -57,7 +71,7 @@ class AirflowUI:
             data=json.dumps({"username": username, "password": password}).encode(),
             headers={"Content-Type": "application/json"},
         )  # fmt: skip
-        with urllib.request.urlopen(request, timeout=30) as resp:
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as resp:
             return json.load(resp)["access_token"]
 
     def runs(self) -> list[dict]:
