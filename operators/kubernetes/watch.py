@@ -103,6 +103,10 @@ async def gather_evidence(
     if not ranks and state is not None and "pod_reason" not in extra:
         extra["pod_reason"] = state.reason or f"{kind}Failed"
         extra["pod_message"] = state.message or f"{kind} {handle['namespace']}/{name} failed without a failed pod"
+    if state is not None and state.state == "failed" and state.reason == "DeadlineExceeded":
+        # the gang's own run-time limit (a TrainJob's or RayJob's activeDeadlineSeconds): its controller
+        # deleted the pods, so the ranks' SIGTERM exits (75 after the final checkpoint) are not a preemption
+        return {**st.gang_evidence(ranks, extra=extra), "pod_reason": state.reason, "pod_message": state.message}
     if kind == "RayJob" and state is not None:
         # KubeRay's AppFailed message is Ray's, ending with the driver's output: the Ray Train ranks'
         # failures are judged there, as the local ray backend judges them (the pods, being shut

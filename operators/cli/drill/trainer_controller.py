@@ -35,6 +35,7 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 CREATED_MESSAGE = "Succeeded to create Jobs"
 SUSPENDED_MESSAGE = "TrainJob is suspended"
 RESUMED_MESSAGE = "TrainJob is resumed"
+DEADLINE_EXCEEDED_MESSAGE = "TrainJob exceeded its active deadline"
 
 Note = Callable[[str], None]
 
@@ -225,6 +226,23 @@ def _finished(trainjob: Mapping[str, Any]) -> bool:
     return any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in (trainjob.get("status") or {}).get("conditions") or [])
 
 
+def past_deadline(trainjob: Mapping[str, Any], now: datetime) -> bool:
+    """Trainer's reconcileDeadline: a running TrainJob past `spec.activeDeadlineSeconds`, counted from
+    its creation or from its last resume (the Suspended condition turned False)."""
+    spec = trainjob.get("spec") or {}
+    seconds = spec.get("activeDeadlineSeconds")
+    if not seconds or spec.get("suspend") or _finished(trainjob):
+        return False
+    start = (trainjob.get("metadata") or {}).get("creationTimestamp")
+    resumed = next((c for c in (trainjob.get("status") or {}).get("conditions") or [] if c.get("type") == "Suspended"), None)
+    if resumed is not None and resumed.get("status") == "False":
+        start = resumed.get("lastTransitionTime")
+    if not start:
+        return False
+    started = datetime.strptime(start, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    return (now - started).total_seconds() > int(seconds)
+
+
 class TrainerController:
     """Kueue's TrainJob integration + Trainer v2's TrainJob controller, one `reconcile` a period."""
 
@@ -299,6 +317,16 @@ class TrainerController:
         name, ns, uid = meta["name"], meta["namespace"], meta["uid"]
         if _finished(trainjob):
             return
+        if past_deadline(trainjob, datetime.now(timezone.utc)):
+            # the Failed condition first, then the JobSet goes (its pods get SIGTERM and their grace period)
+            status = copy.deepcopy(dict(trainjob.get("status") or {}))
+            _set_condition(status.setdefault("conditions", []),
+                           {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": DEADLINE_EXCEEDED_MESSAGE})
+            self._write_status(ns, name, status)
+            self._delete_jobset(ns, name)
+            note(f"Trainer: TrainJob {ns}/{name} Failed (DeadlineExceeded: past its activeDeadlineSeconds="
+                 f"{spec['activeDeadlineSeconds']}); its JobSet deleted")
+            return
         jobset = self.api.get(*JOBSETS, ns, name)
         if jobset is None and uid not in self._created:
             runtime_name = (spec.get("runtimeRef") or {}).get("name")
@@ -346,8 +374,12 @@ class TrainerController:
             if not owners or owners[0].get("uid") in live:
                 continue
             ns, name = jobset["metadata"]["namespace"], jobset["metadata"]["name"]
-            with self.api._lock:
-                self.api.remove(*JOBSETS, ns, name)
-                for pod in jobset_pods(self.api, ns, name):
-                    pod["metadata"].setdefault("deletionTimestamp", _now())
+            self._delete_jobset(ns, name)
             note(f"garbage collector: JobSet {ns}/{name} deleted with its TrainJob")
+
+    def _delete_jobset(self, ns: str, name: str) -> None:
+        """The JobSet goes, and its pods with it (the kubelet stops them: SIGTERM, then the grace period)."""
+        with self.api._lock:
+            self.api.remove(*JOBSETS, ns, name)
+            for pod in jobset_pods(self.api, ns, name):
+                pod["metadata"].setdefault("deletionTimestamp", _now())

@@ -1,6 +1,6 @@
 """Time limits with reasons (issue 25.3), whole DAG runs through the cluster drill: the pipeline file's
-`training.max_run_time_seconds` stops the gang through its pods' `activeDeadlineSeconds` (the ranks
-commit a final checkpoint, the try fails as the user's, not retried); `training.max_queue_wait_seconds`
+`training.max_run_time_seconds` stops the gang through its pods' `activeDeadlineSeconds` (a JobSet) or
+its own (a TrainJob): the ranks commit a final checkpoint, the try fails as the user's, not retried; `training.max_queue_wait_seconds`
 ends a gang Kueue has no quota for with Kueue's own reason and the time waited, and the gang is
 deleted (its Workload with it: no quota held) before the next try."""
 
@@ -23,11 +23,17 @@ def _pipelines(folder: Path, training: str, retries: int = 3) -> str:
     return str(folder)
 
 
-@pytest.fixture(scope="module")
-def run_time_run(drill_home, tmp_path_factory) -> dict:
-    pipelines = _pipelines(tmp_path_factory.mktemp("limits") / "pipelines", "  max_run_time_seconds: 12")
+RUN_TIME_LIMIT_S = 12
+
+
+@pytest.fixture(scope="module", params=["jobset", "trainjob"])
+def run_time_run(request, drill_home, tmp_path_factory) -> dict:
+    """A JobSet's pods carry the limit as their activeDeadlineSeconds (the kubelet stops them); a
+    TrainJob carries it itself (Trainer fails it DeadlineExceeded and deletes its JobSet)."""
+    pipelines = _pipelines(tmp_path_factory.mktemp("limits") / "pipelines", f"  max_run_time_seconds: {RUN_TIME_LIMIT_S}")
     conf = {"max_steps": 1_000_000, "checkpoint_every_steps": 50}  # far more than 12 s of training
-    return run_drill(drill_home, tmp_path_factory, "run-time", conf, GANGFLOW_PIPELINES=pipelines)
+    result = run_drill(drill_home, tmp_path_factory, f"run-time-{request.param}", conf, api=request.param, GANGFLOW_PIPELINES=pipelines)
+    return result | {"api": request.param}
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +48,15 @@ def test_past_its_run_time_the_gang_checkpoints_and_fails_as_the_users_without_a
     assert summary["train_attempts"] == 1 and summary["preemptions"] == 0, summary  # not retried, not a preemption
     assert summary["failure"]["kind"] == "user" and "DeadlineExceeded" in summary["failure"]["reason"], summary["failure"]
     pods = report_pods(run_time_run["report"])
-    assert len(pods) == 2 and all(p["exit_code"] is not None for p in pods), pods  # one try: its two pods, ended
+    assert len(pods) == 2, pods  # one try: its two pods
+    events = run_time_run["report"]["events"]
+    if run_time_run["api"] == "jobset":
+        assert all(p["exit_code"] is not None for p in pods), pods  # the kubelet ended them
+    else:  # Trainer deleted the JobSet: its pods were deleted (SIGTERM, then their grace period)
+        assert sum(f"pod {p['pod']} deleted: SIGTERM" in e for p in pods for e in events) == 2, events
     logs = [(Path(p["dir"]) / "container.log").read_text(errors="replace") for p in pods]
     assert sum("gangflow: preempted (SIGTERM)" in log for log in logs) == 1, logs[0][-3000:]  # rank 0 committed a final checkpoint
-    events = run_time_run["report"]["events"]
-    assert any("activeDeadlineSeconds=12" in e for e in events), events
+    assert any(f"activeDeadlineSeconds={RUN_TIME_LIMIT_S}" in e for e in events), events
     assert processes_touching(run_time_run["keep"]) == []
 
 

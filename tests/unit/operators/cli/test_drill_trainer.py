@@ -125,7 +125,7 @@ SCRIPT = "import os; print('PET', os.environ['PET_NODE_RANK'], os.environ['PET_M
 
 @contextlib.contextmanager
 def trainjob_running(tmp_path, runtime, registry, drill_id: str, script: str, mounts: dict[str, str] | None = None,
-                     env: list[dict] = ()):
+                     env: list[dict] = (), active_deadline_s: int | None = None):
     """(api, emulated cluster, the TrainJob) with gangflow's TrainJob running `python -c script` on
     the emulated cluster under the drill's Trainer controller; every pod process is gone after."""
     api = InMemoryKubernetesApi().start()
@@ -140,6 +140,8 @@ def trainjob_running(tmp_path, runtime, registry, drill_id: str, script: str, mo
         trainer |= {"command": ["python", "-c", script], "args": []}
         trainer["env"] = [e for e in trainer["env"] if "valueFrom" not in e] + list(env)  # no Secrets in this API
         del trainjob["metadata"]["uid"]
+        if active_deadline_s is not None:
+            trainjob["spec"]["activeDeadlineSeconds"] = active_deadline_s
         yield api, emu, api.put(*TRAINJOBS, trainjob)
     finally:
         emu.stop(grace=1)
@@ -235,3 +237,22 @@ def test_a_deactivated_trainjob_workload_suspends_it_its_pods_go_and_activated_i
             "(InactiveWorkload: spec.active is false); the TrainJob is suspended", "suspended: the Job controller deletes its pods",
             "again (spec.active is true)")]  # fmt: skip
         assert order == sorted(order), emu.events
+
+
+def test_a_trainjob_past_its_active_deadline_fails_and_its_ranks_get_sigterm(tmp_path, runtime, registry):
+    """Issue 25.3 for a TrainJob (Trainer v2.2's reconcileDeadline): past `spec.activeDeadlineSeconds`
+    from its start, Trainer marks it Failed (DeadlineExceeded) and deletes its JobSet, whose pods get
+    SIGTERM: the ranks commit a final checkpoint (here: a mark) before they go."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    with trainjob_running(tmp_path, runtime, registry, "test-trainer-deadline", PAUSABLE, mounts={"/marks": str(marks)},
+                          env=[{"name": "MARKS", "value": "/marks"}], active_deadline_s=2) as (api, emu, trainjob):  # fmt: skip
+        name, ns = trainjob["metadata"]["name"], trainjob["metadata"]["namespace"]
+        _wait(lambda: {p.name for p in marks.iterdir()} >= {"started-0", "started-1"}, "both ranks", emu)
+        _wait(lambda: st.gang_state("TrainJob", api.get(*TRAINJOBS, ns, name)).state == "failed", "the deadline", emu)
+        state = st.gang_state("TrainJob", api.get(*TRAINJOBS, ns, name))
+        assert (state.reason, state.message) == ("DeadlineExceeded", "TrainJob exceeded its active deadline")
+        assert api.get(*JS, ns, name) is None  # deleted, not left to finish
+        _wait(lambda: (marks / "stopped-0").exists() and (marks / "stopped-1").exists(), "SIGTERM to both ranks", emu)
+        _wait(lambda: not [p for p in api.items("", "pods", ns) if p["metadata"]["name"].startswith(name)], "the pods to go", emu)
+        assert any("past its activeDeadlineSeconds=2" in e for e in emu.events), emu.events

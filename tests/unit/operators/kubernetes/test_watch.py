@@ -136,3 +136,49 @@ def test_start_up_counts_the_pods_that_host_ranks_not_a_head_submitter_or_launch
     watcher.api = _StartupApi(obj, helper_pods + workers)
     assert asyncio.run(watcher.poll()) is None
     assert watcher.phase == "running" and "running: 2/2 ranks Ready" in lines[-1], lines
+
+
+def _gang_past_its_deadline(fx, kind: str) -> dict:
+    """A TrainJob as Trainer v2.2 leaves it past `spec.activeDeadlineSeconds` (reconcileDeadline: the
+    Failed condition DeadlineExceeded, its JobSet deleted), or a RayJob as KubeRay does (Failed,
+    DeadlineExceeded, its RayCluster deleted): either way the pods are going."""
+    meta = {"name": fx.name, "namespace": NAMESPACE, "uid": fx.uid}
+    if kind == "RayJob":
+        return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": meta, "spec": {"activeDeadlineSeconds": 12},
+                "status": {"jobDeploymentStatus": "Failed", "jobStatus": "RUNNING", "reason": "DeadlineExceeded",
+                           "message": "The RayJob has passed the activeDeadlineSeconds. StartTime: 2026-11-29T10:04:48Z. ActiveDeadlineSeconds: 12"}}  # fmt: skip
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": meta,
+            "spec": {"activeDeadlineSeconds": 12, "runtimeRef": {"name": "gangflow-torch"}},
+            "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+                                       "message": "TrainJob exceeded its active deadline",
+                                       "lastTransitionTime": "2026-11-29T10:05:00Z"}]}}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["TrainJob", "RayJob"])
+@pytest.mark.parametrize("rank_exit", [None, 75])  # the ranks still stopping, or rank 0 done with its final checkpoint
+def test_a_gang_past_its_own_deadline_is_the_users_run_time_limit_not_a_preemption(fake_k8s, kind, rank_exit):
+    """Trainer (KubeRay) ends a TrainJob (RayJob) past its activeDeadlineSeconds by deleting its JobSet
+    (RayCluster): the ranks get SIGTERM, commit a final checkpoint and exit 75, which alone reads as a
+    preemption. The gang's own reason decides: the run-time limit, the user's, not re-launched."""
+    from operators.failures.preemption import preemption_reason
+    from operators.hooks.kubernetes import open_api
+
+    fx = Fixtures()
+    for rank in (0, 1):
+        pod = fx.pod("running", rank=rank)
+        pod["metadata"]["deletionTimestamp"] = "2026-11-29T10:05:01Z"
+        if rank == 0 and rank_exit is not None:
+            pod["status"]["containerStatuses"][0]["state"] = {"terminated": {
+                "exitCode": rank_exit, "reason": "Error", "message": "gangflow: preempted (SIGTERM): final checkpoint step 180 committed"}}  # fmt: skip
+        fake_k8s.put("", "pods", pod)
+    handle = {"kind": kind, "name": fx.name, "namespace": NAMESPACE, "pod_selector": f"gangflow.io/gang={fx.gang}"}
+
+    async def gather():
+        async with open_api(CONN_ID, NAMESPACE) as gang_api:
+            return await gather_evidence(gang_api, handle, obj=_gang_past_its_deadline(fx, kind))
+
+    evidence = asyncio.run(gather())
+    for judged in (evidence, merged_again(evidence, kind)):  # the trigger's snapshot, then the task's merge
+        verdict = classify(judged)
+        assert (verdict.kind, verdict.rule) == ("user", "deadline-exceeded"), verdict
+        assert preemption_reason(judged) is None, judged
