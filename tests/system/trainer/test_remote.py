@@ -12,12 +12,10 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from trainer_fixtures import RESUME, free_port, stop_server, wait_until_serving
+from trainer_fixtures import RESUME
 
 pytestmark = pytest.mark.slow
 
@@ -145,20 +143,14 @@ def test_resume_refuses_a_checkpoint_of_another_dataset(h, work, dataset, refere
 
 @pytest.fixture(scope="module")
 def mlflow_server(work):
-    port = free_port()
-    home = work / "mlflow-server"
-    home.mkdir()
-    mlflow = str(Path(sys.executable).with_name("mlflow"))
-    proc = subprocess.Popen([mlflow, "server", "--backend-store-uri", f"sqlite:///{home / 'db.sqlite'}",
-                             "--artifacts-destination", str(home / "artifacts"), "--serve-artifacts",
-                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            cwd=home, stdout=open(home / "log", "w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    """The drill's `mlflow server` (SQLite, `--serve-artifacts`, no job runner): (url, artifacts folder)."""
+    from operators.cli.drill.servers import MlflowServer
+
+    server = MlflowServer(work / "mlflow-server").start(timeout=300)  # slow to start on a loaded 2-core machine
     try:
-        wait_until_serving(url + "/health", proc, home / "log", "mlflow server", timeout_s=300)  # slow to start on a loaded 2-core machine
-        yield url, home / "artifacts"
+        yield server.url, server.artifacts
     finally:
-        stop_server(proc, grace_s=20)
+        server.stop()
 
 
 def test_kill_and_resume_on_s3_is_bitwise_equal(h, work, dataset, reference, s3, mlflow_server):
