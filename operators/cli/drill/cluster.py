@@ -132,6 +132,12 @@ def now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def seconds_since(stamp: str) -> float:
+    """Seconds from a Kubernetes timestamp (`now()`'s format) to now: how long an object has been active."""
+    started = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    return (datetime.now(timezone.utc) - started).total_seconds()
+
+
 def _suffix() -> str:
     return "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
 

@@ -51,7 +51,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from operators.cli.drill.api_double import InMemoryKubernetesApi
-from operators.cli.drill.cluster import admit, kueue_workload
+from operators.cli.drill.cluster import admit, kueue_workload, seconds_since
 
 RAYJOBS = ("ray.io", "rayjobs")
 WORKLOADS = ("kueue.x-k8s.io", "workloads")
@@ -251,8 +251,7 @@ class RayController:
         deadline = spec.get("activeDeadlineSeconds")
         if not deadline or not status.get("startTime"):
             return False
-        started = datetime.strptime(status["startTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-        return (datetime.now(timezone.utc) - started).total_seconds() >= int(deadline)
+        return seconds_since(status["startTime"]) >= int(deadline)
 
     def _fail(self, status: dict[str, Any], reason: str, message: str, backoff_limit: int | None = None) -> None:
         """Failed, or `Retrying` while the RayJob's backoffLimit allows another RayCluster."""

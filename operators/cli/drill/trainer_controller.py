@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from operators.cli.drill.api_double import InMemoryKubernetesApi
-from operators.cli.drill.cluster import admit, jobset_pods, kueue_workload, set_admission
+from operators.cli.drill.cluster import admit, jobset_pods, kueue_workload, seconds_since, set_admission
 
 TRAINJOBS = ("trainer.kubeflow.org", "trainjobs")
 RUNTIMES = ("trainer.kubeflow.org", "clustertrainingruntimes")
@@ -226,7 +226,7 @@ def _finished(trainjob: Mapping[str, Any]) -> bool:
     return any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in (trainjob.get("status") or {}).get("conditions") or [])
 
 
-def past_deadline(trainjob: Mapping[str, Any], now: datetime) -> bool:
+def past_deadline(trainjob: Mapping[str, Any]) -> bool:
     """Trainer's reconcileDeadline: a running TrainJob past `spec.activeDeadlineSeconds`, counted from
     its creation or from its last resume (the Suspended condition turned False)."""
     spec = trainjob.get("spec") or {}
@@ -239,8 +239,7 @@ def past_deadline(trainjob: Mapping[str, Any], now: datetime) -> bool:
         start = resumed.get("lastTransitionTime")
     if not start:
         return False
-    started = datetime.strptime(start, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-    return (now - started).total_seconds() > int(seconds)
+    return seconds_since(start) > int(seconds)
 
 
 class TrainerController:
@@ -317,7 +316,7 @@ class TrainerController:
         name, ns, uid = meta["name"], meta["namespace"], meta["uid"]
         if _finished(trainjob):
             return
-        if past_deadline(trainjob, datetime.now(timezone.utc)):
+        if past_deadline(trainjob):
             # the Failed condition first, then the JobSet goes (its pods get SIGTERM and their grace period)
             status = copy.deepcopy(dict(trainjob.get("status") or {}))
             _set_condition(status.setdefault("conditions", []),
