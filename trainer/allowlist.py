@@ -81,6 +81,17 @@ def card_model(card: Any) -> tuple[str, dict[str, Any]]:
     return factory, dict(kwargs)
 
 
+#: The most class scores a card may announce (`classes`).
+MAX_CARD_CLASSES = 65_536
+
+
+def card_classes(card: Any) -> int | None:
+    """A classifier card's `classes` (how many class scores its module returns, recorded by the
+    rank that trained it), or None when the card does not say or says something else."""
+    classes = card.get("classes") if isinstance(card, Mapping) else None
+    return classes if is_integer(classes) and 1 <= classes <= MAX_CARD_CLASSES else None
+
+
 def card_weights_file(card: Any) -> str:
     """The weights' file name in the card: a bare `*.safetensors` name (no path)."""
     weights = card.get("weights") if isinstance(card, Mapping) else None

@@ -137,6 +137,7 @@ class Trainer:
         self.config_dict = cfg.to_dict()
         self.step = self.epoch = self.batch_in_epoch = 0
         self.ckpt_blocked_s = 0.0
+        self.output_width = 0  # the model's outputs per sample, as the final evaluation saw them
         # checkpoint.every_steps: auto is chosen PROBE_STEPS steps into each attempt (None until then)
         auto = cfg.checkpoint.every_steps == AUTO
         self.every_steps: int | None = None if auto else cfg.checkpoint.every_steps
@@ -321,7 +322,9 @@ class Trainer:
                 total += len(y)
         self.model.train()
         # trainer.metrics: the same computation as the pipeline's evaluate task (scores agree).
-        metrics = score(self.cfg.train.task, np.concatenate(outputs), np.concatenate(targets))
+        outputs = np.concatenate(outputs)
+        self.output_width = int(outputs.shape[-1]) if outputs.ndim > 1 else 1
+        metrics = score(self.cfg.train.task, outputs, np.concatenate(targets))
         return {**{f"test_{k}": v for k, v in metrics.items()}, "test_loss": loss / max(total, 1)}
 
     def finish(self, train_s: float) -> int:
@@ -337,6 +340,8 @@ class Trainer:
                 "torch_version": torch.__version__, "python_version": sys.version.split()[0],
                 "mlflow_run_id": self.run.tracker.mlflow_run_id, "created": time.time(),
             }
+            if self.cfg.train.task == "classification":
+                card["classes"] = self.output_width  # the served signature's prob_<k> columns
             logged: list[str | None] = []
             final = write_final(self.run.run_dir, self.model, card,
                                 then=lambda local: logged.append(self.run.tracker.log_final(local)))

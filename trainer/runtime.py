@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from trainer import EXIT_PREEMPTED, errors
+from trainer.allowlist import MAX_CARD_CLASSES, card_classes
 from trainer.checkpoint import REQUIRED as SNAPSHOT_FILES
 from trainer.checkpoint import Checkpointer, CorruptCheckpoint, Loaded, Snapshot
 from trainer.config import CheckpointConfig, TrackingConfig
@@ -443,7 +444,7 @@ class Run(Session):
 
     def log_model(self, folder: str | os.PathLike, flavour: str | None = None, *, factory: str | None = None,
                   kwargs: Mapping[str, Any] | None = None, task: str = "classification",
-                  metrics: Mapping[str, float] | None = None) -> str | None:
+                  metrics: Mapping[str, float] | None = None, classes: int | None = None) -> str | None:
         """Publish `folder` (the trained model, as the code writes it) as the run's `final/`, with a
         model card (flavour, code, data version, metrics), from rank 0. The training task logs
         `final/` to the DAG run's MLflow run (`runs:/<id>/final`), as it does the trainer's.
@@ -451,7 +452,9 @@ class Run(Session):
         With `factory` (`module:function`, allow-listed by the pipeline's `allowed_models`) and a
         `model.safetensors` in `folder`, the card says how to rebuild the module (`factory(**kwargs)`
         + the weights): gangflow's guarded loader, evaluation and the registered pyfunc load it
-        without unpickling anything. Returns the MLflow URI when this rank logs it itself
+        without unpickling anything. `classes`: how many class scores that module returns (the served
+        signature's `prob_<k>` columns); without it the training task counts them with one forward
+        pass, which costs it an `import torch`. Returns the MLflow URI when this rank logs it itself
         (MLFLOW_RUN_ID set), else None."""
         self.faults.stop_clock()
         if not self.is_main:
@@ -463,6 +466,10 @@ class Run(Session):
             raise CheckpointError(f"log_model({str(folder)!r}): {CARD} is gangflow's model card; name your file otherwise")
         if task not in ("classification", "regression"):
             raise ValueError(f"log_model: task={task!r}: accepted values are classification, regression")
+        if classes is not None and (task != "classification" or factory is None
+                                    or card_classes({"classes": classes}) is None):  # what the registry reads
+            raise ValueError(f"log_model: classes={classes!r}: accepted values are an integer from 1 to {MAX_CARD_CLASSES}, "
+                             "for task='classification' with a factory (the module's class scores)")
         card: dict[str, Any] = {
             "format": CARD_FORMAT, "kind": "folder", "flavour": flavour, "code": self.code,
             "config": {"train": {"task": task}, "user": self.config},
@@ -478,6 +485,8 @@ class Run(Session):
             from trainer.checkpoint import file_entry
 
             card["model"] = {"factory": factory, "kwargs": dict(kwargs or {})}
+            if classes is not None:
+                card["classes"] = int(classes)
             card["weights"] = {"file": WEIGHTS, **file_entry(weights.read_bytes())}
         staging = Path(tempfile.mkdtemp(prefix="gangflow-final-"))
         try:

@@ -59,7 +59,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as out:
         safetensors.torch.save_file(model.state_dict(), Path(out) / "model.safetensors")
-        run.log_model(out, factory="digits_cnn.model:build", metrics={"train_loss": loss.item()})  # gangflow
+        run.log_model(out, factory="digits_cnn.model:build", classes=10,  # gangflow
+                      metrics={"train_loss": loss.item()})
 
 
 if __name__ == "__main__":

@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         final = Path(tempfile.mkdtemp(prefix="digits-lightning-"))
         save_file(module.net.state_dict(), final / "model.safetensors")  # tensors only: loading runs no code
         loss = trainer.callback_metrics.get("loss")
-        run.log_model(final, factory="digits_lightning.model:build", kwargs={"channels": args.channels},
+        run.log_model(final, factory="digits_lightning.model:build", kwargs={"channels": args.channels}, classes=10,
                       metrics={} if loss is None else {"train_loss": float(loss)})
     return 0
 

@@ -63,6 +63,18 @@ def card_factory(final_dir: "str | Path") -> "str | None":
     return factory if isinstance(factory, str) else None
 
 
+def card_classes(final_dir: "str | Path") -> "int | None":
+    """How many class scores the classifier returns, as its card records them; None when it does not say."""
+    import json
+
+    from trainer.allowlist import card_classes as classes_of
+
+    try:
+        return classes_of(json.loads((Path(final_dir) / CARD_FILE).read_text()))
+    except (OSError, ValueError):
+        return None
+
+
 def _listed(columns, limit: int = 6) -> str:
     columns = [str(c) for c in columns]
     more = f", ... ({len(columns)} in all)" if len(columns) > limit else ""

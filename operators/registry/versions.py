@@ -131,14 +131,20 @@ def _pyfunc_signature(schema: Mapping[str, str], outputs: Sequence[tuple[str, st
 
 
 def _output_columns(staged: Path, task: str, n_features: int, allowed: str | None) -> list[tuple[str, str]]:
-    """`prediction` (and `prob_<k>` for a classifier, k from one forward pass of the model, built
-    only when its factory is allowed); just `prediction` when the model cannot be built here."""
+    """`prediction` (and `prob_<k>` for a classifier: k from the card's `classes`, else from one
+    forward pass of the model, built only when its factory is allowed); just `prediction` when the
+    model cannot be built here."""
+    from operators.registry.served_model import card_classes, card_factory, load_final_model
+
     if task == "regression":
         return [("prediction", "double")]
+    classes = card_classes(staged)
+    if classes is not None:  # recorded by the rank that trained it: no torch in this process
+        return [("prediction", "long")] + [(f"prob_{k}", "double") for k in range(classes)]
+    if card_factory(staged) is None:  # a folder of one's own without a module factory: nothing to build
+        return [("prediction", "long")]
     try:
         import torch
-
-        from operators.registry.served_model import load_final_model
 
         with torch.no_grad():
             classes = int(load_final_model(staged, allowed_models=[allowed] if allowed else None)(

@@ -66,6 +66,7 @@ def test_reference_run_layout(h, reference):
     card = json.loads((reference / "final" / "model_card.json").read_text())
     assert card["model"] == {"factory": "trainer.models:mlp", "kwargs": {"hidden": 128, "num_classes": 10, "input_dim": 64}}
     assert card["world_size"] == 2 and card["steps"] == 60 and card["data"]["train_md5"]
+    assert card["classes"] == 10  # the served signature's prob_<k> columns, counted where torch is loaded
     assert card["metrics"]["test_accuracy"] > 0.7
     steps = [m["step"] for m in h.metrics(reference) if "loss" in m]
     assert steps == [10, 20, 30, 40, 50, 60]

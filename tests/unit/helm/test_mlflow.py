@@ -36,6 +36,17 @@ def test_server_argv_uses_secret_backend_store_and_proxied_s3_artifacts(render):
         assert "value" not in env[name]
 
 
+def test_the_server_runs_no_job_runner(render):
+    """MLflow 3's job runner (seven huey consumers, for GenAI jobs) is off: tracking and artifacts need none."""
+    _, pod = mlflow_pod(render())
+    assert env_of(pod["containers"][0])["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == {
+        "name": "MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "value": "false"}
+    wanted = {"mlflow": {"extraEnv": [{"name": "MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "value": "true"}]}}
+    _, pod = mlflow_pod(render(wanted))
+    env = [e for e in pod["containers"][0]["env"] if e["name"] == "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"]
+    assert env == [{"name": "MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "value": "true"}]  # the user's, once
+
+
 def test_allowed_hosts_cover_the_service_names(render):
     _, pod = mlflow_pod(render({"mlflow": {"allowedHosts": ["mlflow.example.com"]}}))
     (arg,) = [a for a in pod["containers"][0]["args"] if a.startswith("--allowed-hosts=")]

@@ -60,7 +60,7 @@ def test_the_trainer_fits_a_regression_and_records_its_preprocessing(diabetes, t
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     card = json.loads((run_dir / "final" / "model_card.json").read_text())
     kwargs, scores = card["model"]["kwargs"], card["metrics"]
-    assert card["config"]["train"]["task"] == "regression"
+    assert card["config"]["train"]["task"] == "regression" and "classes" not in card  # one `prediction` column
     assert len(kwargs["feature_mean"]) == len(kwargs["feature_std"]) == kwargs["input_dim"] == 10
     assert kwargs["feature_mean"][0] == pytest.approx(48.76, abs=0.01)  # age in years, from the train split
     assert kwargs["target_mean"] == pytest.approx(152.15, abs=0.01)

@@ -226,6 +226,25 @@ def test_log_model_with_a_factory_loads_through_the_guarded_loader(env, tmp_path
     assert card["model"] == {"factory": "tests_linear:build", "kwargs": {"n": 4}} and card["weights"]["file"] == "model.safetensors"
     with pytest.raises(Exception, match="not an allowed model architecture"):
         load_final_model(tmp_path / "run" / "final")  # refused before any import unless allow-listed
+    assert "classes" not in card  # not said: the training task counts them with a forward pass
+
+
+def test_log_model_records_the_classifiers_class_count_and_refuses_nonsense(env, tmp_path):
+    """`classes=` goes to the card (the registered signature's prob_<k> columns, no torch in the task);
+    a value the registry would not read is refused, naming the field and what it accepts."""
+    import safetensors.torch
+
+    export = tmp_path / "export"
+    export.mkdir()
+    safetensors.torch.save_file(torch.nn.Linear(4, 3).state_dict(), export / "model.safetensors")
+    run = env()
+    for bad, kwargs in ((0, {}), (True, {}), ("3", {}), (70_000, {}), (3, {"task": "regression"})):
+        with pytest.raises(ValueError, match=r"classes=.*accepted values are an integer from 1 to 65536"):
+            run.log_model(export, factory="tests_linear:build", classes=bad, **kwargs)
+    with pytest.raises(ValueError, match="with a factory"):
+        run.log_model(export, classes=3)
+    run.log_model(export, factory="tests_linear:build", kwargs={"n": 4}, classes=3)
+    assert json.loads((tmp_path / "run" / "final" / runtime.CARD).read_text())["classes"] == 3
 
 
 def test_dataset_fetches_the_pinned_version_verified(env, tmp_path, monkeypatch, make_remote):

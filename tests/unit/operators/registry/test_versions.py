@@ -229,3 +229,44 @@ def test_the_version_carries_the_runs_lineage_tags(client, new_run, final_dir):
     tags = client.get_model_version("digits-lineage", str(v.version)).tags
     assert lineage.items() <= tags.items()
     assert tags["gangflow.train_try_number"] == "2" and "mlflow.note.content" not in tags
+
+
+def _signature_outputs(client, run_id) -> list[str]:
+    from mlflow.models import get_model_info
+
+    (output,) = client.get_run(run_id).outputs.model_outputs
+    with tracking.use_tracking_uri(tracking.client_uri(client)):
+        return [c.name for c in get_model_info(f"models:/{output.model_id}").signature.outputs.inputs]
+
+
+@pytest.mark.parametrize("classes, expected", [(3, 3), (True, 10), (0, 10), ("3", 10), (10**9, 10)])
+def test_the_signatures_class_scores_come_from_the_cards_classes(client, new_run, final_dir, tmp_path, monkeypatch,
+                                                                 classes, expected):
+    """Issue 22: the card's `classes` (what the rank that trained the model recorded) names the
+    `prob_<k>` columns without building the model (no `import torch` in the training task); a card
+    without a readable count falls back to one forward pass of the allowed model (10 scores)."""
+    card = json.loads((final_dir / "model_card.json").read_text())
+    (final_dir / "model_card.json").write_text(json.dumps({**card, "classes": classes}))
+    built = []
+    from operators.registry import served_model
+
+    loader = served_model.load_final_model
+    monkeypatch.setattr(served_model, "load_final_model", lambda *a, **k: built.append(1) or loader(*a, **k))
+    run_id = new_run()
+    registry.log_final_model(client, run_id, final_dir)
+    assert _signature_outputs(client, run_id) == ["prediction"] + [f"prob_{k}" for k in range(expected)]
+    assert bool(built) == (expected != classes)  # built only when the card did not say
+
+
+def test_a_folder_without_a_module_factory_is_not_built_for_its_signature(client, new_run, final_dir, tmp_path,
+                                                                          monkeypatch):
+    """A folder of one's own (charlm's transformers folder: no `model` in its card) names `prediction`
+    only, and nothing tries to build it."""
+    (final_dir / "model_card.json").write_text(json.dumps({"format": "gangflow-model-card/1", "kind": "folder",
+                                                           "flavour": "transformers"}))
+    from operators.registry import served_model
+
+    monkeypatch.setattr(served_model, "load_final_model", lambda *a, **k: pytest.fail("the folder was built"))
+    run_id = new_run()
+    registry.log_final_model(client, run_id, final_dir)
+    assert _signature_outputs(client, run_id) == ["prediction"]
