@@ -11,7 +11,6 @@ carry in a ring; 0 for one rank, whose all-reduce moves nothing).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path

@@ -198,7 +198,6 @@ def fetch_dataset(remote: str, version: str, dest_dir: str | os.PathLike, *,
         raise DatasetNotFound(f"dataset version {version} has no {', '.join(missing)}; "
                               f"its files are: {', '.join(sorted(by_path)) or '(none)'}")
     fs, root = _fs(remote)
-    folder = Path(dest_dir) / version
     out: dict[str, Path] = {}
     for relpath in wanted:
         try:  # the version's folder and every name resolve inside dest_dir (a planted link does not)

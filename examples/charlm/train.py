@@ -70,7 +70,7 @@ class Blocks(torch.utils.data.Dataset):
         return {"input_ids": self.tensor[index], "labels": self.tensor[index]}
 
 
-def build_model(tokenizer, args: argparse.Namespace):
+def build_model(tokenizer, args: SimpleNamespace):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(

@@ -19,7 +19,6 @@ from operators.failures.evidence import (
     SIGNAL_NAMES,
     Evidence,
     Exc,
-    one_line,
     parse_exception_line,
 )
 

@@ -9,7 +9,7 @@ anything of it is imported. docs/registry.md, "What is registered, and how to lo
 from pathlib import Path
 from typing import Any
 
-from operators.registry.signing import SIGNATURE_FILE, UnsignedModel, verify_model_dir
+from operators.registry.signing import UnsignedModel, verify_model_dir
 
 __all__ = ["UnsignedModel", "ServedModel", "load_model", "load_final_model", "LOADER_MODULE"]
 

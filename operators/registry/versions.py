@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
