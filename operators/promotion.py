@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import BaseOperator
 
 from trainer.allowlist import ModelNotAllowed
+from trainer.model_card import CARD
 
 from operators.exceptions import RegistryUnavailable, UserError
 from operators.registry.gate import Decision, PromotionGate, decide
@@ -416,7 +417,7 @@ class PromoteModelOperator(BaseOperator):
 def _card_lineage(final_dir: Path) -> dict[str, Any]:
     """Lineage the model card carries (data md5s, model factory), as `card_*` entries."""
     try:
-        card = json.loads((final_dir / "model_card.json").read_text())
+        card = json.loads((final_dir / CARD).read_text())
     except (OSError, ValueError):
         return {}
     found: dict[str, Any] = {}

@@ -651,7 +651,7 @@ def _local_node(backend: str) -> str:
 
 def _final_steps(spec: GangSpec) -> int | None:
     """The steps the finished gang made, from its model card (`trainer.export`)."""
-    from trainer.export import CARD
+    from trainer.model_card import CARD
 
     try:
         steps = json.loads((Path(spec.run_dir) / "final" / CARD).read_text()).get("steps")

@@ -20,10 +20,10 @@ from typing import Any
 
 from trainer.config import FACTORY_RE
 from trainer.checks import is_integer
+from trainer.model_card import WEIGHTS
 
 ENTRY_POINT_GROUP = "gangflow.models"
 ALLOWED_ENV = "GANGFLOW_ALLOWED_MODELS"
-WEIGHTS = "model.safetensors"
 
 _WEIGHTS_RE = re.compile(r"^[\w.-]+\.safetensors$")
 _SCALARS = (bool, int, float, str, type(None))
@@ -79,17 +79,6 @@ def card_model(card: Any) -> tuple[str, dict[str, Any]]:
             raise ModelNotAllowed(f"model card: model.kwargs.{key}={value!r}: only numbers, strings, booleans, "
                                   "null and lists of those are accepted")
     return factory, dict(kwargs)
-
-
-#: The most class scores a card may announce (`classes`).
-MAX_CARD_CLASSES = 65_536
-
-
-def card_classes(card: Any) -> int | None:
-    """A classifier card's `classes` (how many class scores its module returns, recorded by the
-    rank that trained it), or None when the card does not say or says something else."""
-    classes = card.get("classes") if isinstance(card, Mapping) else None
-    return classes if is_integer(classes) and 1 <= classes <= MAX_CARD_CLASSES else None
 
 
 def card_weights_file(card: Any) -> str:

@@ -22,11 +22,8 @@ from trainer.checkpoint import cpu_copy, file_entry
 from trainer.storage import Storage, publish_folder, write_folder
 from trainer.allowlist import ModelNotAllowed, card_model, card_weights_file, factory_for_card
 from trainer.checks import is_integer
+from trainer.model_card import CARD, CARD_FORMAT, FINAL, WEIGHTS
 
-FINAL = "final"
-WEIGHTS = "model.safetensors"
-CARD = "model_card.json"
-CARD_FORMAT = "gangflow-model-card/1"
 
 
 def _write_files(folder: Path, model: torch.nn.Module, card: dict[str, Any]) -> None:

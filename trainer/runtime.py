@@ -49,7 +49,6 @@ from typing import Any
 import torch
 
 from trainer import EXIT_PREEMPTED, errors
-from trainer.allowlist import MAX_CARD_CLASSES, card_classes
 from trainer.checkpoint import REQUIRED as SNAPSHOT_FILES
 from trainer.checkpoint import Checkpointer, CorruptCheckpoint, Loaded, Snapshot
 from trainer.config import CheckpointConfig, TrackingConfig
@@ -58,6 +57,7 @@ from trainer.distributed import Dist, Launch, StopAgreement, detect, pick_device
 from trainer.errors import CheckpointError, ConfigError
 from trainer.faults import Fault, FaultInjector, fault_from_env
 from trainer.identity import TRAIN_IDENTITY, ResumeMismatch, check_identity
+from trainer.model_card import CARD, CARD_FORMAT, MAX_CARD_CLASSES, WEIGHTS, card_classes
 from trainer.preemption import Preemption
 from trainer.storage import Storage, publish_folder
 from trainer.tracking import FINAL_ARTIFACT_PATH, Progress, Tracker
@@ -80,9 +80,6 @@ FOLDER_FILE = "folder.tar"
 CHECKPOINT_KIND = "gangflow-runtime/1"
 #: What a runtime checkpoint's manifest must list (state.pt and folder.tar when saved).
 REQUIRED = (STATE_JSON,)
-CARD = "model_card.json"
-CARD_FORMAT = "gangflow-model-card/1"
-WEIGHTS = "model.safetensors"
 
 
 @dataclass

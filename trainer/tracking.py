@@ -18,13 +18,14 @@ from typing import Any
 
 from trainer.console import say
 from trainer.errors import TrainerError
+from trainer.model_card import FINAL
 from trainer.storage import Storage
 from trainer.urls import redact_url
 
 _MAX_BATCH = 900  # MLflow accepts 1000 metrics per log_batch
 RECORD = "tracking.json"
 METRICS = "metrics.jsonl"
-FINAL_ARTIFACT_PATH = "final"
+FINAL_ARTIFACT_PATH = FINAL  # the run dir's final/ is logged under its own name
 
 
 class FinalUploadError(TrainerError):

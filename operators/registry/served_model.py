@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from operators.registry.signing import UnsignedModel, verify_model_dir
+from trainer.model_card import CARD, FINAL, WEIGHTS
 
 __all__ = ["UnsignedModel", "ServedModel", "load_model", "load_final_model", "LOADER_MODULE"]
 
@@ -18,9 +19,7 @@ LOADER_MODULE = "operators.registry.served_model"
 # The digits pipeline's columns: the default for models registered without a dataset schema.
 FEATURE_COLUMNS = [f"pixel_{i:02d}" for i in range(64)]
 LABEL_COLUMN = "label"
-WEIGHTS_FILE = "model.safetensors"
-CARD_FILE = "model_card.json"
-FINAL_DIR = "final"
+WEIGHTS_FILE, CARD_FILE, FINAL_DIR = WEIGHTS, CARD, FINAL  # the names this module has always used
 #: Where a logged model keeps `final/` (MLflow's pyfunc `data`), relative to its root.
 MODEL_FINAL_PATH = "data/final"
 
@@ -67,7 +66,7 @@ def card_classes(final_dir: "str | Path") -> "int | None":
     """How many class scores the classifier returns, as its card records them; None when it does not say."""
     import json
 
-    from trainer.allowlist import card_classes as classes_of
+    from trainer.model_card import card_classes as classes_of
 
     try:
         return classes_of(json.loads((Path(final_dir) / CARD_FILE).read_text()))

@@ -24,6 +24,7 @@ from operators.exceptions import InfraError, UserError
 from operators.hooks.mlflow import client_uri, mlflow_errors, use_tracking_uri
 from operators.registry.gate import Decision, PromotionGate
 from operators.registry.lineage import run_lineage
+from trainer.model_card import WEIGHTS
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -551,9 +552,9 @@ def resolve_model_source(client: MlflowClient, model_uri: str) -> str:
 
 
 def _weights_dir(local: Path, what: str) -> Path:
-    hits = sorted(local.rglob("model.safetensors"), key=lambda p: len(p.parts))
+    hits = sorted(local.rglob(WEIGHTS), key=lambda p: len(p.parts))
     if not hits:
-        raise ModelNotFound(f"{what} has no model.safetensors: did training finish and log its final weights?")
+        raise ModelNotFound(f"{what} has no {WEIGHTS}: did training finish and log its final weights?")
     return hits[0].parent
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 import re
+import string
 import threading
 import uuid
 from collections.abc import Callable
@@ -23,8 +25,14 @@ GANG_PLURALS = {("jobset.x-k8s.io", "jobsets"), ("batch.volcano.sh", "jobs"), ("
 CLUSTER_SCOPED = {"clusterqueues"}
 
 
-def _now() -> str:
+def now() -> str:
+    """A Kubernetes timestamp (RFC 3339, seconds, UTC) of this moment."""
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def name_suffix() -> str:
+    """The five random characters the API server appends to a `generateName`."""
+    return "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
 
 
 def _matches(labels: dict[str, str], selector: str | None) -> bool:
@@ -171,7 +179,7 @@ class InMemoryKubernetesApi:
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", _now())
+        meta.setdefault("creationTimestamp", now())
         meta["resourceVersion"] = str(len(self.requests) + 1000)
         with self._lock:
             self.objects[self._key(group, plural, meta.get("namespace"), meta["name"])] = obj

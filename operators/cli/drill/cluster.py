@@ -12,11 +12,9 @@ import collections
 import copy
 import json
 import os
-import random
 import re
 import shutil
 import signal
-import string
 import subprocess
 import threading
 import time
@@ -26,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from operators.cli.drill.api_double import InMemoryKubernetesApi
+from operators.cli.drill.api_double import InMemoryKubernetesApi, name_suffix, now
 from operators.cli.drill.image import Image
 from operators.cli.drill.pods import ContainerConfigError, Rewrites, differences, expand_argv, process_env, resolve_env
 from operators.utils.processes import pids_in_folder, pids_with_env
@@ -128,18 +126,10 @@ def kueue_workload(owner: dict[str, Any], *, prefix: str, queue: str, pod_sets: 
     }  # fmt: skip
 
 
-def now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def seconds_since(stamp: str) -> float:
     """Seconds from a Kubernetes timestamp (`now()`'s format) to now: how long an object has been active."""
     started = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
     return (datetime.now(timezone.utc) - started).total_seconds()
-
-
-def _suffix() -> str:
-    return "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
 
 
 def processes_with_marker(marker: str) -> list[int]:
@@ -550,7 +540,7 @@ class EmulatedCluster(ReconcileLoop):
         return {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": f"{job_name}-{index}-{_suffix()}", "generateName": f"{job_name}-{index}-", "namespace": ns, "labels": labels, "annotations": annotations},
+            "metadata": {"name": f"{job_name}-{index}-{name_suffix()}", "generateName": f"{job_name}-{index}-", "namespace": ns, "labels": labels, "annotations": annotations},
             "spec": spec,
             "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "", "lastTransitionTime": now()}]},
         }

@@ -41,13 +41,10 @@ from __future__ import annotations
 
 import copy
 import os
-import random
-import string
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import Any
 
-from operators.cli.drill.api_double import InMemoryKubernetesApi
+from operators.cli.drill.api_double import InMemoryKubernetesApi, name_suffix, now
 from operators.cli.drill.cluster import admit, kueue_workload
 
 MPIJOBS = ("kubeflow.org", "mpijobs")
@@ -71,14 +68,6 @@ SSH_AGENT_ENV = "PRTE_MCA_plm_ssh_agent"  # Open MPI 5 (PRRTE): the command that
 Note = Callable[[str], None]
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _suffix() -> str:
-    return "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
-
-
 def hostfile(name: str, namespace: str, workers: int, slots: int) -> str:
     """mpi-operator's `newConfigMap` hostfile for Open MPI: one worker a line, by its Service DNS name."""
     return "".join(f"{name}-worker-{i}.{name}.{namespace}.svc slots={slots}\n" for i in range(workers))
@@ -91,7 +80,7 @@ def set_condition(conditions: list[dict[str, Any]], kind: str, status: str, reas
     old = next((c for c in conditions if c["type"] == kind), None)
     if old is not None and (old["status"], old.get("reason"), old.get("message")) == (status, reason, message):
         return False
-    stamp = _now()
+    stamp = now()
     new = {"type": kind, "status": status, "reason": reason, "message": message, "lastUpdateTime": stamp,
            "lastTransitionTime": old["lastTransitionTime"] if old is not None and old["status"] == status else stamp}  # fmt: skip
     if old is None:
@@ -143,7 +132,7 @@ class MPIController:
         if not queue or uid in self._admitted or not policy.get("suspend"):
             return
         self._admitted.add(uid)
-        stamp = _now()
+        stamp = now()
         replicas = spec.get("mpiReplicaSpecs") or {}
         pod_sets = [{"name": role.lower(), "count": int((replicas.get(role) or {}).get("replicas", 1))} for role in ("Launcher", "Worker")]
         workload = kueue_workload(mpijob, prefix="mpijob", queue=queue, pod_sets=pod_sets, stamp=stamp)
@@ -195,7 +184,7 @@ class MPIController:
         phase = ((launcher or {}).get("status") or {}).get("phase")
         if phase == "Succeeded":
             changed |= set_condition(conditions, "Succeeded", "True", "MPIJobSucceeded", f"MPIJob {ns}/{name} successfully completed.")
-            status["completionTime"] = _now()
+            status["completionTime"] = now()
         elif phase == "Failed":
             pod_status = launcher.get("status") or {}
             if pod_status.get("reason") == "DeadlineExceeded":  # the launcher Job's activeDeadlineSeconds
@@ -204,7 +193,7 @@ class MPIController:
                 reason = "BackoffLimitExceeded/" + (pod_status.get("reason") or "")
                 message = "Job has reached the specified backoff limit: " + (pod_status.get("message") or "")
             changed |= set_condition(conditions, "Failed", "True", reason, message[:1024])
-            status["completionTime"] = _now()
+            status["completionTime"] = now()
         elif phase == "Running" and len(running) == workers:
             changed |= set_condition(conditions, "Running", "True", "MPIJobRunning", f"MPIJob {ns}/{name} is running.")
         status["replicaStatuses"] = {
@@ -228,7 +217,7 @@ class MPIController:
         with self.api._lock:
             for pod in self._pods(meta["namespace"], meta["name"]):
                 if everything or (pod.get("status") or {}).get("phase") in ("Running", "Pending"):
-                    pod["metadata"].setdefault("deletionTimestamp", _now())
+                    pod["metadata"].setdefault("deletionTimestamp", now())
                     deleted.append(pod["metadata"]["name"])
         if deleted:
             note(f"MPI Operator deleted the running pods of finished MPIJob {meta['namespace']}/{meta['name']} (cleanPodPolicy): {', '.join(sorted(deleted))}")
@@ -270,7 +259,7 @@ class MPIController:
             "metadata": {"name": pod_name, "namespace": ns, "labels": labels, "annotations": dict(tmeta.get("annotations") or {}),
                          "ownerReferences": self._owner(mpijob)},
             "spec": spec,
-            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "", "lastTransitionTime": _now()}]},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "", "lastTransitionTime": now()}]},
         }  # fmt: skip
 
     def _worker(self, mpijob: dict[str, Any], index: int) -> dict[str, Any]:
@@ -280,7 +269,7 @@ class MPIController:
     def _launcher(self, mpijob: dict[str, Any]) -> dict[str, Any]:
         name, spec = mpijob["metadata"]["name"], mpijob["spec"]
         job = f"{name}-launcher"
-        pod = self._pod(mpijob, "launcher", f"{job}-{_suffix()}", job, {"batch.kubernetes.io/job-name": job, "job-name": job})
+        pod = self._pod(mpijob, "launcher", f"{job}-{name_suffix()}", job, {"batch.kubernetes.io/job-name": job, "job-name": job})
         container = pod["spec"]["containers"][0]
         env = container["env"]
         env += [{"name": k, "value": v} for k, v in OMPI_ENV]
@@ -307,7 +296,7 @@ class MPIController:
                     if plural == "configmaps":
                         self.api.remove("", plural, ns, name)
                     elif self.api.get("", plural, ns, name) is not None:
-                        self.api.get("", plural, ns, name)["metadata"].setdefault("deletionTimestamp", _now())
+                        self.api.get("", plural, ns, name)["metadata"].setdefault("deletionTimestamp", now())
                 if plural == "configmaps":
                     note(f"garbage collector: ConfigMap {ns}/{name} deleted with its MPIJob")
 

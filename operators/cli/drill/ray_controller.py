@@ -40,17 +40,14 @@ from __future__ import annotations
 
 import copy
 import json
-import random
-import string
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
-from operators.cli.drill.api_double import InMemoryKubernetesApi
+from operators.cli.drill.api_double import InMemoryKubernetesApi, name_suffix, now
 from operators.cli.drill.cluster import admit, kueue_workload, seconds_since
 
 RAYJOBS = ("ray.io", "rayjobs")
@@ -63,14 +60,6 @@ TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 Note = Callable[[str], None]
 NodeParams = Callable[[str, str], dict[str, str]]  # (node type head|worker, pod name) -> rayStartParams to add
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _suffix() -> str:
-    return "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
 
 
 def start_params(params: dict[str, str], node_type: str, *, address: str = "") -> dict[str, str]:
@@ -187,7 +176,7 @@ class RayController:
         cluster = spec.get("rayClusterSpec") or {}
         workers = sum(int(g.get("replicas") or 0) for g in cluster.get("workerGroupSpecs") or [])
         pod_sets = [{"name": "head", "count": 1}, {"name": "workers", "count": workers}, {"name": "submitter", "count": 1}]
-        workload = kueue_workload(rayjob, prefix="rayjob", queue=queue, pod_sets=pod_sets, stamp=_now())
+        workload = kueue_workload(rayjob, prefix="rayjob", queue=queue, pod_sets=pod_sets, stamp=now())
         if admit(self.api, RAYJOBS, workload, suspend=False):
             note(f"Kueue admitted RayJob {ns}/{name} (1 head + {workers} workers + the submitter)")
 
@@ -203,9 +192,9 @@ class RayController:
             if spec.get("suspend"):
                 status.update(jobDeploymentStatus="Suspended")
             else:  # initRayJobStatusIfNeed
-                cluster = f"{name}-{_suffix()}"
-                status.update(jobId=spec.get("jobId") or f"{name}-{_suffix()}", rayClusterName=cluster, jobStatus="",
-                              jobDeploymentStatus="Initializing", startTime=_now(), reason="", message="")  # fmt: skip
+                cluster = f"{name}-{name_suffix()}"
+                status.update(jobId=spec.get("jobId") or f"{name}-{name_suffix()}", rayClusterName=cluster, jobStatus="",
+                              jobDeploymentStatus="Initializing", startTime=now(), reason="", message="")  # fmt: skip
                 status.pop("endTime", None)
                 status.pop("dashboardURL", None)
         elif deployment in ("Initializing", "Running") and self._past_deadline(spec, status):
@@ -256,7 +245,7 @@ class RayController:
     def _fail(self, status: dict[str, Any], reason: str, message: str, backoff_limit: int | None = None) -> None:
         """Failed, or `Retrying` while the RayJob's backoffLimit allows another RayCluster."""
         failed = int(status.get("failed") or 0) + 1
-        status.update(failed=failed, reason=reason, message=message, endTime=_now())
+        status.update(failed=failed, reason=reason, message=message, endTime=now())
         status["jobDeploymentStatus"] = "Retrying" if backoff_limit is not None and failed <= backoff_limit else "Failed"
 
     def _running(self, rayjob: dict[str, Any], status: dict[str, Any], note: Note) -> None:
@@ -270,7 +259,7 @@ class RayController:
         if info is not None:
             status["jobStatus"] = info.get("status") or status.get("jobStatus") or ""
             if status["jobStatus"] == "SUCCEEDED":
-                status.update(jobDeploymentStatus="Complete", succeeded=int(status.get("succeeded") or 0) + 1, endTime=_now(),
+                status.update(jobDeploymentStatus="Complete", succeeded=int(status.get("succeeded") or 0) + 1, endTime=now(),
                               message=info.get("message") or "")  # fmt: skip
             elif status["jobStatus"] in TERMINAL:
                 self._fail(status, "AppFailed", info.get("message") or f"Ray job {status['jobId']} {status['jobStatus']}", backoff)
@@ -290,7 +279,7 @@ class RayController:
     def _create_cluster(self, rayjob: dict[str, Any], name: str, note: Note) -> RayCluster:
         """The RayCluster's head Service, head pod and worker pods (KubeRay's RayCluster controller)."""
         ns, spec = rayjob["metadata"]["namespace"], rayjob["spec"]["rayClusterSpec"]
-        head_name = f"{name}-head-{_suffix()}"
+        head_name = f"{name}-head-{name_suffix()}"
         head_params = start_params({**spec["headGroupSpec"].get("rayStartParams", {}), **self.node_params("head", head_name)}, "head")
         port, dashboard = head_params.get("port", HEAD_PORT), head_params.get("dashboard-port", DASHBOARD_PORT)
         svc = f"{name}-head-svc"
@@ -303,7 +292,7 @@ class RayController:
         nodes = [("head", "headgroup", head_name, spec["headGroupSpec"]["template"], head_params)]
         for group in spec.get("workerGroupSpecs") or []:
             for _ in range(int(group.get("replicas") or 0)):
-                pod = f"{name}-{group['groupName']}-worker-{_suffix()}"
+                pod = f"{name}-{group['groupName']}-worker-{name_suffix()}"
                 params = start_params({**group.get("rayStartParams", {}), **self.node_params("worker", pod)}, "worker", address=f"{fqdn}:{port}")
                 nodes.append(("worker", group["groupName"], pod, group["template"], params))
         for node_type, group, pod_name, template, params in nodes:
@@ -355,7 +344,7 @@ class RayController:
                                                 {"name": "RAY_JOB_SUBMISSION_ID", "value": status["jobId"]}])  # fmt: skip
         template["spec"]["restartPolicy"] = "Never"
         labels = {**((template.get("metadata") or {}).get("labels") or {}), "batch.kubernetes.io/job-name": name, "job-name": name}
-        pod_name = f"{name}-{_suffix()}"
+        pod_name = f"{name}-{name_suffix()}"
         self.api.put("", "pods", self._pod(rayjob, pod_name, labels, template, owner={"apiVersion": "batch/v1", "kind": "Job", "name": name}))
         cluster.submitters.append(pod_name)
         note(f"KubeRay created the submitter pod {pod_name} of RayJob {ns}/{name}: its RayCluster {cluster.name} is ready")
@@ -367,7 +356,7 @@ class RayController:
                 "metadata": {"name": pod_name, "namespace": rayjob["metadata"]["namespace"], "labels": labels,
                              "annotations": dict(tmeta.get("annotations") or {}), "ownerReferences": [{**owner, "controller": True}]},
                 "spec": template["spec"],
-                "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "", "lastTransitionTime": _now()}]}}  # fmt: skip
+                "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "", "lastTransitionTime": now()}]}}  # fmt: skip
 
     def _ready(self, cluster: RayCluster, ns: str, pods: list[str] | None = None) -> bool:
         """The RayCluster (or these of its pods) is ready: every pod runs and passes KubeRay's readiness probe."""
@@ -391,7 +380,7 @@ class RayController:
                     self.api.remove("", "services", svc["metadata"]["namespace"], svc["metadata"]["name"])
             for pod in self.api.items("", "pods"):
                 if pod["metadata"]["name"] in names and not pod["metadata"].get("deletionTimestamp"):
-                    pod["metadata"]["deletionTimestamp"] = _now()
+                    pod["metadata"]["deletionTimestamp"] = now()
                     deleted.append(pod["metadata"]["name"])
         if deleted:
             note(f"KubeRay deleted RayCluster {cluster.name} ({why}): {', '.join(sorted(deleted))}")

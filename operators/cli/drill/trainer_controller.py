@@ -13,10 +13,9 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Mapping
-from datetime import datetime, timezone
 from typing import Any
 
-from operators.cli.drill.api_double import InMemoryKubernetesApi
+from operators.cli.drill.api_double import InMemoryKubernetesApi, now
 from operators.cli.drill.cluster import admit, jobset_pods, kueue_workload, seconds_since, set_admission
 
 TRAINJOBS = ("trainer.kubeflow.org", "trainjobs")
@@ -38,10 +37,6 @@ RESUMED_MESSAGE = "TrainJob is resumed"
 DEADLINE_EXCEEDED_MESSAGE = "TrainJob exceeded its active deadline"
 
 Note = Callable[[str], None]
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def chart_training_runtime(values: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -190,10 +185,10 @@ def _set_condition(conditions: list[dict[str, Any]], new: dict[str, Any]) -> Non
     """meta.SetStatusCondition: the transition time moves only when the status changes."""
     old = next((c for c in conditions if c["type"] == new["type"]), None)
     if old is None:
-        conditions.append({**new, "lastTransitionTime": new.get("lastTransitionTime") or _now()})
+        conditions.append({**new, "lastTransitionTime": new.get("lastTransitionTime") or now()})
         return
     if old["status"] != new["status"]:
-        old["lastTransitionTime"] = new.get("lastTransitionTime") or _now()
+        old["lastTransitionTime"] = new.get("lastTransitionTime") or now()
     old.update(status=new["status"], reason=new["reason"], message=new["message"])
 
 
@@ -275,7 +270,7 @@ class TrainerController:
         if not queue or uid in self._admitted or not (trainjob.get("spec") or {}).get("suspend"):
             return
         self._admitted.add(uid)
-        stamp = _now()
+        stamp = now()
         nodes = int(((trainjob.get("spec") or {}).get("trainer") or {}).get("numNodes", 1))
         workload = kueue_workload(trainjob, prefix="trainjob", queue=queue, pod_sets=[{"name": NODE, "count": nodes}], stamp=stamp)
         if admit(self.api, TRAINJOBS, workload, suspend=False):
@@ -292,7 +287,7 @@ class TrainerController:
         workload = next((wl for wl in self.api.items(*WORKLOADS, ns) if (wl["metadata"].get("labels") or {}).get("kueue.x-k8s.io/job-uid") == uid), None)
         if workload is None:
             return
-        active, stamp = (workload.get("spec") or {}).get("active", True) is not False, _now()
+        active, stamp = (workload.get("spec") or {}).get("active", True) is not False, now()
         if not active and uid not in self._inactive:
             self._inactive.add(uid)
             suspend, words = True, (f"Kueue evicted Workload {workload['metadata']['name']} of TrainJob {ns}/{name} "
@@ -381,4 +376,4 @@ class TrainerController:
         with self.api._lock:
             self.api.remove(*JOBSETS, ns, name)
             for pod in jobset_pods(self.api, ns, name):
-                pod["metadata"].setdefault("deletionTimestamp", _now())
+                pod["metadata"].setdefault("deletionTimestamp", now())

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import yaml
 
+from operators.cli.drill.api_double import now
 from operators.backends.base import GangSpec
 from operators.backends.kubernetes import KubernetesBackend
 from operators.exceptions import (
@@ -73,15 +74,11 @@ def kueue_pending(fx: Fixtures, state: str = "pending_quota"):
     return step
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def kueue_admit(fx: Fixtures, pod_state: str = "container_creating", ranks=range(4)):
     def step(api):
         workload = fx.workload("admitted")
         for cond in workload["status"]["conditions"]:
-            cond["lastTransitionTime"] = _now()  # admitted now, as Kueue would stamp it
+            cond["lastTransitionTime"] = now()  # admitted now, as Kueue would stamp it
         api.put(*KQ, workload)
         api.set_status(*JS, NAMESPACE, fx.name, fx.jobset_status("running"), suspend=False)
         for rank in ranks:
@@ -593,7 +590,7 @@ def test_trainjob_submit_validates_and_completes(fake_k8s):
     def admitted(a):
         workload = fx.workload("admitted")
         for cond in workload["status"]["conditions"]:
-            cond["lastTransitionTime"] = _now()
+            cond["lastTransitionTime"] = now()
         a.put(*KQ, workload)
         a.set_status("trainer.kubeflow.org", "trainjobs", NAMESPACE, fx.name, {"conditions": []}, suspend=False)
         for rank in range(4):
@@ -605,7 +602,7 @@ def test_trainjob_submit_validates_and_completes(fake_k8s):
             "trainjobs",
             NAMESPACE,
             fx.name,
-            {"conditions": [{"type": "Complete", "status": "True", "reason": "JobsCompleted", "message": "jobset completed successfully", "lastTransitionTime": _now()}]},
+            {"conditions": [{"type": "Complete", "status": "True", "reason": "JobsCompleted", "message": "jobset completed successfully", "lastTransitionTime": now()}]},
         )
 
     api.steps = [admitted, nothing, complete]
@@ -695,7 +692,7 @@ def test_resume_waits_for_the_paused_pods_to_be_gone_before_the_gang_stops_being
 
     asyncio.run(control(True))
     for rank in range(4):  # the Job controller deleted them: terminating
-        api.get("", "pods", NAMESPACE, fx.pod_name(rank))["metadata"]["deletionTimestamp"] = _now()
+        api.get("", "pods", NAMESPACE, fx.pod_name(rank))["metadata"]["deletionTimestamp"] = now()
     gone = threading.Timer(0.5, lambda: [api.remove("", "pods", NAMESPACE, fx.pod_name(rank)) for rank in range(4)])
     gone.start()
     asyncio.run(control(False))
@@ -734,14 +731,14 @@ def test_a_paused_gang_waits_and_a_resumed_one_runs_again_without_a_failure(fake
         workload = fx.workload("admitted")
         workload["spec"]["active"] = False
         workload["status"]["conditions"] = [
-            {"type": "QuotaReserved", "status": "False", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": _now()},
-            {"type": "Admitted", "status": "False", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": _now()},
-            {"type": "Evicted", "status": "True", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": _now()}]
+            {"type": "QuotaReserved", "status": "False", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": now()},
+            {"type": "Admitted", "status": "False", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": now()},
+            {"type": "Evicted", "status": "True", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": now()}]
         a.put(*KQ, workload)
         for rank in range(4):  # the ranks took their final checkpoint and exited 75
             pod = fx.pod("user_error", rank)
             pod["metadata"]["creationTimestamp"] = "2026-12-03T09:00:00Z"
-            pod["metadata"]["deletionTimestamp"] = _now()
+            pod["metadata"]["deletionTimestamp"] = now()
             a.put("", "pods", pod)
 
     def resumed_still_evicted(a):
@@ -756,7 +753,7 @@ def test_a_paused_gang_waits_and_a_resumed_one_runs_again_without_a_failure(fake
     def admitted_again(a):
         kueue_admit(fx, "running")(a)
         for rank in range(4):  # the JobSet's new pods
-            a.get("", "pods", NAMESPACE, fx.pod_name(rank))["metadata"]["creationTimestamp"] = _now()
+            a.get("", "pods", NAMESPACE, fx.pod_name(rank))["metadata"]["creationTimestamp"] = now()
 
     api.steps = [kueue_admit(fx, "running"), nothing, pause, nothing, nothing, old_pods_gone, resumed_still_evicted,
                  admitted_again, nothing, jobset_status(fx, "completed")]  # fmt: skip
@@ -782,8 +779,8 @@ def test_a_pause_no_poll_saw_is_counted_and_its_requeue_is_no_failure(fake_k8s):
         a.get(*JS, NAMESPACE, handle["name"])["metadata"].setdefault("annotations", {})[PAUSES_ANNOTATION] = "1"
         workload = fx.workload("admitted")
         workload["status"]["conditions"] = [
-            {"type": "QuotaReserved", "status": "False", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": _now()},
-            {"type": "Evicted", "status": "True", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": _now()}]
+            {"type": "QuotaReserved", "status": "False", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": now()},
+            {"type": "Evicted", "status": "True", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": now()}]
         a.put(*KQ, workload)
         for rank in range(4):
             a.remove("", "pods", NAMESPACE, fx.pod_name(rank))
@@ -804,7 +801,7 @@ def _dispatched(fx: Fixtures, cluster: str):
         workload = fx.workload("admitted")
         for cond in workload["status"]["conditions"]:
             cond["lastTransitionTime"] = (datetime.now(timezone.utc) - timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
-        workload["status"]["admissionChecks"] = [{"name": "gangflow-multikueue", "state": "Ready", "lastTransitionTime": _now(),
+        workload["status"]["admissionChecks"] = [{"name": "gangflow-multikueue", "state": "Ready", "lastTransitionTime": now(),
                                                   "message": f'The workload got reservation on "{cluster}"'}]  # fmt: skip
         workload["status"]["clusterName"] = cluster
         api.put(*KQ, workload)
@@ -839,13 +836,13 @@ def test_a_lost_worker_cluster_is_an_infra_failure_naming_the_worker_not_a_preem
 
     def worker_lost(a):  # Kueue after workerLostTimeout: the check back to Retry, the Workload evicted
         workload = a.get(*KQ, NAMESPACE, fx.workload("admitted")["metadata"]["name"])
-        workload["status"]["admissionChecks"] = [{"name": "gangflow-multikueue", "state": "Retry", "lastTransitionTime": _now(),
+        workload["status"]["admissionChecks"] = [{"name": "gangflow-multikueue", "state": "Retry", "lastTransitionTime": now(),
                                                   "message": 'Reserving remote lost: cluster "worker-1" is not active'}]  # fmt: skip
         workload["status"].pop("clusterName")
         workload["status"]["conditions"] = [
-            {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "At least one admission check is false", "lastTransitionTime": _now()},
-            {"type": "Admitted", "status": "False", "reason": "AdmissionCheck", "message": "At least one admission check is false", "lastTransitionTime": _now()},
-            {"type": "Evicted", "status": "True", "reason": "AdmissionCheck", "message": "At least one admission check is false", "lastTransitionTime": _now()}]
+            {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "At least one admission check is false", "lastTransitionTime": now()},
+            {"type": "Admitted", "status": "False", "reason": "AdmissionCheck", "message": "At least one admission check is false", "lastTransitionTime": now()},
+            {"type": "Evicted", "status": "True", "reason": "AdmissionCheck", "message": "At least one admission check is false", "lastTransitionTime": now()}]
         a.get(*JS, NAMESPACE, fx.name)["spec"]["suspend"] = True
 
     api.steps = [_dispatched(fx, "worker-1"), nothing, worker_lost]
