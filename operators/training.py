@@ -650,11 +650,11 @@ def _local_node(backend: str) -> str:
 
 
 def _final_steps(spec: GangSpec) -> int | None:
-    """The steps the finished gang made, from its model card (`trainer.export`)."""
-    from trainer.model_card import CARD
+    """The steps the finished gang made, from its model card."""
+    from trainer.model_card import CARD, FINAL
 
     try:
-        steps = json.loads((Path(spec.run_dir) / "final" / CARD).read_text()).get("steps")
+        steps = json.loads((Path(spec.run_dir) / FINAL / CARD).read_text()).get("steps")
     except (OSError, ValueError, AttributeError):
         return None
     return steps if is_integer(steps) else None

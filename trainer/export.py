@@ -25,7 +25,6 @@ from trainer.checks import is_integer
 from trainer.model_card import CARD, CARD_FORMAT, FINAL, WEIGHTS
 
 
-
 def _write_files(folder: Path, model: torch.nn.Module, card: dict[str, Any]) -> None:
     """The weights and the card in `folder`, both fsynced, and the folder too."""
     weights = safetensors.torch.save(cpu_copy(model.state_dict()))
