@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import BaseOperator
 
 from operators.exceptions import GangflowError, UserError
+from trainer.model_card import card_task, read_card
 from trainer.urls import redact_url
 
 if TYPE_CHECKING:
@@ -218,12 +219,11 @@ def evaluate_final_dir(
     The result also names the test file and its md5, so a later comparison can check that two
     scores come from the same split.
     """
-    from operators.registry.served_model import card_task
     from trainer.datastore import file_md5  # as DVC computes it: the test split's identity in tags
 
     model = load_final_model(final_dir, allowed_models=allowed_models)
     x, y = load_test_arrays(test_path, data_factory)
-    metrics = evaluate(model, x, y, num_classes, task=card_task(final_dir))
+    metrics = evaluate(model, x, y, num_classes, task=card_task(read_card(final_dir)))
     metrics["test_path"] = str(test_path)
     metrics["test_md5"] = file_md5(test_path)
     return metrics
@@ -487,7 +487,6 @@ class EvaluateModelOperator(BaseOperator):
     # -- execute ---------------------------------------------------------------------------
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from operators.registry.served_model import card_task
         from operators.registry.versions import download_model
         from operators.hooks.mlflow import get_client
 
@@ -496,7 +495,7 @@ class EvaluateModelOperator(BaseOperator):
         with tempfile.TemporaryDirectory(prefix="gangflow-evaluate-") as tmp:
             final_dir = download_model(get_client(self.tracking_uri or None), model_uri, Path(tmp) / "model")
             test_path = fetch_test_split(manifest, Path(tmp) / "data")
-            self.task = card_task(final_dir)  # as trained: the card's train.task
+            self.task = card_task(read_card(final_dir))  # as trained: the card's train.task
             if self.evaluation_entrypoint:
                 metrics = score_with_entrypoint(self.evaluation_entrypoint, final_dir, test_path)
                 return self._finish(metrics, manifest, model_uri, num_examples=metrics.get("num_examples"))

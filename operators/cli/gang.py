@@ -58,12 +58,13 @@ async def _running_gang(api, gang: str) -> tuple[tuple[str, str, str, str], dict
 async def set_paused(api, gang: str, paused: bool, *, reason: str = "", wait_seconds: float = 600, poll: float = 1.0) -> dict[str, Any]:
     """Pause (or resume) the running object of `gang`; what was done, as a JSON-able dict."""
     from operators.kubernetes.builders import ATTEMPT_LABEL, GANG_LABEL, PAUSED_ANNOTATION, PAUSES_ANNOTATION, pause_count
+    from operators.kubernetes.status import timestamp
 
     (group, version, plural, kind), obj = await _running_gang(api, gang)
     meta = obj["metadata"]
     name, uid, annotations = meta["name"], meta.get("uid", ""), meta.get("annotations") or {}
     workloads = await api.list_workloads(uid) if uid else []
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    stamp = timestamp()
     if paused:  # the annotations first: the watch must know it is a pause before it sees the eviction
         if PAUSED_ANNOTATION in annotations:
             raise GangControlError(f"gang {gang!r}: {kind} {name} is already paused ({annotations[PAUSED_ANNOTATION]})")

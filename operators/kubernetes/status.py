@@ -8,9 +8,13 @@ classifier's evidence, contract 4, docs/contracts.md).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
+
+TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # the API server's: RFC 3339, whole seconds, UTC
 
 EVIDENCE_KEYS = (
     "exit_code",
@@ -26,6 +30,24 @@ EVIDENCE_KEYS = (
 )
 # identification keys added beside the classifier's keys (the classifier ignores them)
 IDENTITY_KEYS = ("pod", "rank", "node", "finished_at")
+
+
+def timestamp(epoch: float | None = None) -> str:
+    """A Kubernetes timestamp of `epoch` (default: now)."""
+    return time.strftime(TIMESTAMP_FORMAT, time.gmtime(epoch))
+
+
+def parse_time(value: str | None) -> float | None:
+    """A Kubernetes timestamp -> epoch seconds; None when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.timestamp()
 
 # Container waiting reasons that never clear on their own: fail at once.
 FATAL_WAITING_REASONS = frozenset({"InvalidImageName", "CreateContainerConfigError", "ErrImageNeverPull", "CreateContainerError"})

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime, timezone
 from typing import Any
 
 from operators.failures.evidence import job_message_evidence, mpirun_launcher_evidence
@@ -19,19 +18,6 @@ from operators.hooks.kubernetes import GangApi
 
 MAX_EVIDENCE_PODS = 8
 MAX_WAITING_NOTES = 10
-
-
-def _parse_time(value: str | None) -> float | None:
-    """RFC 3339 timestamp of the API server -> epoch seconds."""
-    if not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.timestamp()
 
 
 def format_duration(seconds: float) -> str:
@@ -244,7 +230,7 @@ class GangWatcher:
                 "failed", message, now, evidence={"pod_reason": "GangDeleted", "pod_message": message, "ranks": []}
             )
         if self.created_at is None:
-            created = _parse_time((obj.get("metadata") or {}).get("creationTimestamp"))
+            created = st.parse_time((obj.get("metadata") or {}).get("creationTimestamp"))
             self.created_at = min(created, now) if created else self.first_seen
         if self._paused(obj, now):
             return None
@@ -302,7 +288,7 @@ class GangWatcher:
             if not admitted:
                 return self._wait_or_time_out(reason, now, self.created_at, self.admission_timeout,
                                               f"was not admitted within {self.admission_timeout_field}={int(self.admission_timeout)}")
-            admitted_at = _parse_time(st.workload_state(workload).admitted_at) if workload is not None else None
+            admitted_at = st.parse_time(st.workload_state(workload).admitted_at) if workload is not None else None
             self.admitted_at = max(self.created_at, min(admitted_at, now)) if admitted_at else now
             self.phase = "startup"
             self.log(f"{self.where} admitted after {format_duration(self.admitted_at - self.created_at)}")

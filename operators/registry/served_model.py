@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from operators.registry.signing import UnsignedModel, verify_model_dir
-from trainer.model_card import CARD, FINAL, WEIGHTS
+from trainer.model_card import CARD, FINAL, WEIGHTS, card_task, read_card
 
 __all__ = ["UnsignedModel", "ServedModel", "load_model", "load_final_model", "LOADER_MODULE"]
 
@@ -37,41 +37,6 @@ def load_final_model(final_dir: "str | Path", *, allowed_models=None):
     from trainer.export import load_final_model as trainer_loader
 
     return trainer_loader(final_dir, allowed_models=allowed_models).eval()
-
-
-def card_task(final_dir: "str | Path") -> str:
-    """The task the model was trained for (`config.train.task` of its card; classification)."""
-    import json
-
-    try:
-        card = json.loads((Path(final_dir) / CARD_FILE).read_text())
-        task = ((card.get("config") or {}).get("train") or {}).get("task") or "classification"
-    except (OSError, ValueError, AttributeError):
-        return "classification"
-    return task if task in ("classification", "regression") else "classification"
-
-
-def card_factory(final_dir: "str | Path") -> "str | None":
-    """The `module:function` model factory the card names (None when unreadable)."""
-    import json
-
-    try:
-        factory = json.loads((Path(final_dir) / CARD_FILE).read_text())["model"]["factory"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return factory if isinstance(factory, str) else None
-
-
-def card_classes(final_dir: "str | Path") -> "int | None":
-    """How many class scores the classifier returns, as its card records them; None when it does not say."""
-    import json
-
-    from trainer.model_card import card_classes as classes_of
-
-    try:
-        return classes_of(json.loads((Path(final_dir) / CARD_FILE).read_text()))
-    except (OSError, ValueError):
-        return None
 
 
 def _listed(columns, limit: int = 6) -> str:
@@ -106,7 +71,7 @@ class GangflowModel:
         config = model_config or {}
         self.model = load_final_model(final_dir, allowed_models=allowed_models)
         self.columns = list(config.get("features") or FEATURE_COLUMNS)
-        self.task = config.get("task") or card_task(final_dir)
+        self.task = config.get("task") or card_task(read_card(final_dir))
 
     def predict(self, model_input, params=None):
         import numpy as np

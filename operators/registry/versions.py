@@ -24,7 +24,7 @@ from operators.exceptions import InfraError, UserError
 from operators.hooks.mlflow import client_uri, mlflow_errors, use_tracking_uri
 from operators.registry.gate import Decision, PromotionGate
 from operators.registry.lineage import run_lineage
-from trainer.model_card import WEIGHTS
+from trainer.model_card import WEIGHTS, card_classes, card_factory, card_task, read_card
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -130,18 +130,18 @@ def _pyfunc_signature(schema: Mapping[str, str], outputs: Sequence[tuple[str, st
     return ModelSignature(inputs=Schema([ColSpec(_colspec_type(t), c) for c, t in schema.items()]), outputs=out)
 
 
-def _output_columns(staged: Path, task: str, n_features: int, allowed: str | None) -> list[tuple[str, str]]:
+def _output_columns(card: Mapping[str, Any], staged: Path, n_features: int, allowed: str | None) -> list[tuple[str, str]]:
     """`prediction` (and `prob_<k>` for a classifier: k from the card's `classes`, else from one
     forward pass of the model, built only when its factory is allowed); just `prediction` when the
     model cannot be built here."""
-    from operators.registry.served_model import card_classes, card_factory, load_final_model
+    from operators.registry.served_model import load_final_model
 
-    if task == "regression":
+    if card_task(card) == "regression":
         return [("prediction", "double")]
-    classes = card_classes(staged)
+    classes = card_classes(card)
     if classes is not None:  # recorded by the rank that trained it: no torch in this process
         return [("prediction", "long")] + [(f"prob_{k}", "double") for k in range(classes)]
-    if card_factory(staged) is None:  # a folder of one's own without a module factory: nothing to build
+    if card_factory(card) is None:  # a folder of one's own without a module factory: nothing to build
         return [("prediction", "long")]
     try:
         import torch
@@ -267,18 +267,6 @@ def _bundled_code(staging: Path, factory: str | None) -> list[str]:
     return [str(staging / user.name)]
 
 
-def _user_folder(final_dir: Path) -> bool:
-    """Whether `final_dir` is a folder that training code of one's own published (`run.log_model`):
-    its model card says `"kind": "folder"`; the tokenizer, config and other files it holds belong
-    to the model (its `evaluation.entrypoint` reads them for the champion too)."""
-    from operators.registry import served_model
-
-    try:
-        return json.loads((final_dir / served_model.CARD_FILE).read_text()).get("kind") == "folder"
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def _allowed_spec(factory: str | None, allowed_models: Sequence[str] | str | None) -> str | None:
     """The `module:function` the card's factory stands for when the platform allows it, else None."""
     from trainer.allowlist import ModelNotAllowed, allowed_factories
@@ -327,16 +315,19 @@ def log_final_model(
             if not source.is_file() or source.is_symlink():
                 raise UserError(f"cannot log {final_dir}: {fname} is missing (or a link)")
             shutil.copy2(source, staged / fname)
-        if _user_folder(final_dir):  # training code of one's own: its evaluation reads the whole folder
+        card = read_card(staged)
+        # training code of one's own (`run.log_model`): the tokenizer, config and other files of its
+        # folder belong to the model (its `evaluation.entrypoint` reads them for the champion too)
+        if card.get("kind") == "folder":
             for path in sorted(final_dir.rglob("*")):
                 if path.is_file() and not path.is_symlink() and not any(p.is_symlink() for p in path.parents):
                     (staged / path.relative_to(final_dir)).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(path, staged / path.relative_to(final_dir))
         if schema is None:
             schema = {c: "float32" for c in served_model.FEATURE_COLUMNS}
-        factory = served_model.card_factory(staged)
+        factory = card_factory(card)
         allowed = _allowed_spec(factory, allowed_models)
-        task = served_model.card_task(staged)
+        task = card_task(card)
         model_dir = Path(tmp) / "model"
         with warnings.catch_warnings():
             # Advice to add an input example: the training task has no test rows (promote may add none either)
@@ -346,7 +337,7 @@ def log_final_model(
                 loader_module=served_model.LOADER_MODULE,
                 data_path=str(staged),
                 code_paths=_bundled_code(Path(tmp) / "code", factory) or None,
-                signature=_pyfunc_signature(schema, _output_columns(staged, task, len(schema), allowed)),
+                signature=_pyfunc_signature(schema, _output_columns(card, staged, len(schema), allowed)),
                 input_example=input_example,
                 model_config={"features": list(schema), "task": task},
                 pip_requirements=_pip_requirements(),

@@ -16,18 +16,14 @@ import string
 import threading
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
+from operators.kubernetes.status import timestamp as now  # objects are stamped with the moment they change
+
 GANG_PLURALS = {("jobset.x-k8s.io", "jobsets"), ("batch.volcano.sh", "jobs"), ("trainer.kubeflow.org", "trainjobs")}
 CLUSTER_SCOPED = {"clusterqueues"}
-
-
-def now() -> str:
-    """A Kubernetes timestamp (RFC 3339, seconds, UTC) of this moment."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def name_suffix() -> str:

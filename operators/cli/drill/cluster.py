@@ -20,13 +20,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from operators.cli.drill.api_double import InMemoryKubernetesApi, name_suffix, now
 from operators.cli.drill.image import Image
 from operators.cli.drill.pods import ContainerConfigError, Rewrites, differences, expand_argv, process_env, resolve_env
+from operators.kubernetes.status import parse_time
 from operators.utils.processes import pids_in_folder, pids_with_env
 
 JS = ("jobset.x-k8s.io", "jobsets")
@@ -128,8 +128,7 @@ def kueue_workload(owner: dict[str, Any], *, prefix: str, queue: str, pod_sets: 
 
 def seconds_since(stamp: str) -> float:
     """Seconds from a Kubernetes timestamp (`now()`'s format) to now: how long an object has been active."""
-    started = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-    return (datetime.now(timezone.utc) - started).total_seconds()
+    return time.time() - parse_time(stamp)
 
 
 def processes_with_marker(marker: str) -> list[int]:

@@ -6,7 +6,7 @@ tests/system/drill/test_drill_rayjob.py."""
 from __future__ import annotations
 
 import shlex
-from datetime import datetime, timedelta, timezone
+import time
 
 import pytest
 
@@ -205,7 +205,7 @@ def test_past_active_deadline_seconds_the_rayjob_fails_deadline_exceeded(cluster
     api, controller, dashboard, notes = cluster
     ready_and_submitted(api, controller, dashboard, notes, activeDeadlineSeconds=60, backoffLimit=3)
     rayjob = api.get(*RAYJOBS, NS, "ray-gang-t1")
-    rayjob["status"]["startTime"] = (datetime.now(timezone.utc) - timedelta(seconds=61)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    rayjob["status"]["startTime"] = st.timestamp(time.time() - 61)
     rayjob = step(api, controller, notes)
     status = rayjob["status"]
     assert (status["jobDeploymentStatus"], status["reason"]) == ("Failed", "DeadlineExceeded")  # no retry past the deadline

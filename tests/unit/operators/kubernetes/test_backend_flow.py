@@ -10,12 +10,11 @@ import asyncio
 import copy
 import dataclasses
 import json
-from datetime import datetime, timedelta, timezone
+import time
 
 import pytest
 import yaml
 
-from operators.cli.drill.api_double import now
 from operators.backends.base import GangSpec
 from operators.backends.kubernetes import KubernetesBackend
 from operators.exceptions import (
@@ -25,6 +24,7 @@ from operators.exceptions import (
     KubernetesApiError,
     KubernetesRequestError,
 )
+from operators.kubernetes.status import timestamp
 from operators.triggers.gang import GangTrigger
 
 from gangflow_tests_k8s_support import CONN_ID, GANG, NAMESPACE, RUNTIME, Fixtures  # loaded by conftest.py
@@ -78,7 +78,7 @@ def kueue_admit(fx: Fixtures, pod_state: str = "container_creating", ranks=range
     def step(api):
         workload = fx.workload("admitted")
         for cond in workload["status"]["conditions"]:
-            cond["lastTransitionTime"] = now()  # admitted now, as Kueue would stamp it
+            cond["lastTransitionTime"] = timestamp()  # admitted now, as Kueue would stamp it
         api.put(*KQ, workload)
         api.set_status(*JS, NAMESPACE, fx.name, fx.jobset_status("running"), suspend=False)
         for rank in ranks:
@@ -292,7 +292,7 @@ def test_startup_timeout_names_unschedulable_ranks(fake_k8s):
             for event in fx.events("failed_scheduling", pod["metadata"]["name"]):
                 a.put("", "events", event)
         wl = a.get(*KQ, NAMESPACE, "jobset-train-demo-t1-4f0d2")
-        long_ago = (datetime.now(timezone.utc) - timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        long_ago = timestamp(time.time() - 30)
         for cond in wl["status"]["conditions"]:
             cond["lastTransitionTime"] = long_ago
 
@@ -590,7 +590,7 @@ def test_trainjob_submit_validates_and_completes(fake_k8s):
     def admitted(a):
         workload = fx.workload("admitted")
         for cond in workload["status"]["conditions"]:
-            cond["lastTransitionTime"] = now()
+            cond["lastTransitionTime"] = timestamp()
         a.put(*KQ, workload)
         a.set_status("trainer.kubeflow.org", "trainjobs", NAMESPACE, fx.name, {"conditions": []}, suspend=False)
         for rank in range(4):
@@ -602,7 +602,7 @@ def test_trainjob_submit_validates_and_completes(fake_k8s):
             "trainjobs",
             NAMESPACE,
             fx.name,
-            {"conditions": [{"type": "Complete", "status": "True", "reason": "JobsCompleted", "message": "jobset completed successfully", "lastTransitionTime": now()}]},
+            {"conditions": [{"type": "Complete", "status": "True", "reason": "JobsCompleted", "message": "jobset completed successfully", "lastTransitionTime": timestamp()}]},
         )
 
     api.steps = [admitted, nothing, complete]
@@ -692,7 +692,7 @@ def test_resume_waits_for_the_paused_pods_to_be_gone_before_the_gang_stops_being
 
     asyncio.run(control(True))
     for rank in range(4):  # the Job controller deleted them: terminating
-        api.get("", "pods", NAMESPACE, fx.pod_name(rank))["metadata"]["deletionTimestamp"] = now()
+        api.get("", "pods", NAMESPACE, fx.pod_name(rank))["metadata"]["deletionTimestamp"] = timestamp()
     gone = threading.Timer(0.5, lambda: [api.remove("", "pods", NAMESPACE, fx.pod_name(rank)) for rank in range(4)])
     gone.start()
     asyncio.run(control(False))
@@ -731,14 +731,14 @@ def test_a_paused_gang_waits_and_a_resumed_one_runs_again_without_a_failure(fake
         workload = fx.workload("admitted")
         workload["spec"]["active"] = False
         workload["status"]["conditions"] = [
-            {"type": "QuotaReserved", "status": "False", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": now()},
-            {"type": "Admitted", "status": "False", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": now()},
-            {"type": "Evicted", "status": "True", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": now()}]
+            {"type": "QuotaReserved", "status": "False", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": timestamp()},
+            {"type": "Admitted", "status": "False", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": timestamp()},
+            {"type": "Evicted", "status": "True", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": timestamp()}]
         a.put(*KQ, workload)
         for rank in range(4):  # the ranks took their final checkpoint and exited 75
             pod = fx.pod("user_error", rank)
             pod["metadata"]["creationTimestamp"] = "2026-12-03T09:00:00Z"
-            pod["metadata"]["deletionTimestamp"] = now()
+            pod["metadata"]["deletionTimestamp"] = timestamp()
             a.put("", "pods", pod)
 
     def resumed_still_evicted(a):
@@ -753,7 +753,7 @@ def test_a_paused_gang_waits_and_a_resumed_one_runs_again_without_a_failure(fake
     def admitted_again(a):
         kueue_admit(fx, "running")(a)
         for rank in range(4):  # the JobSet's new pods
-            a.get("", "pods", NAMESPACE, fx.pod_name(rank))["metadata"]["creationTimestamp"] = now()
+            a.get("", "pods", NAMESPACE, fx.pod_name(rank))["metadata"]["creationTimestamp"] = timestamp()
 
     api.steps = [kueue_admit(fx, "running"), nothing, pause, nothing, nothing, old_pods_gone, resumed_still_evicted,
                  admitted_again, nothing, jobset_status(fx, "completed")]  # fmt: skip
@@ -779,8 +779,8 @@ def test_a_pause_no_poll_saw_is_counted_and_its_requeue_is_no_failure(fake_k8s):
         a.get(*JS, NAMESPACE, handle["name"])["metadata"].setdefault("annotations", {})[PAUSES_ANNOTATION] = "1"
         workload = fx.workload("admitted")
         workload["status"]["conditions"] = [
-            {"type": "QuotaReserved", "status": "False", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": now()},
-            {"type": "Evicted", "status": "True", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": now()}]
+            {"type": "QuotaReserved", "status": "False", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": timestamp()},
+            {"type": "Evicted", "status": "True", "reason": "InactiveWorkload", "message": "The workload is deactivated", "lastTransitionTime": timestamp()}]
         a.put(*KQ, workload)
         for rank in range(4):
             a.remove("", "pods", NAMESPACE, fx.pod_name(rank))
@@ -800,8 +800,8 @@ def _dispatched(fx: Fixtures, cluster: str):
     def step(api):
         workload = fx.workload("admitted")
         for cond in workload["status"]["conditions"]:
-            cond["lastTransitionTime"] = (datetime.now(timezone.utc) - timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
-        workload["status"]["admissionChecks"] = [{"name": "gangflow-multikueue", "state": "Ready", "lastTransitionTime": now(),
+            cond["lastTransitionTime"] = timestamp(time.time() - 30)
+        workload["status"]["admissionChecks"] = [{"name": "gangflow-multikueue", "state": "Ready", "lastTransitionTime": timestamp(),
                                                   "message": f'The workload got reservation on "{cluster}"'}]  # fmt: skip
         workload["status"]["clusterName"] = cluster
         api.put(*KQ, workload)
@@ -836,13 +836,13 @@ def test_a_lost_worker_cluster_is_an_infra_failure_naming_the_worker_not_a_preem
 
     def worker_lost(a):  # Kueue after workerLostTimeout: the check back to Retry, the Workload evicted
         workload = a.get(*KQ, NAMESPACE, fx.workload("admitted")["metadata"]["name"])
-        workload["status"]["admissionChecks"] = [{"name": "gangflow-multikueue", "state": "Retry", "lastTransitionTime": now(),
+        workload["status"]["admissionChecks"] = [{"name": "gangflow-multikueue", "state": "Retry", "lastTransitionTime": timestamp(),
                                                   "message": 'Reserving remote lost: cluster "worker-1" is not active'}]  # fmt: skip
         workload["status"].pop("clusterName")
         workload["status"]["conditions"] = [
-            {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "At least one admission check is false", "lastTransitionTime": now()},
-            {"type": "Admitted", "status": "False", "reason": "AdmissionCheck", "message": "At least one admission check is false", "lastTransitionTime": now()},
-            {"type": "Evicted", "status": "True", "reason": "AdmissionCheck", "message": "At least one admission check is false", "lastTransitionTime": now()}]
+            {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "At least one admission check is false", "lastTransitionTime": timestamp()},
+            {"type": "Admitted", "status": "False", "reason": "AdmissionCheck", "message": "At least one admission check is false", "lastTransitionTime": timestamp()},
+            {"type": "Evicted", "status": "True", "reason": "AdmissionCheck", "message": "At least one admission check is false", "lastTransitionTime": timestamp()}]
         a.get(*JS, NAMESPACE, fx.name)["spec"]["suspend"] = True
 
     api.steps = [_dispatched(fx, "worker-1"), nothing, worker_lost]

@@ -152,3 +152,10 @@ def test_gang_evidence_prefers_disruption_within_the_same_second(fx):
     peer["finished_at"] = evicted["finished_at"]
     evidence = st.gang_evidence([peer, evicted])
     assert evidence["pod_reason"] == "Evicted" and evidence["rank"] == 3
+
+
+def test_a_timestamp_reads_back_to_its_second_and_nonsense_reads_as_none():
+    assert st.timestamp(1767225600.9) == "2026-01-01T00:00:00Z"
+    assert st.parse_time(st.timestamp(1767225600)) == 1767225600
+    assert st.parse_time("2026-01-01T00:00:00.5+00:00") == 1767225600.5  # other RFC 3339 spellings too
+    assert st.parse_time(None) is None and st.parse_time("") is None and st.parse_time("yesterday") is None
