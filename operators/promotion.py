@@ -7,7 +7,6 @@ records why nothing was promoted. MLflow being unreachable is `RegistryUnavailab
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import BaseOperator
 
 from trainer.allowlist import ModelNotAllowed
-from trainer.model_card import CARD
+from trainer.model_card import read_card
 
 from operators.exceptions import RegistryUnavailable, UserError
 from operators.registry.gate import Decision, PromotionGate, decide
@@ -416,10 +415,7 @@ class PromoteModelOperator(BaseOperator):
 
 def _card_lineage(final_dir: Path) -> dict[str, Any]:
     """Lineage the model card carries (data md5s, model factory), as `card_*` entries."""
-    try:
-        card = json.loads((final_dir / CARD).read_text())
-    except (OSError, ValueError):
-        return {}
+    card = read_card(final_dir)
     found: dict[str, Any] = {}
 
     def walk(node: Any, path: str) -> None:

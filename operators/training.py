@@ -651,12 +651,9 @@ def _local_node(backend: str) -> str:
 
 def _final_steps(spec: GangSpec) -> int | None:
     """The steps the finished gang made, from its model card."""
-    from trainer.model_card import CARD, FINAL
+    from trainer.model_card import FINAL, read_card
 
-    try:
-        steps = json.loads((Path(spec.run_dir) / FINAL / CARD).read_text()).get("steps")
-    except (OSError, ValueError, AttributeError):
-        return None
+    steps = read_card(Path(spec.run_dir) / FINAL).get("steps")
     return steps if is_integer(steps) else None
 
 

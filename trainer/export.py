@@ -63,7 +63,9 @@ def write_final(run_dir: str | Path | Storage, model: torch.nn.Module, card: dic
     return final
 
 
-def read_card(final_dir: str | Path) -> dict[str, Any]:
+def load_card(final_dir: str | Path) -> dict[str, Any]:
+    """The model card as the loader takes it: a JSON object, or an error (trainer.model_card.read_card
+    is the lenient reader of hints)."""
     card = json.loads((Path(final_dir) / CARD).read_text())
     if not isinstance(card, dict):
         raise ModelNotAllowed(f"{Path(final_dir) / CARD}: a model card is a JSON object, not {type(card).__name__}")
@@ -140,7 +142,7 @@ def load_final_model(final_dir: str | Path, *, allowed_models: Iterable[str] | s
     is built (`check_card_sizes`, then a build on the meta device).
     """
     final_dir = Path(final_dir)
-    card = read_card(final_dir)
+    card = load_card(final_dir)
     weights = card_weights_file(card)  # checked before the factory runs
     factory, kwargs = card_model(card)
     values = weights_numel(final_dir / weights)

@@ -49,6 +49,7 @@ def parse_time(value: str | None) -> float | None:
         parsed = parsed.replace(tzinfo=timezone.utc)
     return parsed.timestamp()
 
+
 # Container waiting reasons that never clear on their own: fail at once.
 FATAL_WAITING_REASONS = frozenset({"InvalidImageName", "CreateContainerConfigError", "ErrImageNeverPull", "CreateContainerError"})
 # Waiting reasons that may clear (registry hiccup) but usually mean a wrong image: fail after a grace period.

@@ -13,7 +13,7 @@ from trainer import errors
 from trainer.data import ResumableDistributedSampler, check_md5, load_arrays, parquet_dataset
 from trainer.datastore import file_md5
 from trainer.errors import DataError, user_code
-from trainer.export import load_final_model, read_card, write_final
+from trainer.export import load_card, load_final_model, write_final
 from trainer.models import mlp
 from trainer.tracking import Tracker
 
@@ -107,7 +107,7 @@ def test_final_export_round_trip(tmp_path):
     assert not loaded.training
     x = torch.rand(5, 64) * 16
     assert torch.equal(loaded(x), model.eval()(x))
-    assert read_card(tmp_path / "final")["weights"]["file"] == "model.safetensors"
+    assert load_card(tmp_path / "final")["weights"]["file"] == "model.safetensors"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]
 
 
