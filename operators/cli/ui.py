@@ -24,6 +24,7 @@ from pathlib import Path
 from operators.config import embedded
 
 from operators.config import settings
+from operators.utils.ports import free_port
 from operators.utils.processes import stop_tree, tagged_env
 
 # Components `wait_healthy` waits for (the triggerer is not needed to run train_pipeline).
@@ -54,13 +55,6 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
                 return False
             raise
     return True
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (the kernel's pick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _log_server_port(default: int, taken: set[int]) -> int:

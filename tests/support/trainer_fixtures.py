@@ -122,15 +122,6 @@ def h(digits) -> type[Helpers]:
 # --- an S3-API server on 127.0.0.1 (moto's server mode, what s3fs and DVC test against) ----------
 
 
-def free_port() -> int:
-    """A port nothing listens on now (the OS picks it: parallel test workers never collide)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class S3Server:
     """`env` holds the standard AWS variables for child processes (botocore honours AWS_ENDPOINT_URL)."""
 
@@ -149,43 +140,16 @@ class S3Server:
         return f"s3://{name}"
 
 
-def wait_until_serving(url: str, proc: subprocess.Popen, log: Path, what: str, timeout_s: float) -> None:
-    """Poll `url` until it answers; fail with the tail of `log` once `proc` exits or `timeout_s` passes."""
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2).close()
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"{what} did not start: {log.read_text()[-2000:]}")
-            time.sleep(0.2)
-
-
-def stop_server(proc: subprocess.Popen, grace_s: float) -> None:
-    proc.terminate()
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
-    """A moto S3 server for this session (started once)."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
-    moto = str(Path(sys.executable).with_name("moto_server"))
-    proc = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(port)], stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{port}"
+    """A moto S3 server for this session (started once), as the cluster drill starts it."""
+    from operators.cli.drill.servers import MotoS3Server
+
+    server = MotoS3Server(tmp_path_factory.mktemp("moto")).start(timeout=60)
     try:
-        wait_until_serving(endpoint, proc, log, "moto_server", timeout_s=60)
-        yield S3Server(endpoint)
+        yield S3Server(server.url)
     finally:
-        stop_server(proc, grace_s=10)
+        server.stop()
 
 
 @pytest.fixture()

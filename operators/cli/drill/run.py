@@ -301,7 +301,8 @@ class Drill:
     # --- set-up ------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        from operators.cli.drill.servers import MlflowServer, MotoS3Server, free_port
+        from operators.cli.drill.servers import MlflowServer, MotoS3Server
+        from operators.utils.ports import free_port
 
         _require_data_plane()
         if not (settings.airflow_home() / "airflow.db").exists():
@@ -410,7 +411,7 @@ class Drill:
             controllers.append(MPIController(self.api, launcher_env=drill_launcher_env(agent)))
         if self.launch_api == "rayjob":
             from operators.cli.drill.ray_controller import RayController, drill_node_params
-            from operators.cli.drill.servers import free_port
+            from operators.utils.ports import free_port
 
             controllers.append(RayController(self.api, node_params=drill_node_params(free_port)))
         if self.multikueue:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,17 +16,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from operators.utils.ports import free_port
 from operators.utils.processes import stop_group
 
 
 class DrillServerError(RuntimeError):
     """A server the drill needs did not start (its log tail is in the message)."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def executable(name: str) -> str:

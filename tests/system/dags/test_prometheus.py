@@ -9,24 +9,18 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
 from pipeline_runs import FAST, run_pipeline
 
+from operators.utils.ports import free_port
+
 PROMETHEUS = shutil.which("prometheus")
 SCRAPE_S = 1
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> dict:
@@ -45,7 +39,7 @@ def prometheus(pipeline_home, tmp_path):
         "global": {"scrape_interval": f"{SCRAPE_S}s", "scrape_timeout": f"{SCRAPE_S}s"},
         "scrape_configs": [{"job_name": "gangflow", "file_sd_configs": [{"files": [str(targets / "*.json")], "refresh_interval": "1s"}]}],
     }))
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "prometheus.log", "w")
     proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                              f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from trainer_fixtures import RESUME, free_port
+from trainer_fixtures import RESUME
+
+from operators.utils.ports import free_port
 
 from trainer import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
 from trainer.checkpoint import Checkpointer

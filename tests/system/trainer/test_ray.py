@@ -33,7 +33,7 @@ FAULT = "kill@time=1,rank=1"
 def ray_cluster(tmp_path_factory):
     """A Ray head on this machine (2 CPUs, no dashboard, a temp dir of its own), stopped by its
     process group at the end: never `ray stop`, which would stop every Ray on the machine."""
-    from trainer_fixtures import free_port
+    from operators.utils.ports import free_port
 
     ray = Path(sys.executable).with_name("ray")
     if not ray.is_file():

@@ -32,6 +32,7 @@ def airflow_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowUI]:
     """`make ui` on a temp GANGFLOW_HOME: setup, `airflow standalone` on a free port, healthy,
     train_pipeline parsed. Stops every Airflow process at the end, whatever happened."""
     from operators.cli import ui
+    from operators.utils.ports import free_port
 
     base = tmp_path_factory.mktemp("airflow-ui")
     home, log = base / "state", base / "airflow.log"
@@ -44,7 +45,7 @@ def airflow_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowUI]:
         links = {"GANGFLOW_MLFLOW_UI_URL": MLFLOW_UI_URL, "GANGFLOW_DASHBOARD_URL": DASHBOARD_URL}
         for key, value in pipeline_env(home, **links).items():
             mp.setenv(key, value)
-        proc, url = ui.start(ui.free_port(), log)
+        proc, url = ui.start(free_port(), log)
     try:
         try:
             ui.wait_healthy(url, proc, timeout_s=180)

@@ -68,6 +68,7 @@ def _connections(p):
 @pytest.mark.slow
 def test_an_asset_triggered_run_of_a_user_package_pipeline_is_promoted_under_standalone(tmp_path):
     from operators.cli import ui
+    from operators.utils.ports import free_port
 
     started = time.monotonic()
     pipelines = user_project(tmp_path / "user")
@@ -81,7 +82,7 @@ def test_an_asset_triggered_run_of_a_user_package_pipeline_is_promoted_under_sta
             mp.delenv(key)
         for key, value in env.items():
             mp.setenv(key, value)
-        proc, url = ui.start(ui.free_port(), log)
+        proc, url = ui.start(free_port(), log)
     try:
         ui.wait_healthy(url, proc, timeout_s=180)
         with pytest.MonkeyPatch.context() as mp:
