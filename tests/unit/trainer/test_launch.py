@@ -17,15 +17,23 @@ from operators.backends.local import LocalBackend
 LAUNCH = [sys.executable, "-m", "trainer.launch"]
 
 
+def test_the_command_refuses_another_entry_point_with_the_config_exit_status():
+    argv = ["--standalone", "--nproc-per-node", "1", "-m", "other"]
+    proc = subprocess.run([*LAUNCH, *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "runs `-m trainer` or `-m trainer.user` only, got '-m other'" in proc.stderr, proc.stderr[-2000:]
+
+
 @pytest.mark.parametrize("argv, message", [
-    (["--standalone", "--nproc-per-node", "1", "-m", "other"], "runs `-m trainer` or `-m trainer.user` only, got '-m other'"),
     (["--standalone", "--nproc-per-node", "1", "train.py"], "runs `-m trainer` or `-m trainer.user` only, got 'train.py'"),
     (["--standalone", "--start-method", "spawn", "--nproc-per-node", "1", "-m", "trainer"], "--start-method"),
     (["--standalone", "--start_method=forkserver", "--nproc-per-node", "1", "-m", "trainer"], "--start-method"),
 ])  # fmt: skip
 def test_refuses_what_it_does_not_run(argv, message):
-    proc = subprocess.run([*LAUNCH, *argv], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    from trainer.launch import LaunchError, parse  # in this process: the refusal comes before anything is launched
+
+    with pytest.raises(LaunchError) as refused:
+        parse(argv)
+    assert message in str(refused.value)
 
 
 def test_the_local_backend_launches_through_it_unless_told_otherwise(tmp_path):
