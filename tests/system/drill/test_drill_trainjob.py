@@ -54,7 +54,9 @@ def test_a_paused_trainjob_releases_its_pods_and_resumes_from_its_final_checkpoi
             "suspended: the Job controller deletes its pods", "python -m operators.cli.gang resume"))  # fmt: skip
     assert "exit 0" in events[paused] and "exit 0" in events[resumed], events
     assert evicted < suspended < resumed, events  # (the pause's own line is written once the command returned)
-    assert any("again (spec.active is true)" in e and "TrainJob" in e for e in events[resumed:]), events
+    # Kueue admits it again once resumed: after the pause, and possibly before the resume's own line,
+    # which is written when the command returns (it waits for the gang to be admitted again)
+    assert any("again (spec.active is true)" in e and "TrainJob" in e for e in events[paused:]), events
     logs = _logs(trainjob_run, "-t2-")
     assert sum("gangflow: preempted (SIGTERM)" in log for log in logs) == 1  # rank 0 of the paused pods committed
     assert sum(f"resuming from checkpoint step-{summary['resumed_from_step']}" in log for log in logs) == 1
