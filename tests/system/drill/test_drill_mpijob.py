@@ -37,10 +37,7 @@ def test_mpijob_killed_rank_is_retried_once_resumes_and_is_promoted(mpijob_run):
     failed = [e for e in events if "MPI Operator: MPIJob" in e and " Failed (" in e]
     assert len(failed) == 1 and "-t1" in failed[0] and "BackoffLimitExceeded" in failed[0]
     assert any("MPI Operator: MPIJob" in e and " Succeeded (" in e and "-t2" in e for e in events)
-    # the first try's failure was read as a retryable one (a killed rank), not the user's
-    verdicts = re.findall(r"gangflow: (\S+) failure \((retryable|not retryable)\): (.*)", mpijob_run["output"])
-    assert len(verdicts) == 1 and verdicts[0][1] == "retryable", verdicts
-    assert "rank 1" in verdicts[0][2] and "SIGKILL" in verdicts[0][2], verdicts
+    # the first try's verdict (retryable, rank 1's SIGKILL): test_mpijob_rank_killed_at_an_unsynchronised_time_resumes
     assert processes_touching(mpijob_run["keep"]) == []
     assert mpijob_run["report"]["left_in_cluster"]["pods"] == []
 
