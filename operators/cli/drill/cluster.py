@@ -281,16 +281,23 @@ class EmulatedCluster(ReconcileLoop):
 
     # --- lifecycle -----------------------------------------------------------------------------
 
-    def stop(self, grace: float = 5.0) -> None:
-        """Stop reconciling; SIGTERM every pod's first process, then SIGKILL every pod process."""
+    def stop(self, grace: float = 5.0, *, keep_pod_grace: bool = True) -> None:
+        """Stop reconciling; SIGTERM every pod's first process, then SIGKILL every pod process
+        after `grace` seconds. With `keep_pod_grace`, a pod already being deleted is not signalled
+        again and keeps the rest of its own grace period, as a kubelet's would: a DAG run can end
+        (a TrainJob failed past its deadline) while its ranks still commit their final checkpoint."""
         self._halt()
-        for run in list(self.runs.values()):
-            if run.proc is not None and run.proc.poll() is None:
-                try:
-                    run.proc.send_signal(signal.SIGTERM)
-                except OSError:
-                    pass
         deadline = time.monotonic() + grace
+        for run in list(self.runs.values()):
+            if run.proc is None or run.proc.poll() is not None:
+                continue
+            if keep_pod_grace and run.deleting_since is not None:
+                deadline = max(deadline, run.deleting_since + run.grace)
+                continue
+            try:
+                run.proc.send_signal(signal.SIGTERM)
+            except OSError:
+                pass
         while time.monotonic() < deadline and processes_with_marker(self.drill_id + "/"):
             time.sleep(0.2)
         kill_marked(self.drill_id + "/", folder=self.workdir)

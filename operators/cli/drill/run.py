@@ -557,12 +557,12 @@ class Drill:
 
     # --- tear-down ---------------------------------------------------------------------------------
 
-    def close(self, *, remove: bool) -> None:
+    def close(self, *, remove: bool, interrupted: bool = False) -> None:
         from operators.cli.drill.cluster import kill_marked
         from operators.cli.drill.image import make_writable
 
         if self.cluster is not None:
-            self.cluster.stop()
+            self.cluster.stop(keep_pod_grace=not interrupted)  # interrupted: everything goes now
         kill_marked(self.id + "/")
         if self.container_runtime is not None:
             self.container_runtime.remove(self.id)
@@ -598,7 +598,7 @@ def _stop_on_signal(drill: Drill) -> None:
         for other in _STOP_SIGNALS:
             install(other, signal.SIG_IGN)
         try:
-            drill.close(remove=False)
+            drill.close(remove=False, interrupted=True)
         finally:
             summary = {"state": "failed", "backend": "kubernetes", "api": drill.launch_api, "train_attempts": 0, "promoted": False,
                        "runtime": drill.runtime_name, **_INTERRUPTED}

@@ -240,3 +240,39 @@ def test_a_pod_past_its_active_deadline_is_stopped_and_failed_deadline_exceeded_
     wait(lambda: st.gang_state("JobSet", api.get(*JS, NS, "late-t1")).state == "failed")
     verdict = classify({"ranks": [st.pod_evidence(failed[0])]}, precedents=False)
     assert verdict.kind == "user" and "DeadlineExceeded" in verdict.reason, verdict
+
+
+# a rank whose final checkpoint takes 2 s; a second SIGTERM (torchrun's agent: SignalException) ends it unsaved
+SLOW_TERM_SCRIPT = """
+import signal, sys, time
+def stop(*_):
+    signal.signal(signal.SIGTERM, lambda *_: (print("interrupted before its checkpoint", flush=True), sys.exit(1)))
+    time.sleep(2)
+    print("final checkpoint, exiting 75", flush=True)
+    sys.exit(75)
+signal.signal(signal.SIGTERM, stop)
+print("running", sys.argv[1], flush=True)
+time.sleep(60)
+"""
+
+
+def test_stopping_the_drill_leaves_a_deleted_pod_the_rest_of_its_grace_period(tmp_path):
+    """A TrainJob past its deadline fails (and the DAG run ends) while its pods still commit:
+    the drill's end signals them no second time and waits out their grace, as a kubelet would."""
+    api = InMemoryKubernetesApi().start()
+    api.put("", "secrets", {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": NS}, "data": {"token": base64.b64encode(b"s3cr3t").decode()}})
+    emu = EmulatedCluster(api, workdir=tmp_path / "pods", image=Image(env={"PATH": f"{sys.prefix}/bin:/usr/bin:/bin"}, mounts={}),
+                          audit_dir=tmp_path / "audit", drill_id=f"test-grace-{uuid.uuid4().hex[:8]}", period=0.05).start()
+    try:
+        gang = jobset("slow-t1", script=SLOW_TERM_SCRIPT, completions=1)
+        gang["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30
+        api.put(*JS, gang)
+        wait(lambda: "running" in api.logs.get((NS, (pods(api) or [{"metadata": {"name": ""}}])[0]["metadata"]["name"]), ""))
+        api.handle("DELETE", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets/slow-t1", None)
+        wait(lambda: any("deleted: SIGTERM" in e for e in emu.events))
+    finally:
+        emu.stop(grace=0.2)
+        api.stop()
+    log = emu.history[0].log_path.read_text()
+    assert "final checkpoint, exiting 75" in log and "interrupted" not in log, log
+    assert processes_with_marker(emu.drill_id + "/") == []
