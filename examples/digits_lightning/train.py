@@ -86,11 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if run.rank == 0:
         from safetensors.torch import save_file
 
-        final = Path(tempfile.mkdtemp(prefix="digits-lightning-"))
-        save_file(module.net.state_dict(), final / "model.safetensors")  # tensors only: loading runs no code
         loss = trainer.callback_metrics.get("loss")
-        run.log_model(final, factory="digits_lightning.model:build", kwargs={"channels": args.channels}, classes=10,
-                      metrics={} if loss is None else {"train_loss": float(loss)})
+        with tempfile.TemporaryDirectory() as final:  # log_model copies it
+            save_file(module.net.state_dict(), Path(final) / "model.safetensors")  # tensors only: loading runs no code
+            run.log_model(final, factory="digits_lightning.model:build", kwargs={"channels": args.channels}, classes=10,
+                          metrics={} if loss is None else {"train_loss": float(loss)})
     return 0
 
 

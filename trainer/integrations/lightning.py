@@ -21,7 +21,6 @@ at once, mid-epoch, then `run.exit_preempted()`. `GangflowLogger` sends what `se
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from argparse import Namespace
 from pathlib import Path
@@ -55,7 +54,6 @@ class GangflowCheckpoint(Callback):
             raise ValueError(f"every_n_epochs={every_n_epochs!r}: must be an integer >= 1")
         self.run = run
         self.every_n_epochs = every_n_epochs
-        self._scratch = Path(tempfile.mkdtemp(prefix="gangflow-pl-"))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.run.step_done(trainer.global_step)
@@ -70,15 +68,13 @@ class GangflowCheckpoint(Callback):
     def save(self, trainer) -> None:
         """Lightning's checkpoint of now, committed as step `trainer.global_step` (every rank calls it)."""
         step = trainer.global_step
-        folder = self._scratch / f"step-{step}"
         # Written by global rank 0 (strategy.save_checkpoint), then a barrier; the others pass
-        # their own, empty folder: the runtime commits rank 0's.
-        trainer.save_checkpoint(folder / CHECKPOINT_FILE, weights_only=False)  # the full state: it resumes
-        self.run.save_checkpoint(step, folder=folder)
-        shutil.rmtree(folder, ignore_errors=True)
-
-    def teardown(self, trainer, pl_module, stage: str) -> None:
-        shutil.rmtree(self._scratch, ignore_errors=True)
+        # their own, empty folder: the runtime commits rank 0's. The scratch folder goes with the
+        # save (a preempted rank exits right after it, without Lightning's teardown).
+        with tempfile.TemporaryDirectory(prefix="gangflow-pl-") as scratch:
+            folder = Path(scratch) / f"step-{step}"
+            trainer.save_checkpoint(folder / CHECKPOINT_FILE, weights_only=False)  # the full state: it resumes
+            self.run.save_checkpoint(step, folder=folder)
 
 
 class GangflowLogger(Logger):
