@@ -63,12 +63,19 @@ def jobset(name: str, script: str = SCRIPT, completions: int = 2) -> dict:
     }  # fmt: skip
 
 
-@pytest.fixture
-def cluster(tmp_path):
+def start_cluster(tmp_path, prefix: str = "test-drill", **options) -> tuple[InMemoryKubernetesApi, EmulatedCluster]:
+    """An API double holding the pods' Secret, and an emulated cluster on it (`options`: its own)."""
     api = InMemoryKubernetesApi().start()
     api.put("", "secrets", {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": NS}, "data": {"token": base64.b64encode(b"s3cr3t").decode()}})
     image = Image(env={"PATH": f"{sys.prefix}/bin:/usr/bin:/bin"}, mounts={})
-    emu = EmulatedCluster(api, workdir=tmp_path / "pods", image=image, audit_dir=tmp_path / "audit", drill_id=f"test-drill-{uuid.uuid4().hex[:8]}", period=0.05).start()
+    emu = EmulatedCluster(api, workdir=tmp_path / "pods", image=image, audit_dir=tmp_path / "audit", drill_id=f"{prefix}-{uuid.uuid4().hex[:8]}",
+                          period=0.05, **options).start()
+    return api, emu
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    api, emu = start_cluster(tmp_path)
     yield api, emu
     emu.stop(grace=1)
     api.stop()
@@ -161,12 +168,8 @@ def test_the_preempt_event_evicts_the_running_gang_and_admits_only_a_new_one(tmp
     from operators.cli.drill.cluster import parse_drill_event
     from operators.failures.preemption import preemption_reason
 
-    api = InMemoryKubernetesApi().start()
-    api.put("", "secrets", {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": NS}, "data": {"token": base64.b64encode(b"s3cr3t").decode()}})
     committed = {"step": None}
-    emu = EmulatedCluster(api, workdir=tmp_path / "pods", image=Image(env={"PATH": f"{sys.prefix}/bin:/usr/bin:/bin"}, mounts={}),
-                          audit_dir=tmp_path / "audit", drill_id=f"test-preempt-{uuid.uuid4().hex[:8]}", period=0.05,
-                          event=parse_drill_event("preempt@step=30"), committed_step=lambda: committed["step"]).start()
+    api, emu = start_cluster(tmp_path, "test-preempt", event=parse_drill_event("preempt@step=30"), committed_step=lambda: committed["step"])
     try:
         api.put(*JS, jobset("p-t1", script=TERM_SCRIPT))
         wait(lambda: len(pods(api)) == 2 and all(st.pod_view(p).ready for p in pods(api)))
@@ -242,27 +245,18 @@ def test_a_pod_past_its_active_deadline_is_stopped_and_failed_deadline_exceeded_
     assert verdict.kind == "user" and "DeadlineExceeded" in verdict.reason, verdict
 
 
-# a rank whose final checkpoint takes 2 s; a second SIGTERM (torchrun's agent: SignalException) ends it unsaved
-SLOW_TERM_SCRIPT = """
-import signal, sys, time
-def stop(*_):
+# TERM_SCRIPT's rank, its final checkpoint taking 2 s; a second SIGTERM (torchrun's agent raises
+# SignalException out of its wait for the rank) ends it unsaved
+SLOW_TERM_SCRIPT = TERM_SCRIPT.replace("def stop(*_):\n", """def stop(*_):
     signal.signal(signal.SIGTERM, lambda *_: (print("interrupted before its checkpoint", flush=True), sys.exit(1)))
     time.sleep(2)
-    print("final checkpoint, exiting 75", flush=True)
-    sys.exit(75)
-signal.signal(signal.SIGTERM, stop)
-print("running", sys.argv[1], flush=True)
-time.sleep(60)
-"""
+""")
 
 
 def test_stopping_the_drill_leaves_a_deleted_pod_the_rest_of_its_grace_period(tmp_path):
     """A TrainJob past its deadline fails (and the DAG run ends) while its pods still commit:
     the drill's end signals them no second time and waits out their grace, as a kubelet would."""
-    api = InMemoryKubernetesApi().start()
-    api.put("", "secrets", {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": NS}, "data": {"token": base64.b64encode(b"s3cr3t").decode()}})
-    emu = EmulatedCluster(api, workdir=tmp_path / "pods", image=Image(env={"PATH": f"{sys.prefix}/bin:/usr/bin:/bin"}, mounts={}),
-                          audit_dir=tmp_path / "audit", drill_id=f"test-grace-{uuid.uuid4().hex[:8]}", period=0.05).start()
+    api, emu = start_cluster(tmp_path, "test-grace")
     try:
         gang = jobset("slow-t1", script=SLOW_TERM_SCRIPT, completions=1)
         gang["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30
