@@ -79,10 +79,11 @@ class MultiKueueDispatcher(ReconcileLoop):
             worker.cluster.start()
         return super().start()
 
-    def stop(self, grace: float = 5.0) -> None:
+    def stop(self, grace: float = 5.0, *, keep_pod_grace: bool = True) -> None:
+        """Stop dispatching, then every worker cluster (EmulatedCluster.stop) and its API."""
         self._halt()
         for worker in self.workers:
-            worker.cluster.stop(grace)
+            worker.cluster.stop(grace, keep_pod_grace=keep_pod_grace)
             worker.api.stop()
 
     def _note(self, message: str) -> None:
@@ -191,7 +192,7 @@ class MultiKueueDispatcher(ReconcileLoop):
         worker.lost = True
         self._lost_at[worker.name] = time.monotonic()
         killed = kill_marked(worker.cluster.drill_id + "/", signal.SIGKILL)  # no SIGTERM: the cluster is gone
-        worker.cluster.stop(grace=0)
+        worker.cluster.stop(grace=0, keep_pod_grace=False)
         self._note(f"worker cluster {worker.name} lost (checkpoint step-{step} committed: drill event {event.spec}); "
                    f"{killed} pod process(es) killed; Kueue notices after workerLostTimeout ({WORKER_LOST_SECONDS:.0f} s here)")  # fmt: skip
 
