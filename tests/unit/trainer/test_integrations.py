@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ def env(runtime_env, tmp_path, monkeypatch):
     monkeypatch.setenv(runtime.ENV_CODE, "tests:integrations")
     monkeypatch.setenv(runtime.ENV_KEEP_LAST, "2")
     monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() caches its first answer
     (tmp_path / "scratch").mkdir()
     return lambda: runtime_env()
 
@@ -282,6 +284,7 @@ def test_lightning_sigterm_commits_a_final_checkpoint_and_exits_75(env, tmp_path
         pl_fit(run, max_epochs=3, seen=TermDuringStep6(seen))
     assert exited.value.code == EXIT_PREEMPTED
     assert committed(tmp_path) == ["step-4", "step-6"]  # the epoch-end one and the preemption's own, mid-epoch
+    assert not list((tmp_path / "scratch").glob("gangflow-*"))  # a preempted rank skips Lightning's teardown: no scratch left
 
 
 def test_lightning_ckpt_path_refuses_a_checkpoint_without_lightnings_file(env):
