@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline_runs import PROJECT_ROOT, pipeline_env
+from pipeline_runs import PROJECT_ROOT, dag_run_folder, pipeline_env
 from pipeline_runs import finish as finish_run
 
 CONF = {"max_steps": 60, "checkpoint_every_steps": 10}
@@ -63,12 +63,8 @@ def run_drill(home: Path, tmp_path_factory, name: str, conf: dict | None = None,
 
 
 def run_folder(result: dict) -> Path:
-    """The run dir of this drill's own DAG run (runs/<dag_id>/<run key>): the drills of a worker
-    share its state dir, so a glob over runs/ finds the other drills' runs too."""
-    from operators.config.settings import run_stem
-
-    (folder,) = Path(result["home"]).glob(f"runs/*/{run_stem(result['summary']['dag_run_id'])}-*")
-    return folder
+    """The run dir of this drill's own DAG run (the drills of a worker share its state dir)."""
+    return dag_run_folder(result["home"], result["summary"])
 
 
 def report_pods(report: dict) -> list[dict]:

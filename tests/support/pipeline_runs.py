@@ -20,6 +20,10 @@ FAST = {"max_steps": 60, "checkpoint_every_steps": 10, "world_size": 2, "promoti
 # The same small runs per pipeline (the drills are parametrised over these); the diabetes gate
 # keeps its own ceiling (an RMSE, lower is better).
 FAST_RUNS = {"digits": FAST, "diabetes": {"max_steps": 60, "checkpoint_every_steps": 10, "world_size": 2}}
+# The killed-rank drills of the BYO and framework pipelines: rank 1 dies as it hands its second
+# checkpoint over (unsynchronised), so the first is committed however slow the machine is (a timer
+# could fire before it on a loaded one).
+KILL_AT_SECOND_SAVE = "kill@save=2,rank=1"
 
 
 def pipeline_env(home: Path, **extra: str) -> dict[str, str]:
@@ -64,3 +68,17 @@ def finish(proc: subprocess.Popen, log: Path, timeout: float = 900) -> tuple[dic
 
 def run_pipeline(home: Path, conf: dict, log: Path, *, pipeline: str = "digits", **env: str) -> tuple[dict, str, int]:
     return finish(start_pipeline(home, conf, log, pipeline=pipeline, **env), log)
+
+
+def dag_run_folder(home: Path, summary: dict) -> Path:
+    """The run dir of the DAG run `summary` describes (runs/<dag_id>/<run key>): runs of other tests
+    share the state dir, so a glob over runs/ alone would find theirs too."""
+    from operators.config.settings import run_stem
+
+    (folder,) = Path(home).glob(f"runs/*/{run_stem(summary['dag_run_id'])}-*")
+    return folder
+
+
+def failure_record(home: Path, summary: dict, attempt: int = 1) -> dict:
+    """The failure record of the DAG run's try `attempt` (failures/try-<n>.json in its run dir)."""
+    return json.loads((dag_run_folder(home, summary) / "failures" / f"try-{attempt}.json").read_text())

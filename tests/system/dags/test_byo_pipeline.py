@@ -6,15 +6,12 @@ the script is the user's: one attempt."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-
-from pipeline_runs import last_line_of_python, run_pipeline
+from pipeline_runs import KILL_AT_SECOND_SAVE as KILL
+from pipeline_runs import failure_record, last_line_of_python, run_pipeline
 
 PIPELINE = "digits-cnn"
-# Small, with 8 checkpoints. The kill strikes rank 1 as it hands its second checkpoint over
-# (kill@save=2, unsynchronised): the first is committed however slow the machine is.
-KILL = "kill@save=2,rank=1"
+# Small, with 8 checkpoints.
 DRILL = {"max_steps": 400, "checkpoint_every_steps": 50, "world_size": 2, "promotion_floor": 0.8}
 
 
@@ -46,6 +43,5 @@ def test_an_exception_in_the_script_fails_once_as_the_users(pipeline_home, tmp_p
     assert code != 0 and summary["state"] == "failed", output[-6000:]
     assert summary["train_attempts"] == 1 and summary["failure"]["kind"] == "user", summary
     assert "injected fault" in summary["failure"]["reason"] or "ValueError" in summary["failure"]["reason"], summary
-    failures = sorted(Path(pipeline_home, "runs", "train_digits-cnn").glob("*/failures/try-1.json"))
-    record = json.loads(failures[-1].read_text())
+    record = failure_record(pipeline_home, summary)
     assert "Traceback" in json.dumps(record["evidence"]) and "digits_cnn/train.py" in json.dumps(record["evidence"])

@@ -11,25 +11,22 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import yaml
 
-from pipeline_runs import PROJECT_ROOT, run_pipeline
+from pipeline_runs import KILL_AT_SECOND_SAVE as KILL
+from pipeline_runs import PROJECT_ROOT, failure_record, run_pipeline
 
 pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (extra `frameworks`): not installed")
 
-# Small drills with at least two checkpoints. The kill strikes rank 1 as it hands its second checkpoint
-# over (kill@save=2, unsynchronised): the first is committed however slow the machine is (a timer
-# could fire before it on a loaded one).
+# Small drills with at least two checkpoints (the kill strikes at the second).
 DRILLS = {
     "charlm": {"max_steps": 120, "checkpoint_every_steps": 10, "world_size": 2},
     "digits-lightning": {"max_steps": 400, "world_size": 2},  # a checkpoint at every epoch end (43 steps)
 }
 METRIC = {"charlm": ("perplexity", "lower"), "digits-lightning": ("macro_f1", "higher")}
 CODE = {"charlm": "charlm/train.py", "digits-lightning": "digits_lightning/train.py"}
-KILL = "kill@save=2,rank=1"
 
 
 @pytest.fixture(scope="module", params=sorted(DRILLS))
@@ -60,14 +57,6 @@ def test_a_killed_rank_resumes_the_framework_from_gangflows_checkpoint_with_the_
     assert summary["promoted"] is False  # the second run with the same metric does not beat the champion
 
 
-def _failure_record(home, pipeline: str, summary: dict) -> dict:
-    """The first try's failure record of this DAG run."""
-    from operators.config.settings import run_stem
-
-    (folder,) = Path(home, "runs", "train_" + pipeline).glob(f"{run_stem(summary['dag_run_id'])}-*")
-    return json.loads((folder / "failures" / "try-1.json").read_text())
-
-
 # charlm's user failure is the bad TrainingArguments value below (one DAG run fewer, CI time)
 @pytest.mark.parametrize("pipeline", ["digits-lightning"])
 def test_an_exception_in_the_code_fails_once_as_the_users(pipeline, pipeline_home, tmp_path):
@@ -76,7 +65,7 @@ def test_an_exception_in_the_code_fails_once_as_the_users(pipeline, pipeline_hom
     assert code != 0 and summary["state"] == "failed", output[-6000:]
     assert summary["train_attempts"] == 1 and summary["failure"]["kind"] == "user", summary
     assert "injected fault" in summary["failure"]["reason"] or "ValueError" in summary["failure"]["reason"], summary
-    record = _failure_record(pipeline_home, pipeline, summary)
+    record = failure_record(pipeline_home, summary)
     assert "Traceback" in json.dumps(record["evidence"]) and CODE[pipeline] in json.dumps(record["evidence"])
 
 
@@ -92,6 +81,6 @@ def test_a_bad_training_arguments_value_is_the_users_with_transformers_message(p
     assert code != 0 and summary["state"] == "failed", output[-6000:]
     assert summary["train_attempts"] == 1 and summary["failure"]["kind"] == "user", summary
     assert "cosine_with_bogus is not a valid SchedulerType" in summary["failure"]["reason"], summary
-    evidence = json.dumps(_failure_record(pipeline_home, "charlm", summary)["evidence"])  # the user's traceback, through their code
+    evidence = json.dumps(failure_record(pipeline_home, summary)["evidence"])  # the user's traceback, through their code
     assert "Traceback" in evidence and CODE["charlm"] in evidence, evidence[-3000:]
     shutil.rmtree(folder)

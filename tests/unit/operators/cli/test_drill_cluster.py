@@ -261,7 +261,7 @@ def test_stopping_the_drill_leaves_a_deleted_pod_the_rest_of_its_grace_period(tm
         gang = jobset("slow-t1", script=SLOW_TERM_SCRIPT, completions=1)
         gang["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30
         api.put(*JS, gang)
-        wait(lambda: "running" in api.logs.get((NS, (pods(api) or [{"metadata": {"name": ""}}])[0]["metadata"]["name"]), ""))
+        wait(lambda: any("running" in api.logs.get((NS, pod["metadata"]["name"]), "") for pod in pods(api)))
         api.handle("DELETE", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets/slow-t1", None)
         wait(lambda: any("deleted: SIGTERM" in e for e in emu.events))
     finally:
