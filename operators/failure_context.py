@@ -123,11 +123,15 @@ def gather(
     resumed_from_step: int | None = None,
     history: tuple[int | None, str] | None = None,
     recurrences: int = 0,
+    oom_kills: int | None = None,
     now: float | None = None,
 ) -> dict[str, Any]:
     """Contract 4's `context` for this failure. `history` is `passed_step(...)`'s answer, or None
-    when it could not be looked up (then nothing is claimed about the configuration's past)."""
+    when it could not be looked up (then nothing is claimed about the configuration's past);
+    `oom_kills` the kernel's OOM kills while the gang ran, None when the backend did not count."""
     context: dict[str, Any] = {"recurrences": recurrences}
+    if oom_kills is not None:
+        context["oom_kills"] = oom_kills
     if history is not None:
         context.update(history_checked=True, passed_step=history[0], passed_run=history[1])
     step = failed_step(evidence)

@@ -596,6 +596,7 @@ class GangTrainingOperator(BaseOperator):
             result.evidence, gang=spec.name, node=str(result.evidence.get("node") or _local_node(self.backend)),
             resumed_from_step=result.resumed_from_step, history=history,
             recurrences=recurrences(airflow_context, spec.attempt, evidence_signature(result.evidence)),
+            oom_kills=result.oom_kills,
         )  # fmt: skip
 
     def _tag_reached_step(self, run_id: str | None, step: int | None) -> None:

@@ -184,6 +184,7 @@ class GangResult:
     start_step_known: bool = True  # False: the backend did not read the ranks' start (pods' logs stay in the cluster)
     detail: str = ""
     pauses: int = 0  # times the gang was paused and resumed while it ran (local gangs: `local_control`)
+    oom_kills: int | None = None  # the kernel's OOM kills while a failed gang ran (local backend); None: not counted
 
 
 LogFn = Callable[[str], None]

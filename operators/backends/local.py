@@ -28,6 +28,7 @@ from operators.backends import local_control
 from operators.backends.base import GangBackend, GangResult, GangSpec, LogFn, mpirun_argv
 from operators.exceptions import GangCapacityError, GangConfigError
 from operators.failures.evidence import MPI_RANK_LINE, parse_mpirun_failure
+from operators.utils.oom import oom_kill_count
 from operators.utils.ports import free_port
 from operators.utils.processes import stop_group_nowait
 from trainer.urls import credentials_refusal, has_credentials, redact_url
@@ -339,6 +340,7 @@ class LocalBackend(ProcessGangBackend):
         if mpi:
             env = self.mpirun_env(env)
         launched_at = time.time()
+        oom_kills_before = oom_kill_count()
         cmd = self.mpirun_command(spec, env) if mpi else self.command(spec, log_dir)
         log(f"launching gang of {spec.world_size} ranks: {redact_url(' '.join(cmd))}")
         if not mpi:
@@ -366,7 +368,11 @@ class LocalBackend(ProcessGangBackend):
             evidence = mpirun_evidence(exit_code, "\n".join(agent_lines), rank_tails, Path(spec.run_dir), launched_at)
         else:
             evidence = self._evidence(exit_code, "\n".join(agent_lines), rank_tails)
-        return GangResult(succeeded=False, exit_code=exit_code, evidence=evidence, resumed_from_step=resumed_from)
+        # A rank the host's OOM killer ended leaves only a SIGKILL, like one killed from outside.
+        oom_kills_after = oom_kill_count()
+        oom_kills = None if None in (oom_kills_before, oom_kills_after) else max(0, oom_kills_after - oom_kills_before)
+        return GangResult(succeeded=False, exit_code=exit_code, evidence=evidence, resumed_from_step=resumed_from,
+                          oom_kills=oom_kills)
 
     @staticmethod
     def _evidence(exit_code: int, agent_text: str, rank_tails: dict) -> dict:

@@ -1,6 +1,7 @@
 """What the platform knows beside one failure's evidence (contract 4's `context` key), and how the
 classifier weighs it: the same code+config+data passed this step before, the progress made since
-the last resume, other gangs' failures on the same node, the same failure recurring.
+the last resume, other gangs' failures on the same node, the same failure recurring, the kernel's
+OOM kills while the gang ran.
 
 The operator gathers it (MLflow history, the node ledger, the retry ledger) and passes it in as
 data; this module only reads it. Each verdict it changes cites the facts it used.
@@ -51,6 +52,7 @@ class Context:
     node: str = ""
     node_failures: int = 0  # other gangs' failures on `node` in the last hour
     recurrences: int = 0  # earlier tries of this task that failed with the same signature
+    oom_kills: int | None = None  # the kernel's OOM kills while the gang ran; None: not counted
 
     @classmethod
     def parse(cls, value: Any) -> Context | None:
@@ -65,6 +67,7 @@ class Context:
             node=text(value.get("node"), 253).strip(),
             node_failures=_count(value.get("node_failures")) or 0,
             recurrences=_count(value.get("recurrences")) or 0,
+            oom_kills=_count(value.get("oom_kills")),
         )
 
 
@@ -107,9 +110,13 @@ def weigh(verdict: Verdict, facts: Evidence, context: Context | None) -> Verdict
 
     Without context an ambiguous crash keeps its kind but is retryable (the policy retries it
     once; the recurrence rule stops a deterministic one); a clear user error never is."""
+    ctx = context or Context()
+    if verdict.rule == "killed-from-outside" and ctx.oom_kills:
+        # The host's OOM killer sends the same SIGKILL; on Kubernetes the pod says OOMKilled instead.
+        return _decide(verdict, "user", False, f"the kernel's OOM killer ended {ctx.oom_kills} process(es) while the "
+                       "gang ran: the host ran out of memory")
     words = ambiguous_crash(verdict, facts)
     open_question = words is not None or verdict.kind == "unknown"
-    ctx = context or Context()
     step = _failed_at(facts)
     if open_question and ctx.recurrences > 0:
         return _decide(verdict, "user", False, f"the same failure recurred ({ctx.recurrences} earlier tr"

@@ -100,3 +100,22 @@ def test_a_segfault_the_precedents_call_user_is_still_retried_once():
     verdict = classify({"exit_code": 139, "log_tail": "Training epoch 3\nSegmentation fault (core dumped)"})
     assert verdict.retryable, verdict.reason
     assert verdict.kind == "unknown" or "ambiguous crash" in verdict.reason, verdict.reason
+
+
+HOST_OOM = "open-mpi__ompi-2661"  # ranks SIGKILLed (exit 137): each needs 98 GB on 64 GB nodes
+SPOT_KILL = "argoproj__argo-workflows-3374"  # exit 137 that was a spot node drained under the pod
+
+
+def test_a_sigkill_while_the_kernel_oom_killed_is_the_users_memory_and_not_retried():
+    assert (CASES[HOST_OOM].label, CASES[SPOT_KILL].label) == ("user", "infra")
+    alone = classify(case(HOST_OOM), precedents=False)
+    assert (alone.kind, alone.rule) == ("infra", "killed-from-outside")  # the evidence alone cannot tell
+    verdict = classify(case(HOST_OOM, context={"oom_kills": 2, "recurrences": 0}), precedents=False)
+    assert (verdict.kind, verdict.retryable, verdict.rule) == ("user", False, "killed-from-outside"), verdict.reason
+    assert "OOM killer ended 2 process(es) while the gang ran" in verdict.reason and verdict.context
+    # No OOM kill counted: a kill from outside stays infra; not counted (None, odd values): the evidence's verdict.
+    for context in ({"oom_kills": 0}, {}, {"oom_kills": "many"}, {"oom_kills": -1}):
+        kept = classify(case(SPOT_KILL, context=context), precedents=False)
+        assert (kept.kind, kept.retryable) == ("infra", True), (context, kept.reason)
+    # A clear user error is the user's with or without the count.
+    assert classify({"exit_code": 137, "termination_reason": "OOMKilled", "context": {"oom_kills": 0}}).kind == "user"
