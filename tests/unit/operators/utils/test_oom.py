@@ -24,11 +24,11 @@ def test_the_own_cgroup_v2_count_comes_first(tmp_path):
     assert oom_kill_count(proc, root) == 3
 
 
-def test_the_root_cgroup_and_cgroup_v1_fall_back_to_the_hosts_count(tmp_path):
+def test_the_root_cgroup_falls_back_to_the_hosts_count(tmp_path):
     root = tmp_path / "cgroup"
     root.mkdir()
     assert oom_kill_count(fake_proc(tmp_path / "a", "0::/\n"), root) == 7
-    v1 = "4:memory:/process_api/abc\n0::/\n"
+    v1 = "4:memory:/\n0::/\n"
     assert oom_kill_count(fake_proc(tmp_path / "b", v1), root) == 7
     # a cgroup path that climbs out of the root, or a missing memory.events: the host's count
     assert oom_kill_count(fake_proc(tmp_path / "c", "0::/../../etc\n"), root) == 7
@@ -42,3 +42,13 @@ def test_nothing_readable_is_none(tmp_path):
 
 def test_this_machine_has_a_count():
     assert isinstance(oom_kill_count(), int)
+
+
+def test_cgroup_v1_sums_the_counts_below_its_own_cgroup(tmp_path):
+    root = tmp_path / "cgroup"
+    own = root / "memory" / "process_api" / "abc"
+    for folder, count in ((own, 0), (own / "gang", 2), (own / "gang" / "rank1", 1), (root / "memory" / "other", 9)):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "memory.oom_control").write_text(f"oom_kill_disable 0\nunder_oom 0\noom_kill {count}\n")
+    proc = fake_proc(tmp_path, "9:name=systemd:/\n4:memory:/process_api/abc\n0::/\n")
+    assert oom_kill_count(proc, root) == 3  # not the sibling's 9, not the host's 7
