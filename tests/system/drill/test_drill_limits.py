@@ -23,17 +23,33 @@ def _pipelines(folder: Path, training: str, retries: int = 3) -> str:
     return str(folder)
 
 
-RUN_TIME_LIMIT_S = 12
+# The run-time limit: 12 s, longer only when the ranks had not reached their training loop by then (a
+# loaded machine: a SIGTERM while torch imports ends a rank with nothing to commit, which says
+# nothing of the limit's checkpoint), so the verdict does not depend on the machine's speed.
+RUN_TIME_LIMITS_S = (12, 30, 75)
+
+
+def _pod_logs(result: dict) -> list[str]:
+    return [(Path(p["dir"]) / "container.log").read_text(errors="replace") for p in report_pods(result["report"])]
+
+
+def _reached_the_loop(result: dict) -> bool:
+    """Rank 0 chose where to start (its SIGTERM handler is installed by then)."""
+    return any("gangflow: starting from step" in log or "gangflow: resuming from checkpoint" in log for log in _pod_logs(result))
 
 
 @pytest.fixture(scope="module", params=["jobset", "trainjob"])
 def run_time_run(request, drill_home, tmp_path_factory) -> dict:
     """A JobSet's pods carry the limit as their activeDeadlineSeconds (the kubelet stops them); a
     TrainJob carries it itself (Trainer fails it DeadlineExceeded and deletes its JobSet)."""
-    pipelines = _pipelines(tmp_path_factory.mktemp("limits") / "pipelines", f"  max_run_time_seconds: {RUN_TIME_LIMIT_S}")
-    conf = {"max_steps": 1_000_000, "checkpoint_every_steps": 50}  # far more than 12 s of training
-    result = run_drill(drill_home, tmp_path_factory, f"run-time-{request.param}", conf, api=request.param, GANGFLOW_PIPELINES=pipelines)
-    return result | {"api": request.param}
+    conf = {"max_steps": 1_000_000, "checkpoint_every_steps": 50}  # far more than any limit's training
+    for limit in RUN_TIME_LIMITS_S:
+        pipelines = _pipelines(tmp_path_factory.mktemp("limits") / "pipelines", f"  max_run_time_seconds: {limit}")
+        result = run_drill(drill_home, tmp_path_factory, f"run-time-{request.param}-{limit}s", conf, api=request.param,
+                           GANGFLOW_PIPELINES=pipelines)
+        if _reached_the_loop(result):
+            break
+    return result | {"api": request.param, "limit": limit}
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +70,9 @@ def test_past_its_run_time_the_gang_checkpoints_and_fails_as_the_users_without_a
         assert all(p["exit_code"] is not None for p in pods), pods  # the kubelet ended them
     else:  # Trainer deleted the JobSet: its pods were deleted (SIGTERM, then their grace period)
         assert sum(f"pod {p['pod']} deleted: SIGTERM" in e for p in pods for e in events) == 2, events
-    logs = [(Path(p["dir"]) / "container.log").read_text(errors="replace") for p in pods]
+    logs = _pod_logs(run_time_run)
     assert sum("gangflow: preempted (SIGTERM)" in log for log in logs) == 1, logs[0][-3000:]  # rank 0 committed a final checkpoint
-    assert any(f"activeDeadlineSeconds={RUN_TIME_LIMIT_S}" in e for e in events), events
+    assert any(f"activeDeadlineSeconds={run_time_run['limit']}" in e for e in events), events
     assert processes_touching(run_time_run["keep"]) == []
 
 
