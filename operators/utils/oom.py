@@ -40,7 +40,7 @@ def _own_cgroups(proc: Path) -> dict[str, str]:
         _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         if ".." in path.split("/"):
             continue
-        for controller in controllers.split(",") or [""]:
+        for controller in controllers.split(","):  # "" is cgroup v2's line
             own[controller] = path
     return own
 
