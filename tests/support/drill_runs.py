@@ -69,3 +69,13 @@ def run_folder(result: dict) -> Path:
 
 def report_pods(report: dict) -> list[dict]:
     return report.get("pods") or []
+
+
+def pod_log(pod: dict) -> str:
+    """What one pod of a drill's report printed (its container.log)."""
+    return (Path(pod["dir"]) / "container.log").read_text(errors="replace")
+
+
+def pod_logs(report: dict, name_part: str = "") -> list[str]:
+    """The logs of the report's pods whose name holds `name_part` (e.g. "-t2-": one try's)."""
+    return [pod_log(p) for p in report_pods(report) if name_part in p["pod"]]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from drill_runs import processes_touching, report_pods, run_drill
+from drill_runs import pod_logs, processes_touching, report_pods, run_drill
 
 pytestmark = pytest.mark.slow
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
@@ -29,13 +29,9 @@ def _pipelines(folder: Path, training: str, retries: int = 3) -> str:
 RUN_TIME_LIMITS_S = (12, 30, 75)
 
 
-def _pod_logs(result: dict) -> list[str]:
-    return [(Path(p["dir"]) / "container.log").read_text(errors="replace") for p in report_pods(result["report"])]
-
-
 def _reached_the_loop(result: dict) -> bool:
     """Rank 0 chose where to start (its SIGTERM handler is installed by then)."""
-    return any("gangflow: starting from step" in log or "gangflow: resuming from checkpoint" in log for log in _pod_logs(result))
+    return any("gangflow: starting from step" in log or "gangflow: resuming from checkpoint" in log for log in pod_logs(result["report"]))
 
 
 @pytest.fixture(scope="module", params=["jobset", "trainjob"])
@@ -70,7 +66,7 @@ def test_past_its_run_time_the_gang_checkpoints_and_fails_as_the_users_without_a
         assert all(p["exit_code"] is not None for p in pods), pods  # the kubelet ended them
     else:  # Trainer deleted the JobSet: its pods were deleted (SIGTERM, then their grace period)
         assert sum(f"pod {p['pod']} deleted: SIGTERM" in e for p in pods for e in events) == 2, events
-    logs = _pod_logs(run_time_run)
+    logs = pod_logs(run_time_run["report"])
     assert sum("gangflow: preempted (SIGTERM)" in log for log in logs) == 1, logs[0][-3000:]  # rank 0 committed a final checkpoint
     assert any(f"activeDeadlineSeconds={run_time_run['limit']}" in e for e in events), events
     assert processes_touching(run_time_run["keep"]) == []

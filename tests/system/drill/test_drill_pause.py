@@ -4,10 +4,8 @@ final checkpoint the pause made, no retry and no preemption spent."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from drill_runs import processes_touching, report_pods, run_drill
+from drill_runs import pod_logs, processes_touching, report_pods, run_drill
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +36,7 @@ def test_a_paused_gang_releases_its_pods_and_resumes_from_its_final_checkpoint(p
     assert any("python -m operators.cli.gang resume" in e and "exit 0" in e for e in events), events
     pods = report_pods(pause_run["report"])
     assert len(pods) == 4 and all("-t1-" in p["pod"] for p in pods)  # one try, one JobSet, its pods twice
-    logs = [(Path(p["dir"]) / "container.log").read_text(errors="replace") for p in pods]
+    logs = pod_logs(pause_run["report"])
     assert sum("gangflow: preempted (SIGTERM)" in log for log in logs) == 1  # rank 0 of the paused pods committed
     assert sum(f"resuming from checkpoint step-{summary['resumed_from_step']}" in log for log in logs) == 1
     # Kueue's eviction comes before the resume and before the admission again

@@ -4,10 +4,9 @@ running Workload; the task re-launches the gang in the same try, no retry spent.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from drill_runs import processes_touching, report_pods, run_drill
+from drill_runs import pod_log, processes_touching, report_pods, run_drill
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +33,7 @@ def test_a_kueue_preemption_costs_no_retry_and_resumes(preempt_run):
     assert sum("Kueue admitted JobSet" in e for e in events) == 2, events
     pods = report_pods(preempt_run["report"])
     assert len(pods) == 4 and all("-t1-" in p["pod"] for p in pods)  # one Airflow try, two gangs
-    stopped = [p for p in pods if "gangflow: preempted (SIGTERM)" in (Path(p["dir"]) / "container.log").read_text(errors="replace")]
+    stopped = [p for p in pods if "gangflow: preempted (SIGTERM)" in pod_log(p)]
     assert len(stopped) == 1, [p["pod"] for p in pods]  # rank 0 of the first gang: every rank committed, then exited 75
     # the MLflow run says it too
     import sqlite3

@@ -5,10 +5,8 @@ paused and resumed (issue 25.2) through its Kueue Workload, as a JobSet gang is.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from drill_runs import processes_touching, report_pods, run_drill
+from drill_runs import pod_logs, processes_touching, report_pods, run_drill
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +24,7 @@ def test_trainjob_killed_rank_is_retried_once_resumes_and_is_promoted(trainjob_r
     assert summary["state"] == "success" and summary["backend"] == "kubernetes" and summary["api"] == "trainjob"
     assert summary["train_attempts"] == 2 and summary["model_version"] and summary["accuracy"] > 0.5
     events = trainjob_run["report"]["events"]
-    assert any("resuming from checkpoint step-30" in log for log in _logs(trainjob_run, "-t2-")), events
+    assert any("resuming from checkpoint step-30" in log for log in pod_logs(trainjob_run["report"], "-t2-")), events
     pods = report_pods(trainjob_run["report"])
     assert len(pods) == 6 and all("-node-0-" in p["pod"] for p in pods)  # 2 failed, 2 paused, 2 resumed
     assert any(p["exit_code"] not in (0, None) for p in pods if "-t1-" in p["pod"])
@@ -38,10 +36,6 @@ def test_trainjob_killed_rank_is_retried_once_resumes_and_is_promoted(trainjob_r
     # the failed JobSet's condition reached gangflow through the TrainJob, as Trainer mirrors it
     assert any("TrainJob" in e and "Failed" in e for e in events)
     assert processes_touching(trainjob_run["keep"]) == []
-
-
-def _logs(run: dict, attempt: str) -> list[str]:
-    return [(Path(p["dir"]) / "container.log").read_text(errors="replace") for p in report_pods(run["report"]) if attempt in p["pod"]]
 
 
 def test_a_paused_trainjob_releases_its_pods_and_resumes_from_its_final_checkpoint(trainjob_run):
@@ -57,7 +51,7 @@ def test_a_paused_trainjob_releases_its_pods_and_resumes_from_its_final_checkpoi
     # Kueue admits it again once resumed: after the pause, and possibly before the resume's own line,
     # which is written when the command returns (it waits for the gang to be admitted again)
     assert any("again (spec.active is true)" in e and "TrainJob" in e for e in events[paused:]), events
-    logs = _logs(trainjob_run, "-t2-")
+    logs = pod_logs(trainjob_run["report"], "-t2-")
     assert sum("gangflow: preempted (SIGTERM)" in log for log in logs) == 1  # rank 0 of the paused pods committed
     assert sum(f"resuming from checkpoint step-{summary['resumed_from_step']}" in log for log in logs) == 1
 
