@@ -37,6 +37,9 @@ _AMBIGUOUS = re.compile(
     re.IGNORECASE,
 )
 AMBIGUOUS_NOTE = "ambiguous crash that could be the node's"
+# A SIGKILL that neither the pod status nor an OOM count explains: on the corpus's train split and
+# two hold-outs it was the host's OOM killer 11 times in 12 (docs/design/classifier-evaluation.md).
+_UNEXPLAINED_SIGKILL = "a SIGKILL the platform did not explain"
 _SEGFAULT_SIGNALS = {4, 7, 11}  # SIGILL, SIGBUS, SIGSEGV: a crash that a bad node causes too
 _GENERIC_RULES = frozenset({"user-exception", "user-exception-line", "program-error", "bad-data"})
 
@@ -81,6 +84,8 @@ def ambiguous_crash(verdict: Verdict, facts: Evidence) -> str | None:
     error, driver/library mismatch, ENOSPC, /dev/shm), when the verdict rests on nothing clearer."""
     if verdict.kind == "infra":
         return None
+    if verdict.rule == "killed-from-outside":
+        return _UNEXPLAINED_SIGKILL
     if verdict.rule in AMBIGUOUS_RULES | _GENERIC_RULES and verdict.rule:
         # The decisive line (quoted in the reason) must name the crash: "No module named x" is
         # environment-mismatch too, and a ValueError is a clear user error.
@@ -100,6 +105,11 @@ def ambiguous_crash(verdict: Verdict, facts: Evidence) -> str | None:
     return {4: "SIGILL", 7: "SIGBUS", 11: "SIGSEGV"}[crashed[0]] if crashed else None
 
 
+def _platform_explained(facts: Evidence) -> bool:
+    """The pod status speaks for the kill (a termination or pod reason): no OOMKilled there means none."""
+    return any(rank.termination_reason or rank.pod_reason for rank in (facts, *facts.ranks))
+
+
 def _failed_at(facts: Evidence) -> int | None:
     steps = [s for s in (facts.step, *(r.step for r in facts.ranks)) if s is not None]
     return max(steps) if steps else None
@@ -109,12 +119,18 @@ def weigh(verdict: Verdict, facts: Evidence, context: Context | None) -> Verdict
     """The rule table's verdict, weighed with the platform's context; it cites what it used.
 
     Without context an ambiguous crash keeps its kind but is retryable (the policy retries it
-    once; the recurrence rule stops a deterministic one); a clear user error never is."""
+    once; the recurrence rule stops a deterministic one); a clear user error never is. A SIGKILL
+    that neither the pod status nor an OOM count explains is such a crash, kind user."""
     ctx = context or Context()
     if verdict.rule == "killed-from-outside" and ctx.oom_kills:
         # The host's OOM killer sends the same SIGKILL; on Kubernetes the pod says OOMKilled instead.
         return _decide(verdict, "user", False, f"the kernel's OOM killer ended {ctx.oom_kills} process(es) while the "
                        "gang ran: the host ran out of memory")
+    if verdict.rule == "killed-from-outside" and ctx.oom_kills is None and not _platform_explained(facts):
+        body = verdict.reason.split(": ", 1)[-1].replace(
+            " without OOMKilled: killed from outside",
+            " with no pod status or OOM count to explain it (most often the host's OOM killer)")
+        verdict = replace(verdict, kind="user", reason=clip(f"user: {body}"))
     words = ambiguous_crash(verdict, facts)
     open_question = words is not None or verdict.kind == "unknown"
     step = _failed_at(facts)

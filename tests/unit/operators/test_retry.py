@@ -367,10 +367,16 @@ def test_infra_failures_at_other_steps_or_without_a_step_keep_being_retried(tmp_
     for try_number, step in enumerate((57, 112, 131), start=1):  # a flaky fabric strikes wherever the loop is
         decision = POLICY.evaluate(_gang_failure_at(step), try_number=try_number, max_tries=5, context=_context(try_number))
         assert decision.action is RetryAction.RETRY, decision.reason
-    killed = InfraFailure(classify({"exit_code": -9, "signal": "SIGKILL"}), evidence={"exit_code": -9, "signal": "SIGKILL"})
+    counted = {"exit_code": -9, "signal": "SIGKILL", "context": {"oom_kills": 0}}  # the backend saw no OOM kill
+    killed = InfraFailure(classify(counted), evidence=counted)
     for try_number in (1, 2):  # no step, no exception: nothing to compare, so no recurrence is claimed
         decision = POLICY.evaluate(killed, try_number=try_number, max_tries=5, context=_context(try_number, task_id="other"))
         assert decision.action is RetryAction.RETRY, decision.reason
+    # the same kill with no count (most often the host's OOM killer): retried once, then the user's
+    bare = {"exit_code": -9, "signal": "SIGKILL"}
+    unexplained = InfraFailure(classify(bare), evidence=bare)
+    decisions = [POLICY.evaluate(unexplained, try_number=n, max_tries=5, context=_context(n, task_id="bare")) for n in (1, 2)]
+    assert [d.action for d in decisions] == [RetryAction.RETRY, RetryAction.FAIL], [d.reason for d in decisions]
     # without a context there is no record of earlier tries: no recurrence is claimed either
     assert POLICY.evaluate(_gang_failure_at(57), try_number=3, max_tries=5).action is RetryAction.RETRY
 

@@ -76,8 +76,11 @@ def test_a_node_with_recent_failures_is_excluded_and_cited():
     assert verdict.kind == "infra" and verdict.exclude_nodes == ("gpu-node-07",)
     assert "2 other gang failure(s) on node gpu-node-07" in verdict.reason
     assert verdict.to_dict()["exclude_nodes"] == ["gpu-node-07"] and verdict.to_dict()["context"]
-    killed = classify({"exit_code": -9, "signal": 9, "context": {"node": "gpu-node-07", "node_failures": 1}})
+    counted = {"node": "gpu-node-07", "node_failures": 1, "oom_kills": 0}  # a kill from outside: infra, the node cited
+    killed = classify({"exit_code": -9, "signal": 9, "context": counted})
     assert killed.kind == "infra" and killed.exclude_nodes == ("gpu-node-07",) and "context:" in killed.reason
+    unexplained = classify({"exit_code": -9, "signal": 9, "context": {"node": "gpu-node-07", "node_failures": 1}})
+    assert unexplained.kind == "infra" and unexplained.exclude_nodes == ("gpu-node-07",) and "suspect" in unexplained.reason
 
 
 def test_a_recurring_crash_is_user_whatever_else_is_known():
@@ -108,14 +111,20 @@ SPOT_KILL = "argoproj__argo-workflows-3374"  # exit 137 that was a spot node dra
 
 def test_a_sigkill_while_the_kernel_oom_killed_is_the_users_memory_and_not_retried():
     assert (CASES[HOST_OOM].label, CASES[SPOT_KILL].label) == ("user", "infra")
-    alone = classify(case(HOST_OOM), precedents=False)
-    assert (alone.kind, alone.rule) == ("infra", "killed-from-outside")  # the evidence alone cannot tell
+    alone = classify(case(HOST_OOM), precedents=False)  # the evidence alone cannot tell: retried once
+    assert (alone.kind, alone.retryable, alone.rule) == ("user", True, "killed-from-outside"), alone.reason
+    assert "most often the host's OOM killer" in alone.reason and "retried once" in alone.reason
     verdict = classify(case(HOST_OOM, context={"oom_kills": 2, "recurrences": 0}), precedents=False)
     assert (verdict.kind, verdict.retryable, verdict.rule) == ("user", False, "killed-from-outside"), verdict.reason
     assert "OOM killer ended 2 process(es) while the gang ran" in verdict.reason and verdict.context
-    # No OOM kill counted: a kill from outside stays infra; not counted (None, odd values): the evidence's verdict.
-    for context in ({"oom_kills": 0}, {}, {"oom_kills": "many"}, {"oom_kills": -1}):
-        kept = classify(case(SPOT_KILL, context=context), precedents=False)
-        assert (kept.kind, kept.retryable) == ("infra", True), (context, kept.reason)
+    # No OOM kill counted: a kill from outside, infra; not counted (None, odd values): the evidence's verdict,
+    # an unexplained SIGKILL retried once; a pod status that does not say OOMKilled explains it: infra.
+    kept = classify(case(SPOT_KILL, context={"oom_kills": 0}), precedents=False)
+    assert (kept.kind, kept.retryable) == ("infra", True), kept.reason
+    for context in ({}, {"oom_kills": "many"}, {"oom_kills": -1}):
+        guessed = classify(case(SPOT_KILL, context=context), precedents=False)
+        assert (guessed.kind, guessed.retryable) == ("user", True), (context, guessed.reason)
+    pod = classify({"exit_code": 137, "termination_reason": "Error"})
+    assert (pod.kind, pod.retryable, pod.rule) == ("infra", True, "killed-from-outside"), pod.reason
     # A clear user error is the user's with or without the count.
     assert classify({"exit_code": 137, "termination_reason": "OOMKilled", "context": {"oom_kills": 0}}).kind == "user"

@@ -62,7 +62,8 @@ def test_a_collective_timeout_alone_is_unknown_not_infra():
 
 
 def test_a_collective_timeout_is_explained_by_a_peers_cause():
-    killed = classify({"ranks": [{"rank": 0, "exit_code": 137}, {"rank": 1, "log_tail": WATCHDOG}]}, precedents=False)
+    killed_pod = {"rank": 0, "exit_code": 137, "termination_reason": "Error"}  # a pod's status: not OOMKilled
+    killed = classify({"ranks": [killed_pod, {"rank": 1, "log_tail": WATCHDOG}]}, precedents=False)
     assert (killed.kind, killed.rule) == ("infra", "killed-from-outside")
     buggy = classify(
         {"ranks": [{"rank": 0, "log_tail": 'Traceback (most recent call last):\n  File "/app/train.py", line 9, in step\n'
@@ -98,7 +99,7 @@ def test_oomkilled_is_the_users_unless_the_node_ran_out():
 def test_a_collective_timeout_does_not_hide_a_later_decisive_rule_in_the_same_log():
     log = WATCHDOG + "\ntorch.distributed.elastic.multiprocessing.api: failed (exitcode: -9) local_rank: 0 (pid: 77) of binary: python\n"
     verdict = classify({"exit_code": 1, "log_tail": log}, precedents=False)
-    assert (verdict.kind, verdict.rule) == ("infra", "killed-from-outside"), verdict.reason
+    assert (verdict.rule, verdict.retryable) == ("killed-from-outside", True), verdict.reason
 
 
 @pytest.mark.parametrize(

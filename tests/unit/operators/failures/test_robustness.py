@@ -169,7 +169,7 @@ def test_torchrun_sigkill_exit_code_keeps_its_sign():
     evidence = LocalBackend._evidence(-9, "torch.distributed.elastic: worker group failed", {})
     assert evidence["exit_code"] == -9
     verdict = classify(evidence)
-    assert (verdict.kind, verdict.rule) == ("infra", "killed-from-outside"), verdict.reason
+    assert (verdict.rule, verdict.retryable) == ("killed-from-outside", True), verdict.reason
 
 
 def test_cli_reads_undecodable_bytes_without_a_traceback():
