@@ -2,7 +2,7 @@
 
     python benchmarks/classifier.py                 # train and dev
     python benchmarks/classifier.py --show-errors   # ... and list the misses (train/dev only)
-    python benchmarks/classifier.py --calibrate     # precedent knobs sweep (threshold, k, infra margin): dev and train
+    python benchmarks/classifier.py --calibrate     # precedent knobs sweep (threshold, the model's C): dev, train, cv
     python benchmarks/classifier.py --leave-project-out  # ... and train scored with no precedent from the case's own project
     python benchmarks/classifier.py --test          # ... and the frozen test split (run once, at the end)
     python benchmarks/classifier.py --holdout holdout3  # ... and a later hold-out (split.json: holdout2, holdout3)
@@ -59,10 +59,21 @@ def note(message: str) -> None:
 
 
 def judge(case, base, threshold: float, *, leave_project_out: bool = False, **knobs):
-    """(verdict, source): source is 'rule', 'precedent' or 'none'. `knobs`: k, infra_margin.
+    """(verdict, source): source is 'rule', 'precedent' or 'none'. `knobs`: c (the model's).
 
     The case itself is never its own precedent; with `leave_project_out`, neither is any case
-    of its project (as for a test project, whose siblings are never in the base)."""
+    of its project (as for a test project, whose siblings are never in the base). Remembered:
+    each left-out case costs a model fit, and --blind-reader judges train and dev again."""
+    key = (id(base), case.id, threshold, leave_project_out, tuple(sorted(knobs.items())))
+    if key not in _JUDGED:
+        _JUDGED[key] = _judge(case, base, threshold, leave_project_out=leave_project_out, **knobs)
+    return _JUDGED[key]
+
+
+_JUDGED: dict[tuple, tuple] = {}
+
+
+def _judge(case, base, threshold: float, *, leave_project_out: bool = False, **knobs):
     verdict = classify(case.evidence, precedents=False)
     if verdict.kind != "unknown" or base is None:
         return verdict, ("rule" if verdict.kind != "unknown" else "none")
@@ -251,29 +262,28 @@ def calibrate(train, dev) -> list[dict]:
     (leave-one-out), and train + dev with the shipped base leaving each case's whole project out
     (cv, the column the shipped knobs are chosen on).
 
-    k: how many nearest cases vote; infra_margin: how many times the user votes' weight an infra
-    verdict needs (inf: no user case among the k at all), else the verdict stays unknown.
+    c: the model's inverse regularisation; threshold: the nearest case's similarity below which
+    no precedent speaks (the verdict stays unknown).
     """
     shipped = precedent_mod.PrecedentBase(train + dev)
     bases = {"train": shipped, "dev": precedent_mod.PrecedentBase(train), "cv": shipped}
     rows = []
-    note("k  margin threshold | dev: accuracy unknown user->infra user->unknown precedent | train: same | cv: same")
-    for k in (3, 5):
-        for margin in (1.0, 2.0, float("inf")):
-            for threshold in (0.05, 0.10, 0.15, 0.20, 0.30):
-                row: dict = {"k": k, "infra_margin": margin if margin != float("inf") else "inf", "threshold": threshold}
-                cells = []
-                # cv: every train and dev case judged with no precedent from its own project (69
-                # held-out projects, where dev alone has 15): the knobs are chosen on this column.
-                for name, cases in (("dev", dev), ("train", train), ("cv", train + dev)):
-                    r, _ = score(cases, bases[name], threshold, k=k, infra_margin=margin, leave_project_out=name == "cv")
-                    p = r["by_source"]["precedent"]
-                    row[name] = {key: r[key] for key in ("accuracy", "unknown_rate", "user_bugs_retried_as_infra",
-                                                         "user_bugs_retried_once_as_unknown")} | {"precedent": p}  # fmt: skip
-                    cells.append(f"{r['accuracy']:.3f} {r['unknown_rate']:.3f} {r['user_bugs_retried_as_infra']:>2} "
-                                 f"{r['user_bugs_retried_once_as_unknown']:>2} {p['correct']:>2}/{p['n']:<2}")  # fmt: skip
-                rows.append(row)
-                note(f"{k}  {row['infra_margin']!s:>6} {threshold:.2f}      | " + " | ".join(cells))
+    note("c    threshold | dev: accuracy unknown user->infra user->unknown precedent | train: same | cv: same")
+    for c in (0.1, 0.3, 1.0, 3.0):
+        for threshold in (0.05, 0.10, 0.20):
+            row: dict = {"c": c, "threshold": threshold}
+            cells = []
+            # cv: every train and dev case judged with no precedent from its own project (69
+            # held-out projects, where dev alone has 15): the knobs are chosen on this column.
+            for name, cases in (("dev", dev), ("train", train), ("cv", train + dev)):
+                r, _ = score(cases, bases[name], threshold, c=c, leave_project_out=name == "cv")
+                p = r["by_source"]["precedent"]
+                row[name] = {key: r[key] for key in ("accuracy", "unknown_rate", "user_bugs_retried_as_infra",
+                                                     "user_bugs_retried_once_as_unknown")} | {"precedent": p}  # fmt: skip
+                cells.append(f"{r['accuracy']:.3f} {r['unknown_rate']:.3f} {r['user_bugs_retried_as_infra']:>2} "
+                             f"{r['user_bugs_retried_once_as_unknown']:>2} {p['correct']:>2}/{p['n']:<2}")  # fmt: skip
+            rows.append(row)
+            note(f"{c:<4} {threshold:.2f}      | " + " | ".join(cells))
     return rows
 
 
@@ -306,14 +316,14 @@ def rule_table() -> str:
     for i, rule in enumerate(RULES, 1):
         kind = rule.kind + (" (secondary)" if rule.secondary else "")
         rows.append(f"| {i} | `{rule.name}` | {kind} | {TIERS[rule.tier]} | {rule.summary} | {tested(rule.name)} |")
-    rows.append(f"| – | *(no rule)* | by precedent, else unknown | – | nearest corpus cases, else nothing | {tested('')} |")
+    rows.append(f"| – | *(no rule)* | by precedent, else unknown | – | the corpus's model (the nearest case cited), else nothing | {tested('')} |")
     return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--test", action="store_true", help="also score the frozen test split (verifies its hash)")
-    parser.add_argument("--calibrate", action="store_true", help="sweep the precedent threshold, k and infra margin (dev: train base; train: shipped base; cv: train+dev, leave-project-out)")
+    parser.add_argument("--calibrate", action="store_true", help="sweep the precedent threshold and the model's C (dev: train base; train: shipped base; cv: train+dev, leave-project-out)")
     parser.add_argument("--holdout", action="append", default=[], metavar="NAME",
                         help="also score this later hold-out of split.json (verifies its hash; repeatable)")
     parser.add_argument("--show-errors", action="store_true", help="list the misses of train and dev (never test)")
@@ -337,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     except CorpusError as exc:
         print(f"benchmarks/classifier.py: {exc}", file=sys.stderr)
         return 2
-    out: dict = {"threshold": precedent_mod.THRESHOLD, "k": precedent_mod.K, "infra_margin": precedent_mod.INFRA_MARGIN, "splits": {}}
+    out: dict = {"threshold": precedent_mod.THRESHOLD, "c": precedent_mod.C, "splits": {}}
     if args.calibrate:
         out["calibration"] = calibrate(train, dev)
     shipped = precedent_mod.PrecedentBase(train + dev)

@@ -1,8 +1,10 @@
-"""Verdict by precedent: when no rule speaks, the nearest corpus cases by text similarity decide.
+"""Verdict by precedent: when no rule speaks, the public corpus decides.
 
-TF-IDF cosine similarity over the corpus's train and dev cases (never test); the `K` nearest at or
-above `THRESHOLD` vote. The constants are calibrated by `benchmarks/classifier.py --calibrate`
-(figures: docs/design/classifier-evaluation.md). scikit-learn is imported only on the first lookup.
+A logistic regression over the evidence's TF-IDF word 1-2 grams, trained on the corpus's train and
+dev cases (never test), says infra or user; the reason cites the nearest case of that kind by
+cosine similarity. Evidence unlike every case (below `THRESHOLD`) stays unknown. `C` and `THRESHOLD`
+are chosen by `benchmarks/classifier.py --calibrate` (figures: docs/design/classifier-evaluation.md).
+scikit-learn is imported only on the first lookup.
 """
 
 from __future__ import annotations
@@ -11,22 +13,20 @@ import functools
 import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from operators.failures.cases import CORPUS_DIR, Case, CorpusError, load_split, load_split_cases
 from operators.failures.evidence import Evidence, one_line
 from operators.failures.verdict import Verdict, clip
 
-__all__ = ["INFRA_MARGIN", "K", "THRESHOLD", "PrecedentBase", "default_base", "lookup"]
+__all__ = ["C", "THRESHOLD", "PrecedentBase", "default_base", "lookup"]
 
-THRESHOLD = 0.10  # chosen with K and INFRA_MARGIN by leave-project-out CV (docs/design/classifier-evaluation.md)
-K = 5
-# An infra verdict by precedent needs this many times the similarity weight of the user votes
-# among the K nearest; a closer contest stays `unknown` (retried once). 1 is a plain majority:
-# a margin of 2 chosen on dev alone cut user bugs called infra there but, across all 69 train
-# and dev projects held out one at a time, cost accuracy and added unknowns for no fewer retries.
-INFRA_MARGIN = 1.0
+THRESHOLD = 0.10  # the nearest case's cosine similarity below which no precedent speaks
+C = 0.3  # the model's inverse regularisation; with THRESHOLD, chosen by leave-project-out CV
 BASE_SPLITS = ("train", "dev")
 MAX_TEXT = 16 * 1024
+_TOKENS = r"(?u)\b[a-z_][a-z0-9_]+\b"
+_MODELS_KEPT = 8  # fitted models kept per base, by the case ids left out (leave-one-out scoring refits)
 
 _HEX = re.compile(r"\b0x[0-9a-f]+\b|\b[0-9a-f]{12,}\b")
 _NUMBER = re.compile(r"\b\d+(?:\.\d+)?\b")
@@ -52,19 +52,19 @@ class Precedent:
 
 
 class PrecedentBase:
-    """A TF-IDF index over labelled cases."""
+    """Labelled cases: a TF-IDF index of their text (the nearest case, cited) and a logistic
+    regression over the same text (the kind)."""
 
     def __init__(self, cases: Sequence[Case]):
         from sklearn.feature_extraction.text import TfidfVectorizer
 
         self.cases = list(cases)
-        self.vectorizer = TfidfVectorizer(
-            token_pattern=r"(?u)\b[a-z_][a-z0-9_]+\b", ngram_range=(1, 1), sublinear_tf=True, min_df=1
-        )
-        texts = [case_text(Evidence.parse(c.evidence)) for c in self.cases]
-        self.matrix = self.vectorizer.fit_transform(texts) if self.cases else None
+        self.texts = [case_text(Evidence.parse(c.evidence)) for c in self.cases]
+        self.vectorizer = TfidfVectorizer(token_pattern=_TOKENS, ngram_range=(1, 1), sublinear_tf=True, min_df=1)
+        self.matrix = self.vectorizer.fit_transform(self.texts) if self.cases else None
+        self._models: dict[tuple[frozenset[str], float], Any] = {}
 
-    def nearest(self, evidence: Evidence, k: int = K, exclude: Collection[str] = ()) -> list[Precedent]:
+    def nearest(self, evidence: Evidence, k: int = 5, exclude: Collection[str] = ()) -> list[Precedent]:
         if self.matrix is None:
             return []
         query = self.vectorizer.transform([case_text(evidence)])
@@ -79,28 +79,45 @@ class PrecedentBase:
                 break
         return found
 
+    def _model(self, exclude: Collection[str], c: float):
+        """(vectorizer, classifier) fitted on the cases not in `exclude`; None when one label is missing."""
+        key = (frozenset(exclude), c)
+        if key not in self._models:
+            from sklearn.feature_extraction.text import TfidfVectorizer
+            from sklearn.linear_model import LogisticRegression
+
+            kept = [i for i, case in enumerate(self.cases) if case.id not in key[0]]
+            labels = [self.cases[i].label == "infra" for i in kept]
+            fitted = None
+            if len(set(labels)) == 2:
+                # words seen once are noise at this corpus size; a tiny base keeps them
+                vectorizer = TfidfVectorizer(token_pattern=_TOKENS, ngram_range=(1, 2), sublinear_tf=True,
+                                             min_df=2 if len(kept) >= 50 else 1)
+                features = vectorizer.fit_transform([self.texts[i] for i in kept])
+                model = LogisticRegression(C=c, class_weight="balanced", max_iter=2000).fit(features, labels)
+                fitted = (vectorizer, model)
+            if len(self._models) >= _MODELS_KEPT:
+                self._models.pop(next(iter(self._models)))
+            self._models[key] = fitted
+        return self._models[key]
+
     def verdict(
-        self,
-        evidence: Evidence,
-        threshold: float = THRESHOLD,
-        exclude: Collection[str] = (),
-        *,
-        k: int = K,
-        infra_margin: float = INFRA_MARGIN,
+        self, evidence: Evidence, threshold: float = THRESHOLD, exclude: Collection[str] = (), *, c: float = C
     ) -> Verdict | None:
-        near = [p for p in self.nearest(evidence, k, exclude) if p.similarity >= threshold]
-        if not near:
+        near = self.nearest(evidence, len(self.cases), exclude)
+        if not near or near[0].similarity < threshold:
+            return None  # unlike every case: no precedent
+        fitted = self._model(exclude, c)
+        if fitted is None:
             return None
-        votes = {"infra": 0.0, "user": 0.0}
-        for p in near:
-            votes[p.case.label] = votes.get(p.case.label, 0.0) + p.similarity
-        if votes["infra"] == votes["user"]:
-            return None  # a tie is no precedent
-        kind = "infra" if votes["infra"] > votes["user"] else "user"
-        if kind == "infra" and votes["infra"] < infra_margin * votes["user"]:
-            return None  # the user precedents are too close to call it infra: stays unknown (retried once)
-        best = next(p for p in near if p.case.label == kind)
-        reason = f"{kind}: like {best.case.url}: {one_line(best.case.why, 200)} (similarity {best.similarity:.2f})"
+        vectorizer, model = fitted
+        infra = float(model.predict_proba(vectorizer.transform([case_text(evidence)]))[0][list(model.classes_).index(True)])
+        if infra == 0.5:
+            return None
+        kind = "infra" if infra > 0.5 else "user"
+        best = next(p for p in near if p.case.label == kind)  # the model saw both labels: one exists
+        reason = (f"{kind}: like {best.case.url}: {one_line(best.case.why, 200)} (similarity {best.similarity:.2f}; "
+                  f"the corpus's model: infra {infra:.2f})")
         return Verdict(kind, kind != "user", clip(reason), rule="precedent")
 
 

@@ -186,6 +186,9 @@ _CUDA_OOM = _rx(
     r"Cuda failure '?out of memory", r"Resource exhausted: Out\s+of\s+memory", r"RESOURCE_EXHAUSTED: Out\s+of\s+memory",
     r"Out of memory while trying to allocate", r"Can't allocate \d+ bytes on device", r"\bOOM when allocating tensor",
     r"failed to allocate [\d.]+[KMG]? \(\d+ bytes\) from device",
+    # XLA on a TPU: the program does not fit the chip's memory (HBM); XLA's RESOURCE_EXHAUSTED
+    # names memory then, where the same status from a cloud API is a quota or throttling
+    r"Ran out of memory in memory space (?:hbm|vmem)\b", r"RESOURCE_EXHAUSTED: XLA:TPU compile permanent error",
 )  # fmt: skip
 # The kernel's OOM killer (a cgroup limit or the host's memory): the job asks for more than it has.
 _HOST_OOM = _rx(
@@ -538,11 +541,17 @@ def _candidate_exceptions(f: Evidence) -> list[Exc]:
 def _cuda_oom(f: Evidence) -> Hit | None:
     for exc in _candidate_exceptions(f):
         if _CUDA_OOM.search(exc.text):
-            return Hit("CUDA out of memory (batch or model too large for the GPU)", exc.text, exc.rank)
+            return Hit(_device_oom_words(exc.text), exc.text, exc.rank)
     hit = _first(_CUDA_OOM, f.log_texts)
     if hit:
-        return Hit("CUDA out of memory (batch or model too large for the GPU)", hit[0], _line_rank(hit[0]))
+        return Hit(_device_oom_words(hit[0]), hit[0], _line_rank(hit[0]))
     return None
+
+
+def _device_oom_words(text: str) -> str:
+    if "XLA:TPU" in text or "memory space hbm" in text or "memory space vmem" in text:
+        return "TPU out of memory (batch or model too large for the TPU)"
+    return "CUDA out of memory (batch or model too large for the GPU)"
 
 
 def _import_error(f: Evidence) -> Hit | None:

@@ -114,31 +114,26 @@ def test_precedent_decides_above_the_threshold_and_cites_the_case(synthetic):
     assert base.verdict(similar, threshold=0.2, exclude={"acme__train-1"}) is None  # leave-one-out
 
 
-def test_a_weak_infra_precedent_stays_unknown_a_weak_user_one_decides(tmp_path):
-    """With an infra margin (the knob; the shipped INFRA_MARGIN is the plain majority, chosen by
-    cross-validation), infra by precedent needs that many times the user votes' weight."""
-    margin = 2.0
-
-    rows = [
-        case(1, "infra", "upload to the bucket timed out after the write stalled", "acme/a"),
-        case(2, "infra", "upload to the bucket timed out while the write stalled", "acme/a"),
-        case(3, "user", "upload to the bucket timed out: the write was too large for one request", "acme/a"),
-        case(4, "user", "the plumbus config has no wibble value for the dataset", "acme/a"),
-        case(5, "user", "the plumbus config has no wibble value for the loader", "acme/a"),
-        case(6, "infra", "the plumbus config could not be read: connection reset", "acme/a"),
-    ]
+def test_the_model_decides_the_kind_and_the_nearest_case_of_that_kind_is_cited(tmp_path):
+    """The nearest case alone would say user (three rare words shared); the words that recur across
+    the corpus say infra, and the verdict cites the nearest infra case."""
+    rows = [case(i, "infra", f"connection reset by peer {where}", "acme/a") for i, where in enumerate(
+        ("while reading shard one", "while writing shard two", "during the allreduce", "at the barrier",
+         "in the data loader", "on upload"), start=1)]  # fmt: skip
+    rows += [case(7, "user", "gamma delta epsilon: config value missing", "acme/a"),
+             case(8, "user", "config value missing for the loader", "acme/a"),
+             case(9, "user", "config value missing for the optimizer", "acme/a")]  # fmt: skip
     base = PrecedentBase(load_cases([write(tmp_path, "acme/a", rows)]))
-    weak = Evidence.parse({"log_tail": "upload timed out: write too large"})
-    near = base.nearest(weak, 3)
-    infra = sum(p.similarity for p in near if p.case.label == "infra")
-    user = sum(p.similarity for p in near if p.case.label == "user")
-    assert user < infra < margin * user  # infra wins the vote, but not by the margin
-    assert base.verdict(weak, threshold=0.05, k=3, infra_margin=margin) is None
-    assert base.verdict(weak, threshold=0.05, k=3, infra_margin=1.0).kind == "infra"  # the plain majority
-    clear = Evidence.parse({"log_tail": "upload to the bucket timed out"})
-    assert base.verdict(clear, threshold=0.05, k=3, infra_margin=margin).kind == "infra"  # two close infra cases outweigh one user case
-    config = Evidence.parse({"log_tail": "the plumbus config has no wibble value"})
-    assert base.verdict(config, threshold=0.05, k=3, infra_margin=margin).kind == "user"  # user needs no margin
+    mixed = Evidence.parse({"log_tail": "connection reset by peer gamma delta epsilon"})
+    assert base.nearest(mixed, 1)[0].case.id == "acme__a-7"  # the nearest case is the user's
+    verdict = base.verdict(mixed, threshold=0.05, c=10.0)
+    assert (verdict.kind, verdict.rule) == ("infra", "precedent"), verdict.reason
+    assert "is infra (similarity" in verdict.reason and "the corpus's model: infra 0.6" in verdict.reason
+    config = base.verdict(Evidence.parse({"log_tail": "config value missing for the scheduler"}), threshold=0.05, c=10.0)
+    assert config.kind == "user" and not config.retryable
+    # a base of one label has no model: no precedent, whatever the similarity
+    one_label = PrecedentBase(load_cases([write(tmp_path, "acme/b", rows[:6])]))
+    assert one_label.verdict(Evidence.parse({"log_tail": "connection reset by peer"}), threshold=0.05) is None
 
 
 def run_benchmark(*args: str) -> subprocess.CompletedProcess[str]:
