@@ -11,6 +11,7 @@ import pytest
 
 from operators.backends.local import LocalBackend, parse_torchrun_failures
 from operators.failures import classify
+from operators.utils.oom import oom_kill_count
 
 LAUNCH = [sys.executable, "-m", "trainer.launch"]
 
@@ -34,15 +35,21 @@ def test_forked_ranks_train_bit_for_bit_as_torchrun_does(h, tmp_path):
 
 @pytest.mark.slow
 def test_a_killed_rank_fails_the_launch_with_torchruns_summary_and_infra_evidence(h, tmp_path):
+    before = oom_kill_count()  # counted around the gang, as LocalBackend does
     proc = forked(h, tmp_path / "run", GANGFLOW_FAULT="kill@step=30,rank=1")
+    after = oom_kill_count()
     assert proc.returncode == 1, proc.stdout[-3000:]
     # Which rank the agent sees fail first is a race, as under torchrun: the killed rank 1 (-9),
     # or rank 0, whose collective lost its peer (1, a gloo connection error in its error file).
     failures = parse_torchrun_failures(proc.stdout)
     assert failures and {(f["rank"], f["exit_code"]) for f in failures} <= {(1, -9), (0, 1)}, failures
     assert h.root_cause_exitcode(proc.stdout) in (-9, 1)
-    verdict = classify(LocalBackend._evidence(1, proc.stdout, {}))  # the evidence the backend builds
-    assert verdict.kind == "infra", verdict.reason
+    evidence = LocalBackend._evidence(1, proc.stdout, {})  # the evidence the backend builds
+    # ... and the OOM count it adds: the kill came from outside, so none; where no memory cgroup
+    # can be read (no count) the SIGKILL is unexplained, retried once all the same
+    counted = None if None in (before, after) else after - before
+    verdict = classify(evidence | {"context": {"oom_kills": counted}} if counted is not None else evidence)
+    assert verdict.retryable and (counted is None or (counted, verdict.kind) == (0, "infra")), (counted, verdict.reason)
 
 
 @pytest.mark.slow
