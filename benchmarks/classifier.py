@@ -64,13 +64,13 @@ def judge(case, base, threshold: float, *, leave_project_out: bool = False, **kn
     The case itself is never its own precedent; with `leave_project_out`, neither is any case
     of its project (as for a test project, whose siblings are never in the base). Remembered:
     each left-out case costs a model fit, and --blind-reader judges train and dev again."""
-    key = (id(base), case.id, threshold, leave_project_out, tuple(sorted(knobs.items())))
+    key = (base, case.id, threshold, leave_project_out, tuple(sorted(knobs.items())))  # the base itself: an id could be reused
     if key not in _JUDGED:
         _JUDGED[key] = _judge(case, base, threshold, leave_project_out=leave_project_out, **knobs)
     return _JUDGED[key]
 
 
-_JUDGED: dict[tuple, tuple] = {}
+_JUDGED: dict[tuple, tuple] = {}  # (base, case id, threshold, leave_project_out, knobs) -> judge's answer
 
 
 def _judge(case, base, threshold: float, *, leave_project_out: bool = False, **knobs):

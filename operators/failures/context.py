@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from operators.failures.evidence import Evidence, integer, text
+from operators.failures.rules import KILLED_FROM_OUTSIDE
 from operators.failures.verdict import Verdict, clip
 
 __all__ = ["AMBIGUOUS_NOTE", "AMBIGUOUS_RULES", "Context", "ambiguous_crash", "weigh"]
@@ -128,8 +129,7 @@ def weigh(verdict: Verdict, facts: Evidence, context: Context | None) -> Verdict
                        "gang ran: the host ran out of memory")
     if verdict.rule == "killed-from-outside" and ctx.oom_kills is None and not _platform_explained(facts):
         body = verdict.reason.split(": ", 1)[-1].replace(
-            " without OOMKilled: killed from outside",
-            " with no pod status or OOM count to explain it (most often the host's OOM killer)")
+            KILLED_FROM_OUTSIDE, " with no pod status or OOM count to explain it (most often the host's OOM killer)")
         verdict = replace(verdict, kind="user", reason=clip(f"user: {body}"))
     words = ambiguous_crash(verdict, facts)
     open_question = words is not None or verdict.kind == "unknown"

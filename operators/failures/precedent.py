@@ -65,9 +65,12 @@ class PrecedentBase:
         self._models: dict[tuple[frozenset[str], float], Any] = {}
 
     def nearest(self, evidence: Evidence, k: int = 5, exclude: Collection[str] = ()) -> list[Precedent]:
+        return self._nearest(case_text(evidence), k, exclude)
+
+    def _nearest(self, text: str, k: int, exclude: Collection[str]) -> list[Precedent]:
         if self.matrix is None:
             return []
-        query = self.vectorizer.transform([case_text(evidence)])
+        query = self.vectorizer.transform([text])
         scores = (self.matrix @ query.T).toarray().ravel()  # rows are l2-normalized: cosine
         order = scores.argsort()[::-1]
         found: list[Precedent] = []
@@ -104,14 +107,15 @@ class PrecedentBase:
     def verdict(
         self, evidence: Evidence, threshold: float = THRESHOLD, exclude: Collection[str] = (), *, c: float = C
     ) -> Verdict | None:
-        near = self.nearest(evidence, len(self.cases), exclude)
+        text = case_text(evidence)
+        near = self._nearest(text, len(self.cases), exclude)  # all of them: the nearest of the model's kind is cited
         if not near or near[0].similarity < threshold:
             return None  # unlike every case: no precedent
         fitted = self._model(exclude, c)
         if fitted is None:
             return None
         vectorizer, model = fitted
-        infra = float(model.predict_proba(vectorizer.transform([case_text(evidence)]))[0][list(model.classes_).index(True)])
+        infra = float(model.predict_proba(vectorizer.transform([text]))[0][list(model.classes_).index(True)])
         if infra == 0.5:
             return None
         kind = "infra" if infra > 0.5 else "user"

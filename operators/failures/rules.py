@@ -689,8 +689,12 @@ def _sigterm(f: Evidence) -> Hit | None:
     return _signal_hit(f, 15, ": the preemption/eviction path")
 
 
+# The words of a SIGKILL no pod status explains (context.weigh rewrites them when no OOM count does either).
+KILLED_FROM_OUTSIDE = " without OOMKilled: killed from outside"
+
+
 def _sigkill(f: Evidence) -> Hit | None:
-    return _signal_hit(f, 9, " without OOMKilled: killed from outside")
+    return _signal_hit(f, 9, KILLED_FROM_OUTSIDE)
 
 
 RULES: tuple[Rule, ...] = (
