@@ -210,11 +210,13 @@ NETWORK = _rx(
     r"Connect timeout on endpoint URL", r"Connection broken: IncompleteRead", r"Timeout was reached", r"\bNETWORK_CONNECTION\b",
     r"(?:read|write|connect) operation timed out", r"Connection aborted", r"Software caused connection abort",
     r"\bECONNABORTED\b", r"no route to host", r"TLS handshake timeout", r"\bdial tcp [^\n]{0,80}(?:timeout|refused|reset)",
+    r"\bConnectTimeoutError\b", r"\(connect timeout=[\d.]+\)",
 )  # fmt: skip
 # HTTP status classes: 5xx (but 501/505), 429 and 408 are transient; said by a remote service.
 HTTP_TRANSIENT = _rx(
     r"\b(?:HTTP(?:/\d(?:\.\d)?)?(?: Error)?|[Ss]tatus(?: [Cc]ode)?|response code|error code|returned)[ :=]*(?:429|408|50[02346789]|5[1-9]\d)\b",
     r"\b(?:50[02346789]|5[1-9]\d) (?:Server Error|Internal Server Error|Bad Gateway|Service Unavailable|Gateway Time-?out)",
+    r"\bError (?:50[02346789]|5[1-9]\d): ",  # Google's API clients ("googleapi: Error 503: Backend Error")
     r"\b(?:Internal Server Error|Bad Gateway|Service Unavailable|Service Temporarily Unavailable|Gateway Time-?out|Too Many Requests)\b",
     r"\b(?:TEMPORARILY_UNAVAILABLE|REQUEST_LIMIT_EXCEEDED|RESOURCE_EXHAUSTED)\b",
     # requests' repr of a response, clients' "<status> response ...", a registry's 429 code

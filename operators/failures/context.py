@@ -22,8 +22,8 @@ __all__ = ["AMBIGUOUS_NOTE", "AMBIGUOUS_RULES", "Context", "ambiguous_crash", "w
 
 # Rules whose user verdict names a crash that bad hardware or a node's state causes as well:
 # an illegal instruction or a driver/library mismatch (environment-mismatch), a CUDA illegal
-# memory access, a /dev/shm too small for the DataLoader on a managed platform.
-AMBIGUOUS_RULES = frozenset({"environment-mismatch", "illegal-memory-access", "shm-too-small"})
+# memory access, a /dev/shm too small for the DataLoader on a managed platform, a bare segfault.
+AMBIGUOUS_RULES = frozenset({"environment-mismatch", "illegal-memory-access", "shm-too-small", "native-crash"})
 # The same crashes as printed, for verdicts no rule (or only a generic exception rule) gave.
 _AMBIGUOUS = re.compile(
     "|".join((
@@ -41,6 +41,9 @@ AMBIGUOUS_NOTE = "ambiguous crash that could be the node's"
 # A SIGKILL that neither the pod status nor an OOM count explains: on the corpus's train split and
 # two hold-outs it was the host's OOM killer 11 times in 12 (docs/design/classifier-evaluation.md).
 _UNEXPLAINED_SIGKILL = "a SIGKILL the platform did not explain"
+# A collective timeout with no rank's cause in view: on the spent splits the program's 12 times in
+# 12 (one rank's extra work, unequal batches), but a hung network looks the same.
+_UNEXPLAINED_TIMEOUT = "a collective timeout with no rank's cause in view"
 _SEGFAULT_SIGNALS = {4, 7, 11}  # SIGILL, SIGBUS, SIGSEGV: a crash that a bad node causes too
 _GENERIC_RULES = frozenset({"user-exception", "user-exception-line", "program-error", "bad-data"})
 
@@ -87,6 +90,8 @@ def ambiguous_crash(verdict: Verdict, facts: Evidence) -> str | None:
         return None
     if verdict.rule == "killed-from-outside":
         return _UNEXPLAINED_SIGKILL
+    if verdict.rule == "collective-timeout":
+        return _UNEXPLAINED_TIMEOUT
     if verdict.rule in AMBIGUOUS_RULES | _GENERIC_RULES and verdict.rule:
         # The decisive line (quoted in the reason) must name the crash: "No module named x" is
         # environment-mismatch too, and a ValueError is a clear user error.
@@ -121,7 +126,8 @@ def weigh(verdict: Verdict, facts: Evidence, context: Context | None) -> Verdict
 
     Without context an ambiguous crash keeps its kind but is retryable (the policy retries it
     once; the recurrence rule stops a deterministic one); a clear user error never is. A SIGKILL
-    that neither the pod status nor an OOM count explains is such a crash, kind user."""
+    that neither the pod status nor an OOM count explains is such a crash, kind user; so is a
+    collective timeout that no rank's own failure explains."""
     ctx = context or Context()
     if verdict.rule == "killed-from-outside" and ctx.oom_kills:
         # The host's OOM killer sends the same SIGKILL; on Kubernetes the pod says OOMKilled instead.
@@ -131,6 +137,8 @@ def weigh(verdict: Verdict, facts: Evidence, context: Context | None) -> Verdict
         body = verdict.reason.split(": ", 1)[-1].replace(
             KILLED_FROM_OUTSIDE, " with no pod status or OOM count to explain it (most often the host's OOM killer)")
         verdict = replace(verdict, kind="user", reason=clip(f"user: {body}"))
+    if verdict.rule == "collective-timeout" and verdict.kind == "unknown":
+        verdict = replace(verdict, kind="user", reason=clip(f"user: {verdict.reason.split(': ', 1)[-1]}"))
     words = ambiguous_crash(verdict, facts)
     open_question = words is not None or verdict.kind == "unknown"
     step = _failed_at(facts)
@@ -148,10 +156,10 @@ def weigh(verdict: Verdict, facts: Evidence, context: Context | None) -> Verdict
     if words is not None:
         # Kept on an unknown verdict too: a precedent that later calls it user keeps it retryable.
         note = f"ambiguous crash that could be the node's ({words}): retried once, a recurrence fails it"
-        return replace(verdict, retryable=True, reason=clip(f"{verdict.reason} [{note}]"), context=(note,))
+        return replace(verdict, retryable=True, reason=clip(verdict.reason, f"[{note}]"), context=(note,))
     if verdict.kind == "infra" and ctx.node_failures > 0 and ctx.node:
         note = f"{ctx.node_failures} other gang failure(s) on node {ctx.node} in the last hour"
-        return replace(verdict, reason=clip(f"{verdict.reason} [context: {note}]"), context=(note,), exclude_nodes=(ctx.node,))
+        return replace(verdict, reason=clip(verdict.reason, f"[context: {note}]"), context=(note,), exclude_nodes=(ctx.node,))
     return verdict
 
 

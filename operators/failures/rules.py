@@ -48,6 +48,8 @@ _NODE_GONE = _rx(
     r"Terminating EC2 instance", r"Node is shutting", r"DUE TO NODE FAILURE", r"srun: error: Node failure on", r"kubelet (?:stopped|is not) posting node status",
     r"(?:worker|raylet|node) (?:died|crashed) unexpectedly", r"Shutdown manager killing pod", r"\bNodeNotReady\b",
     r"^\s*pod deleted\s*$",
+    # Slurm: the node failed the job's launch (prolog, slurmd); Databricks: the node's daemon died
+    r"launch failed requeued held", r"Prolog failure on node", r"did not answer ping",
     # the kubelet lost the node's container runtime: every pod on the node goes with it
     r"container runtime is down", r"PLEG is not healthy", r"container runtime (?:network )?(?:is )?not ready",
 )  # fmt: skip
@@ -61,12 +63,16 @@ _NO_CAPACITY = _rx(
     r"Insufficient (?:instance )?capacity", r"\bInsufficientInstanceCapacity\b", r"Failed to acquire resources in all zones",
     r"Insufficient GPU capacity", r"\bZONE_RESOURCE_POOL_EXHAUSTED\w*", r"\bstockout\b", r"does not have enough resources available",
     r"There is no (?:more )?capacity", r"\bOutOfCapacity\b", r"capacity not available",
+    # Azure ML and SageMaker's CapacityError; Colab's "no backends available"
+    r"Unable to provision requested ML compute capacity", r"\bCapacityError\b", r"no backends available",
+    r"provisioning additional capacity",
 )  # fmt: skip
 # An account or namespace quota/limit: the request must shrink or the limit grow.
 _QUOTA = _rx(
     r"\b\w{0,64}LimitExceeded\b(?<!RequestLimitExceeded)(?<!BandwidthLimitExceeded)", r"\bQuotaExceeded\b", r"exceeded quota",
     r"[Qq]uota '?[\w.-]+'? exceeded", r"\bservice limit\b", r"(?:Found )?no quota for", r"out of quota",
     r"exceeds? (?:your|the) (?:current )?(?:\w+ )?(?:quota|limit)", r"limit of \d+ \w+ allows",
+    r"Disk quota exceeded", r"\[Errno 122\]", r"\bEDQUOT\b",  # the user's (or group's) file-system quota
 )  # fmt: skip
 # A cloud provider took the machine back (spot/preemptible capacity, maintenance).
 _CLOUD_PREEMPTION = _rx(
@@ -76,6 +82,9 @@ _CLOUD_PREEMPTION = _rx(
     r"\bpreempted by (?:the )?(?:cloud|provider|GCE|GCP|AWS|Azure|EC2)\b",
     r"\b(?:EC2 )?Spot Instance Interruption\b",
     r"\bhost maintenance\b[^\n]{0,60}\b(?:terminat\w*|migrat\w*|event)",
+    # Azure ML, GCP's metadata service, Google Cloud Batch/Dataflow, AWS Batch, PBS
+    r"\bPreemptionError\b", r"\bgot pre-empted\b", r"\bpre-emption warning\b", r"\bPREEMPTED_WHILE_RUNNING\b",
+    r"termination is imminent", r"Host EC2 (?:\(instance [\w-]+\) )?terminated", r"\bjob preempted \(node failure\)",
 )  # fmt: skip
 # The API server refused the object: an admission webhook, quota, validation (the spec is wrong).
 _ADMISSION_REJECTED = _rx(
@@ -114,6 +123,9 @@ _ENVIRONMENT = _rx(
     r"unsupported (?:GPU|device|compute capability|architecture)", r"\bsm_\d+ is not compatible",
     # SIGILL: the binary uses CPU instructions (AVX, AVX2, AVX-512) this machine type lacks
     r"(?m:^.{0,80}\bIllegal instruction(?: \(core dumped\))?\s*$)", r"Fatal Python error: Illegal instruction",
+    # GPU code built for other devices: a PTX newer than the driver's, ROCm without this GPU's target
+    r"Unsupported \.version [\d.]+; current version is", r"Unable to find code object for all current devices",
+    r"\bhipErrorNoBinaryForGpu\b", r"only supports Ampere GPUs or newer",
 )  # fmt: skip
 # The node's GPU stack is broken: driver/library mismatch, NVML, GSP firmware, fabric manager,
 # a GPU the device plugin marked unhealthy, a driver that cannot build for the node's kernel.
@@ -123,7 +135,7 @@ _GPU_NODE = _rx(
     r"caused by previous Xid", r"\bfabric ?manager\b", r"system not yet initialized", r"Could not resolve Linux kernel version",
     r"GPL-incompatible module nvidia\.ko", r"NVIDIA-SMI has failed", r"No devices were found", r"RmInitAdapter failed",
     r"Unable to determine the device handle for GPU", r"nvidia-container-cli: initialization error",
-    r"nvls\.cc[^\n]*(?:Cuda failure|failed)",
+    r"nvls\.cc[^\n]*(?:Cuda failure|failed)", r"cuda runtime error \(30\) : unknown error",
 )  # fmt: skip
 # The program broke a tensor/API contract (shapes, dtypes, devices, autograd, DDP usage).
 _PROGRAM_ERROR = _rx(
@@ -134,6 +146,8 @@ _PROGRAM_ERROR = _rx(
     r"modified by an inplace operation", r"Trying to backward through the graph a second time", r"got an unexpected keyword argument",
     r"missing \d+ required positional argument", r"object has no attribute", r"is not subscriptable", r"unsupported operand type",
     r"Input type \(\S+\) and weight type \(\S+\) should be the same", r"expected scalar type \w+ but found \w+",
+    r"stack expects each tensor to be equal size",  # a batch of samples with different shapes (collate)
+    r"Assertion `[^`'\n]{1,200}[`'] failed",  # a C/CUDA assert (a label outside the classes, an index)
 )  # fmt: skip
 # The launch itself is misconfigured: ports, ssh between nodes, a wrong endpoint or region.
 _LAUNCH_CONFIG = _rx(
@@ -148,6 +162,8 @@ _LAUNCH_CONFIG = _rx(
 _CONFIG_INVALID = _rx(
     r"\b\d+ validation errors? for \w+",  # pydantic
     r"(?m:^\S{1,256}: error: (?:unrecognized arguments|argument \S+: (?:invalid|expected|ambiguous)|the following arguments are required))",
+    # Slurm refuses the submission: the request names nodes, GPUs or options this cluster lacks
+    r"Requested node configuration is not available", r"Batch job submission failed", r"no longer acceptable, please",
 )  # fmt: skip
 # The client refuses the server's TLS certificate (an intercepting proxy, a private CA, missing
 # CA bundle): it fails the same way until the trust configuration changes.
@@ -206,6 +222,7 @@ _HOST_OOM = _rx(
 _IMPORT_ERROR = re.compile(r"^(?:\[\w*\d+\]:\s*)?(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|TabError)\b:?(.*)$", re.MULTILINE)  # fmt: skip
 _ILLEGAL_ACCESS = _rx(
     r"CUDA error: an illegal memory access was encountered",
+    r"an illegal memory access was encountered",  # cudaErrorIllegalAddress, "(77 vs. 0)", "cuda runtime error (77)"
     r"CUDA error: device-side assert triggered",
     r"CUDA error: misaligned address",
     r"CUDA error: an illegal instruction was encountered",
@@ -221,6 +238,14 @@ _IMAGE_MISSING = _rx(
     r"denied: requested access",
     r"InvalidImageName",
 )
+# The job sees no GPU: the resource request, CUDA_VISIBLE_DEVICES or a CPU-only build.
+_NO_GPU_VISIBLE = _rx(r"No CUDA GPUs are available", r"\bno GPUs found\b")
+# NCCL (RCCL) could not set up its transport here: /dev/shm, sockets, InfiniBand libraries.
+_NCCL_SYSTEM = _rx(r"\bunhandled system error\b")
+# A native crash with nothing else in view (the node can cause one too: retried once, context.py).
+_NATIVE_CRASH = _rx(r"Segmentation fault", r"\bSIGSEGV\b")
+# The service itself says the failure is temporary.
+_RETRY_LATER = _rx(r"\btry again later\b", r"\bYou can retry your request\b")
 _CONTAINER_LIMIT = _rx(
     r"exceeds the total limit of containers",
     r"exceeded its local ephemeral storage limit",
@@ -685,6 +710,13 @@ def _signal_hit(f: Evidence, number: int, what: str) -> Hit | None:
     return None
 
 
+def _native_crash(f: Evidence) -> Hit | None:
+    hit = _first(_NATIVE_CRASH, f.log_texts)
+    if hit:
+        return Hit("native crash (a bug in compiled code, or the node's memory or GPU)", hit[0], _line_rank(hit[0]), focus=hit[1])
+    return _signal_hit(f, 11, "")
+
+
 def _sigterm(f: Evidence) -> Hit | None:
     return _signal_hit(f, 15, ": the preemption/eviction path")
 
@@ -731,6 +763,8 @@ RULES: tuple[Rule, ...] = (
     Rule("environment-mismatch", "user", 4, _text_rule(_ENVIRONMENT, "the image's software does not fit (versions, build, architecture)"), summary="version mismatch, failed extension build, missing library, illegal CPU instruction"),  # fmt: skip
     Rule("illegal-memory-access", "user", 4, _illegal_memory_access, summary="CUDA illegal memory access, no Xid/ECC"),
     Rule("invalid-device", "user", 4, _text_rule(_INVALID_DEVICE, "a GPU index that does not exist (device ordinal)"), summary="CUDA invalid device ordinal"),  # fmt: skip
+    Rule("no-gpu-visible", "user", 4, _text_rule(_NO_GPU_VISIBLE, "the job sees no GPU (its resource request, CUDA_VISIBLE_DEVICES or a CPU-only build)"), summary="No CUDA GPUs are available"),  # fmt: skip
+    Rule("nccl-system-error", "user", 4, _log_rule(_NCCL_SYSTEM, "NCCL could not set up its transport here (/dev/shm, sockets, IB libraries; NCCL_DEBUG=INFO names it)"), summary="NCCL unhandled system error"),  # fmt: skip
     Rule("checkpoint-mismatch", "user", 4, _text_rule(_CHECKPOINT_MISMATCH, "the checkpoint does not fit the model"), summary="state_dict missing/unexpected keys, size mismatch"),  # fmt: skip
     Rule("shm-too-small", "user", 4, _text_rule(_SHM_TOO_SMALL, "/dev/shm too small for the DataLoader workers"), summary="DataLoader worker Bus error, /dev/shm full"),  # fmt: skip
     Rule("user-exception", "user", 4, _user_exception, summary="traceback through the trainer's/user's frames"),
@@ -765,6 +799,8 @@ RULES: tuple[Rule, ...] = (
     Rule("remote-service-unavailable", "infra", 5, _log_rule(catalogue.HTTP_TRANSIENT, "a remote service is unavailable or throttling"), summary="HTTP 5xx (not 501/505), 429, 408"),  # fmt: skip
     Rule("infra-exception", "infra", 5, _infra_exception, summary="an exception whose type only infrastructure raises"),
     Rule("failed-scheduling", "infra", 5, _failed_scheduling, summary="event FailedScheduling"),
+    Rule("service-says-retry", "infra", 5, _text_rule(_RETRY_LATER, "the service says the failure is temporary"), summary="try again later"),  # fmt: skip
+    Rule("native-crash", "user", 6, _native_crash, summary="Segmentation fault / SIGSEGV, nothing else in view (retried once)"),  # fmt: skip
     # 6. The exit code or signal alone.
     Rule("sigterm", "infra", 6, _sigterm, secondary=True, summary="SIGTERM / exit code 143"),
     Rule("killed-from-outside", "infra", 6, _sigkill, summary="SIGKILL / exit code 137 without OOMKilled"),

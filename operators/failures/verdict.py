@@ -45,6 +45,10 @@ class Verdict:
                    context=tuple(map(str, context)), exclude_nodes=tuple(map(str, exclude)))
 
 
-def clip(reason: str) -> str:
-    reason = " ".join(reason.split())
-    return reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 1].rstrip() + "…"
+def clip(reason: str, tail: str = "") -> str:
+    """`reason` on one line, at most MAX_REASON characters; `tail` (a note) stays whole at the end."""
+    reason, tail = " ".join(reason.split()), " ".join(tail.split())
+    room = MAX_REASON - len(tail) - 1 if tail else MAX_REASON
+    if len(reason) > room:
+        reason = reason[: max(room - 1, 0)].rstrip() + "…"
+    return (f"{reason} {tail}" if tail else reason)[:MAX_REASON]

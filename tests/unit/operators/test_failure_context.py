@@ -57,7 +57,8 @@ def test_gather_then_classify_cites_the_context(home):  # noqa: F811
     verdict = classify({**crash, "context": fresh}, precedents=False)
     assert (verdict.kind, verdict.retryable) == ("user", False), verdict.reason
     unknown_progress = fc.gather({**crash, "step": None}, gang="g", history=(None, ""))
-    assert classify({**crash, "step": None, "context": unknown_progress}, precedents=False).kind == "unknown"
+    open_crash = classify({**crash, "step": None, "context": unknown_progress}, precedents=False)
+    assert (open_crash.kind, open_crash.retryable) == ("user", True)  # progress unknown: retried once
 
 
 @pytest.mark.parametrize("evidence, step", [({}, None), ({"step": 5}, 5), ({"ranks": [{"step": 3}, {"step": 9}, {"step": True}]}, 9)])

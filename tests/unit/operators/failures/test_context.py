@@ -36,7 +36,8 @@ def test_a_failure_at_a_step_the_same_configuration_passed_before_leans_infra():
     verdict = classify(evidence, precedents=False)
     assert (verdict.kind, verdict.retryable) == ("infra", True), verdict.reason
     assert "passed step 500 before (run a1b2c3)" in verdict.reason and verdict.context
-    assert classify(case(SEGFAULT_INFRA), precedents=False).kind == "unknown"  # the evidence alone
+    alone = classify(case(SEGFAULT_INFRA), precedents=False)  # the evidence alone: a bare segfault, retried once
+    assert (alone.kind, alone.retryable, alone.rule) == ("user", True, "native-crash")
     illegal = classify(case(ILLEGAL_ACCESS_INFRA, step=120, context={"passed_step": 4000}), precedents=False)
     assert illegal.kind == "infra" and "passed step 4000" in illegal.reason
 
@@ -50,7 +51,7 @@ def test_a_failure_before_any_progress_on_a_fresh_configuration_leans_user():
     assert (sigill.kind, sigill.retryable) == ("user", False)
     # Progress made: not "before any progress", the crash stays open (retried once).
     moved = classify(case(SEGFAULT_USER, context={**fresh, "steps_since_resume": 40}, step=40), precedents=False)
-    assert moved.kind == "unknown" and moved.retryable
+    assert moved.kind == "user" and moved.retryable
 
 
 def test_an_ambiguous_crash_without_context_is_retried_once_a_clear_user_error_never():

@@ -55,10 +55,13 @@ def test_condition_classes(evidence, kind, rule):
     assert (verdict.kind, verdict.rule) == (kind, rule), verdict.reason
 
 
-def test_a_collective_timeout_alone_is_unknown_not_infra():
+def test_a_collective_timeout_alone_is_the_users_retried_once_not_infra():
     verdict = classify({"exit_code": -6, "log_tail": WATCHDOG}, precedents=False)
-    assert (verdict.kind, verdict.rule, verdict.retryable) == ("unknown", "collective-timeout", True)
-    assert verdict.reason.startswith("unknown: collective timeout") and "rank 1" in verdict.reason
+    assert (verdict.kind, verdict.rule, verdict.retryable) == ("user", "collective-timeout", True)
+    assert verdict.reason.startswith("user: collective timeout") and "rank 1" in verdict.reason
+    assert "no rank's cause in view" in verdict.context[0]
+    again = classify({"exit_code": -6, "log_tail": WATCHDOG, "context": {"recurrences": 1}}, precedents=False)
+    assert (again.kind, again.retryable) == ("user", False)
 
 
 def test_a_collective_timeout_is_explained_by_a_peers_cause():
@@ -74,7 +77,7 @@ def test_a_collective_timeout_is_explained_by_a_peers_cause():
     preempted = classify({"ranks": [{"rank": 0, "exit_code": 143}, {"rank": 1, "log_tail": WATCHDOG}]}, precedents=False)
     assert (preempted.kind, preempted.rule) == ("infra", "sigterm")
     all_timeouts = classify({"ranks": [{"rank": 0, "log_tail": WATCHDOG}, {"rank": 1, "log_tail": WATCHDOG}]}, precedents=False)
-    assert all_timeouts.kind == "unknown"
+    assert (all_timeouts.kind, all_timeouts.retryable) == ("user", True)
 
 
 def test_memory_pressure_eviction_of_a_pod_without_a_memory_request():
@@ -129,4 +132,36 @@ def test_a_collective_timeout_does_not_hide_a_later_decisive_rule_in_the_same_lo
 )
 def test_scheduler_cloud_client_and_framework_types(log, kind, rule):
     verdict = classify({"log_tail": log}, precedents=False)
+    assert (verdict.kind, verdict.rule) == (kind, rule), verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "rule"),
+    [
+        # wordings the spent splits showed no rule reading (holdout8's plan, docs/design/holdout8-briefs.md)
+        ("UserError: AzureMLCompute job failed. PreemptionError: Nodes of this job got pre-empted.", "infra", "cloud-preemption"),
+        ("start-worker 2024/12/17 16:03:58 GCP Metadata Service says termination is imminent", "infra", "cloud-preemption"),
+        ("Status Reason: Host EC2 (instance i-0abc123) terminated.", "infra", "cloud-preemption"),
+        ('FailureReason: "CapacityError: Unable to provision requested ML compute capacity."', "infra", "no-capacity"),
+        ("Sorry, no backends available. Please try again later.", "infra", "no-capacity"),
+        ("JOBID PARTITION NAME ST REASON\n127 gpu train PD (launch failed requeued held)", "infra", "node-gone"),
+        ("salloc: Prolog failure on node k003-006", "infra", "node-gone"),
+        ("googleapi: Error 503: Backend Error", "infra", "remote-service-unavailable"),
+        ("ConnectTimeoutError(<urllib3.connection.HTTPSConnection object>, 'Connection to huggingface.co timed out. (connect timeout=10)')", "infra", "transient-network"),
+        ("An error occurred while processing your request. You can retry your request, or contact us.", "infra", "service-says-retry"),
+        ("RuntimeError: stack expects each tensor to be equal size, but got [3, 64, 64] at entry 0 and [3, 60, 64] at entry 1", "user", "program-error"),
+        ("ClassNLLCriterion.cu:106: block: [0,0,0], thread: [3,0,0] Assertion `t >= 0 && t < n_classes` failed.", "user", "program-error"),
+        ("sbatch: error: Batch job submission failed: Requested node configuration is not available", "user", "config-invalid"),
+        ("RuntimeError: No CUDA GPUs are available", "user", "no-gpu-visible"),
+        ("ptxas application ptx input, line 9; fatal   : Unsupported .version 8.1; current version is '8.0'", "user", "environment-mismatch"),
+        ("hipErrorNoBinaryForGpu: Unable to find code object for all current devices!", "user", "environment-mismatch"),
+        ("OSError: [Errno 122] Disk quota exceeded: '/home/u/.cache/x.lock'", "user", "quota-exceeded"),
+        ("RuntimeError: merge_sort: failed to synchronize: cudaErrorIllegalAddress: an illegal memory access was encountered", "user", "illegal-memory-access"),
+        ("RuntimeError: cuda runtime error (30) : unknown error at THCGeneral.cpp:51", "infra", "gpu-node-fault"),
+        ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:825, unhandled system error, NCCL version 2.7.8", "user", "nccl-system-error"),
+        ("hawp.trainer INFO: No checkpoint found. Initializing model from scratch\nSegmentation fault (core dumped)", "user", "native-crash"),
+    ],
+)
+def test_wordings_the_spent_splits_left_to_the_precedents(text, kind, rule):
+    verdict = classify({"log_tail": text}, precedents=False)
     assert (verdict.kind, verdict.rule) == (kind, rule), verdict.reason
