@@ -165,6 +165,7 @@ GPU_HARDWARE = _rx(
     r"CUDA error: unspecified launch failure", r"CUDA error: (?:an )?uncorrectable NVLink error",
     r"GPU (?:is lost|has fallen)", r"CUDA-capable device\(s\) is/are busy or unavailable",
     r"cudaErrorDevicesUnavailable", r"CUDA_ERROR_ECC_UNCORRECTABLE", r"the launch timed out and was terminated",
+    r"over nvlink or a hardware error",
 )  # fmt: skip
 COLLECTIVE_TIMEOUT = _rx(
     r"Watchdog caught collective operation timeout", r"NCCL watchdog[^\n]*time(?:d )?out",

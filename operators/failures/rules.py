@@ -50,6 +50,7 @@ _NODE_GONE = _rx(
     r"^\s*pod deleted\s*$",
     # Slurm: the node failed the job's launch (prolog, slurmd); Databricks: the node's daemon died
     r"launch failed requeued held", r"Prolog failure on node", r"did not answer ping",
+    r"\bVMRecreatedDuringExecution\b",  # GCP Batch recreated the task's VM under it
     # the kubelet lost the node's container runtime: every pod on the node goes with it
     r"container runtime is down", r"PLEG is not healthy", r"container runtime (?:network )?(?:is )?not ready",
 )  # fmt: skip
@@ -65,7 +66,7 @@ _NO_CAPACITY = _rx(
     r"There is no (?:more )?capacity", r"\bOutOfCapacity\b", r"capacity not available",
     # Azure ML and SageMaker's CapacityError; Colab's "no backends available"
     r"Unable to provision requested ML compute capacity", r"\bCapacityError\b", r"no backends available",
-    r"provisioning additional capacity",
+    r"provisioning additional capacity", r"\bout of capacity\b", r"Resources are insufficient in region",
 )  # fmt: skip
 # An account or namespace quota/limit: the request must shrink or the limit grow.
 _QUOTA = _rx(
@@ -164,6 +165,7 @@ _CONFIG_INVALID = _rx(
     r"(?m:^\S{1,256}: error: (?:unrecognized arguments|argument \S+: (?:invalid|expected|ambiguous)|the following arguments are required))",
     # Slurm refuses the submission: the request names nodes, GPUs or options this cluster lacks
     r"Requested node configuration is not available", r"Batch job submission failed", r"no longer acceptable, please",
+    r"resource requirement has exceeded the node size",  # an Azure ML instance type larger than its nodes
 )  # fmt: skip
 # The client refuses the server's TLS certificate (an intercepting proxy, a private CA, missing
 # CA bundle): it fails the same way until the trust configuration changes.
@@ -725,8 +727,21 @@ def _sigterm(f: Evidence) -> Hit | None:
 KILLED_FROM_OUTSIDE = " without OOMKilled: killed from outside"
 
 
+# A shell's report of a child it lost to SIGKILL: bash's "line 27: 318 Killed  python ...", a line
+# that is only "Killed", zsh's "killed", the Chinese locale's; the log's only trace of the signal.
+_SHELL_KILLED = re.compile(
+    r"^[^\n]{0,200}\bline \d+:[ \t]+\d+[ \t]+Killed\b[^\n]*$|^[ \t]*(?:\*\*)?Killed(?:\*\*)?[ \t]*$|^zsh: killed\b[^\n]*$|已杀死",
+    re.MULTILINE,
+)
+
+
 def _sigkill(f: Evidence) -> Hit | None:
-    return _signal_hit(f, 9, KILLED_FROM_OUTSIDE)
+    hit = _signal_hit(f, 9, KILLED_FROM_OUTSIDE)
+    if hit is None and f.signal is None and f.launcher_signal is None:
+        found = _first(_SHELL_KILLED, [f.log_tail])
+        if found:
+            return Hit(f"SIGKILL (the shell says Killed){KILLED_FROM_OUTSIDE}", found[0], _line_rank(found[0]), focus=found[1])
+    return hit
 
 
 RULES: tuple[Rule, ...] = (
@@ -803,6 +818,6 @@ RULES: tuple[Rule, ...] = (
     Rule("native-crash", "user", 6, _native_crash, summary="Segmentation fault / SIGSEGV, nothing else in view (retried once)"),  # fmt: skip
     # 6. The exit code or signal alone.
     Rule("sigterm", "infra", 6, _sigterm, secondary=True, summary="SIGTERM / exit code 143"),
-    Rule("killed-from-outside", "infra", 6, _sigkill, summary="SIGKILL / exit code 137 without OOMKilled"),
+    Rule("killed-from-outside", "infra", 6, _sigkill, summary="SIGKILL / exit code 137 / a shell's Killed, without OOMKilled"),
 )
 RULE_INDEX = {rule.name: i for i, rule in enumerate(RULES)}

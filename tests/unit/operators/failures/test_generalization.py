@@ -160,6 +160,16 @@ def test_scheduler_cloud_client_and_framework_types(log, kind, rule):
         ("RuntimeError: cuda runtime error (30) : unknown error at THCGeneral.cpp:51", "infra", "gpu-node-fault"),
         ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:825, unhandled system error, NCCL version 2.7.8", "user", "nccl-system-error"),
         ("hawp.trainer INFO: No checkpoint found. Initializing model from scratch\nSegmentation fault (core dumped)", "user", "native-crash"),
+        # wordings holdout8's look showed the precedents misreading (holdout9's plan)
+        ("Writing metrics: /home/u/logdir/scores.jsonl\n已杀死", "user", "killed-from-outside"),
+        ("2020-11-24 20:22:28 loss: 5.99\n/bin/bash: line 27:   318 Killed                  sh start.sh", "user", "killed-from-outside"),
+        ("[2020-10-21T08:08:48] Step 0: loss=186.9427\nKilled", "user", "killed-from-outside"),
+        ("zsh: killed     python train.py --epochs 3", "user", "killed-from-outside"),
+        ("Failed to create resource: We are currently out of capacity for the selected VM type.", "infra", "no-capacity"),
+        ("Resources are insufficient in region: us-central1", "infra", "no-capacity"),
+        ("Error: GCP Batch task exited with VMRecreatedDuringExecution(50006)", "infra", "node-gone"),
+        ("ERROR - CUDA error: Invalid access of peer GPU memory over nvlink or a hardware error", "infra", "gpu-hardware"),
+        ('"Message":"The instance type defined resource requirement has exceeded the node size."', "user", "config-invalid"),
     ],
 )
 def test_wordings_the_spent_splits_left_to_the_precedents(text, kind, rule):
