@@ -404,6 +404,14 @@ def test_an_ambiguous_crash_is_retried_once_and_fails_when_it_recurs(tmp_path, m
     assert first.action is RetryAction.RETRY and "ambiguous crash" in first.reason, first.reason
     second = POLICY.evaluate(UserFailure(verdict, evidence=evidence), try_number=2, max_tries=5, context=_context(2))
     assert second.action is RetryAction.FAIL and "treated as user" in second.reason, second.reason
+    # a collective timeout no rank explains (one rank's extra work as often as a hung network): the same
+    timeout = {"exit_code": -6, "log_tail": "[rank1]: Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, "
+               "OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600012 milliseconds before timing out."}
+    waited = classify(timeout)
+    assert (waited.kind, waited.retryable, waited.rule) == ("user", True, "collective-timeout"), waited.reason
+    tries = [POLICY.evaluate(UserFailure(waited, evidence=timeout), try_number=n, max_tries=5, context=_context(n, task_id="wait"))
+             for n in (1, 2)]  # fmt: skip
+    assert [d.action for d in tries] == [RetryAction.RETRY, RetryAction.FAIL], [d.reason for d in tries]
     clear = classify({"exit_code": 137, "termination_reason": "OOMKilled"})
     decision = POLICY.evaluate(UserFailure(clear), try_number=1, max_tries=5, context=_context(1, task_id="other"))
     assert decision.action is RetryAction.FAIL and decision.reason.startswith("gangflow: user failure, not retrying")
