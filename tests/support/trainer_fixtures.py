@@ -68,6 +68,15 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def newest_committed_step(run_dir: Path) -> int:
+    """The newest checkpoint an attempt committed (a `step-N` folder with its manifest), 0 if none:
+    what the next attempt must resume from. A killed rank's fault marker only bounds it from below
+    (the loop runs on while the marker is written), so drills compare the resume with this."""
+    steps = [int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step-*")
+             if p.name[5:].isdigit() and (p / "manifest.json").is_file()]
+    return max(steps, default=0)
+
+
 def torchrun_exitcodes(output: str) -> list[int]:
     """Child exit codes torchrun reported in its failure summary."""
     return [int(m) for m in re.findall(r"^\s+exitcode\s+:\s+(-?\d+)", output, re.MULTILINE)]
@@ -109,6 +118,7 @@ class Helpers:
     check_ok = staticmethod(check_ok)
     metrics = staticmethod(metrics)
     torchrun_exitcodes = staticmethod(torchrun_exitcodes)
+    newest_committed_step = staticmethod(newest_committed_step)
     root_cause_exitcode = staticmethod(root_cause_exitcode)
     trainer_env = staticmethod(trainer_env)
 
