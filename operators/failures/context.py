@@ -134,11 +134,11 @@ def weigh(verdict: Verdict, facts: Evidence, context: Context | None) -> Verdict
         return _decide(verdict, "user", False, f"the kernel's OOM killer ended {ctx.oom_kills} process(es) while the "
                        "gang ran: the host ran out of memory")
     if verdict.rule == "killed-from-outside" and ctx.oom_kills is None and not _platform_explained(facts):
-        body = verdict.reason.split(": ", 1)[-1].replace(
+        body = _body(verdict).replace(
             KILLED_FROM_OUTSIDE, " with no pod status or OOM count to explain it (most often the host's OOM killer)")
         verdict = replace(verdict, kind="user", reason=clip(f"user: {body}"))
     if verdict.rule == "collective-timeout" and verdict.kind == "unknown":
-        verdict = replace(verdict, kind="user", reason=clip(f"user: {verdict.reason.split(': ', 1)[-1]}"))
+        verdict = replace(verdict, kind="user", reason=clip(f"user: {_body(verdict)}"))
     words = ambiguous_crash(verdict, facts)
     open_question = words is not None or verdict.kind == "unknown"
     step = _failed_at(facts)
@@ -163,7 +163,11 @@ def weigh(verdict: Verdict, facts: Evidence, context: Context | None) -> Verdict
     return verdict
 
 
+def _body(verdict: Verdict) -> str:
+    """The reason without its leading "<kind>: "."""
+    return verdict.reason.split(": ", 1)[-1]
+
+
 def _decide(verdict: Verdict, kind: str, retryable: bool, why: str, exclude: tuple[str, ...] = ()) -> Verdict:
-    body = verdict.reason.split(": ", 1)[1] if ": " in verdict.reason else verdict.reason
-    reason = clip(f"{kind}: by context, {why}; the evidence alone: {verdict.kind}: {body}")
+    reason = clip(f"{kind}: by context, {why}; the evidence alone: {verdict.kind}: {_body(verdict)}")
     return Verdict(kind, retryable, reason, rule=verdict.rule, context=(why,), exclude_nodes=exclude)
