@@ -50,6 +50,7 @@ class Split:
     test_sha256: str
     holdouts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> projects
     holdout_sha256: Mapping[str, str] = field(default_factory=dict)
+    spent: tuple[str, ...] = ()  # hold-outs already scored once (split.json's `spent` has their look)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -145,8 +146,11 @@ def load_split(corpus_dir: Path = CORPUS_DIR) -> Split:
     files = [project_file(p) for name in (*SPLITS, *holdouts) for p in raw[name]]
     if len(files) != len(set(files)):
         raise CorpusError(f"{path}: a project is in more than one split")
+    looks = raw.get("spent") if isinstance(raw.get("spent"), dict) else {}
+    spent = tuple(name for name in holdouts if isinstance(looks.get(name), dict) and looks[name].get("look"))
     return Split(tuple(raw["train"]), tuple(raw["dev"]), tuple(raw["test"]), raw["test_sha256"].lower(),
-                 {name: tuple(raw[name]) for name in holdouts}, {name: raw[f"{name}_sha256"].lower() for name in holdouts})
+                 {name: tuple(raw[name]) for name in holdouts}, {name: raw[f"{name}_sha256"].lower() for name in holdouts},
+                 spent)
 
 
 def split_sha256(split: Split, name: str, corpus_dir: Path = CORPUS_DIR) -> str:

@@ -1,7 +1,7 @@
 """Verdict by precedent: when no rule speaks, the public corpus decides.
 
 A logistic regression over the evidence's TF-IDF word 1-2 grams, trained on the corpus's train and
-dev cases (never test), says infra or user; the reason cites the nearest case of that kind by
+dev cases and the spent hold-outs (never test, never a hold-out not yet scored), says infra or user; the reason cites the nearest case of that kind by
 cosine similarity. Evidence unlike every case (below `THRESHOLD`) stays unknown. `C` and `THRESHOLD`
 are chosen by `benchmarks/classifier.py --calibrate` (figures: docs/design/classifier-evaluation.md).
 scikit-learn is imported only on the first lookup.
@@ -15,15 +15,14 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from operators.failures.cases import CORPUS_DIR, Case, CorpusError, load_split, load_split_cases
+from operators.failures.cases import CORPUS_DIR, Case, CorpusError, Split, load_split, load_split_cases
 from operators.failures.evidence import Evidence, one_line
 from operators.failures.verdict import Verdict, clip
 
-__all__ = ["C", "THRESHOLD", "PrecedentBase", "default_base", "lookup"]
+__all__ = ["C", "THRESHOLD", "PrecedentBase", "base_splits", "default_base", "lookup"]
 
 THRESHOLD = 0.10  # the nearest case's cosine similarity below which no precedent speaks
 C = 0.3  # the model's inverse regularisation; with THRESHOLD, chosen by leave-project-out CV
-BASE_SPLITS = ("train", "dev")
 MAX_TEXT = 16 * 1024
 _TOKENS = r"(?u)\b[a-z_][a-z0-9_]+\b"
 _MODELS_KEPT = 8  # fitted models kept per base, by the case ids left out (leave-one-out scoring refits)
@@ -125,12 +124,18 @@ class PrecedentBase:
         return Verdict(kind, kind != "user", clip(reason), rule="precedent")
 
 
+def base_splits(split: Split) -> tuple[str, ...]:
+    """The splits precedents come from: train, dev, and every hold-out already scored once (spent as a
+    test, it is training data); never test, never a hold-out still waiting for its one look."""
+    return ("train", "dev", *split.spent)
+
+
 @functools.lru_cache(maxsize=1)
 def default_base() -> PrecedentBase | None:
-    """The shipped base: the corpus's train and dev cases; None without a corpus split."""
+    """The shipped base: the corpus's train, dev and spent hold-out cases; None without a corpus split."""
     try:
         split = load_split(CORPUS_DIR)
-        cases = [c for name in BASE_SPLITS for c in load_split_cases(split, name, CORPUS_DIR)]
+        cases = [c for name in base_splits(split) for c in load_split_cases(split, name, CORPUS_DIR)]
     except (CorpusError, OSError):
         return None
     return PrecedentBase(cases) if cases else None

@@ -166,6 +166,9 @@ _CONFIG_INVALID = _rx(
     # Slurm refuses the submission: the request names nodes, GPUs or options this cluster lacks
     r"Requested node configuration is not available", r"Batch job submission failed", r"no longer acceptable, please",
     r"resource requirement has exceeded the node size",  # an Azure ML instance type larger than its nodes
+    # Ray's autoscaler: no node type of the cluster could ever hold the request (not a shortage)
+    r"No available node types can fulfill resource request",
+    r"Reason: ClientError: ",  # SageMaker's failure class for a job its input or configuration failed
 )  # fmt: skip
 # The client refuses the server's TLS certificate (an intercepting proxy, a private CA, missing
 # CA bundle): it fails the same way until the trust configuration changes.
@@ -225,6 +228,7 @@ _IMPORT_ERROR = re.compile(r"^(?:\[\w*\d+\]:\s*)?(ModuleNotFoundError|ImportErro
 _ILLEGAL_ACCESS = _rx(
     r"CUDA error: an illegal memory access was encountered",
     r"an illegal memory access was encountered",  # cudaErrorIllegalAddress, "(77 vs. 0)", "cuda runtime error (77)"
+    r"\bCUDA_ERROR_ILLEGAL_ADDRESS\b",  # the driver API's name for it (OpenMM, CuPy, Numba)
     r"CUDA error: device-side assert triggered",
     r"CUDA error: misaligned address",
     r"CUDA error: an illegal instruction was encountered",

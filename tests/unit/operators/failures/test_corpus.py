@@ -181,15 +181,17 @@ def test_real_train_and_dev_files_are_valid():
 
 
 @needs_split
-def test_the_shipped_precedent_base_never_holds_test_or_holdout_cases():
+def test_the_shipped_precedent_base_holds_the_spent_holdouts_and_never_test_or_an_unscored_one():
     from operators.failures import precedent
 
     split = load_split()
     base = precedent.default_base()
-    held_out = {p.name for name in split.names if name not in ("train", "dev") for p in split.files(name)}
-    assert base is not None and base.cases
+    held_out = {p.name for name in split.names if name not in ("train", "dev", *split.spent) for p in split.files(name)}
+    spent = {p.name for name in split.spent for p in split.files(name)}
+    assert base is not None and base.cases and spent
     assert {p.name for p in split.files("test")} <= held_out
     assert not {c.file for c in base.cases} & held_out
+    assert spent <= {c.file for c in base.cases}
 
 
 def test_the_corpus_ships_with_the_package():
@@ -254,6 +256,40 @@ def test_holdouts_are_frozen_in_number_order_and_each_checked_by_its_own_hash(sy
     with pytest.raises(CorpusError, match="the holdout10 split changed"):
         load_split_cases(split, "holdout10", synthetic)
     assert load_split_cases(split, "holdout2", synthetic)
+
+
+def spend(folder: Path, name: str) -> None:
+    raw = json.loads((folder / "split.json").read_text())
+    raw.setdefault("spent", {})[name] = {"look": "scored once"}
+    (folder / "split.json").write_text(json.dumps(raw))
+
+
+def test_a_holdout_is_a_precedent_only_once_its_look_is_recorded(synthetic):
+    from operators.failures.precedent import base_splits
+
+    with_holdout(synthetic)
+    assert base_splits(load_split(synthetic)) == ("train", "dev")
+    spend(synthetic, "holdout2")
+    assert base_splits(load_split(synthetic)) == ("train", "dev", "holdout2")
+
+
+def test_benchmark_scores_spent_holdouts_with_each_other_as_precedents_never_themselves(synthetic):
+    """Spent, holdout2 and holdout3 are in the shipped base: each finds the other's case, alike in
+    words, as its precedent; holdout3's case unlike every other stays unknown rather than find itself."""
+    raw = json.loads((synthetic / "split.json").read_text())
+    for name, rows in (("holdout2", [case(1, "infra", "xyzzy gronk blorfle snark", "acme/h2")]),
+                       ("holdout3", [case(1, "infra", "xyzzy gronk blorfle snark again", "acme/h3"),
+                                     case(2, "user", "plonk wazoo fizzbin", "acme/h3")])):
+        path = write(synthetic, f"acme/{name[0]}{name[-1]}", rows)
+        raw |= {name: [f"acme/{name[0]}{name[-1]}"], f"{name}_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+        raw.setdefault("spent", {})[name] = {"look": "scored once"}
+    (synthetic / "split.json").write_text(json.dumps(raw))
+    proc = run_benchmark("--corpus", str(synthetic), "--holdout", "holdout2", "--holdout", "holdout3")
+    assert proc.returncode == 0, proc.stderr
+    splits = json.loads(proc.stdout.strip().splitlines()[-1])["splits"]
+    assert splits["holdout2"]["by_source"]["precedent"] == {"n": 1, "correct": 1}
+    assert splits["holdout3"]["by_source"]["precedent"] == {"n": 1, "correct": 1}
+    assert splits["holdout3"]["by_source"]["none"]["n"] == 1
 
 
 def test_benchmark_scores_holdout2_with_the_shipped_base_and_refuses_a_changed_one(synthetic):
