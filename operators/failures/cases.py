@@ -147,7 +147,8 @@ def load_split(corpus_dir: Path = CORPUS_DIR) -> Split:
     if len(files) != len(set(files)):
         raise CorpusError(f"{path}: a project is in more than one split")
     looks = raw.get("spent") if isinstance(raw.get("spent"), dict) else {}
-    spent = tuple(name for name in holdouts if isinstance(looks.get(name), dict) and looks[name].get("look"))
+    spent = tuple(name for name in sorted(holdouts, key=lambda n: int(n.removeprefix("holdout")))
+                  if isinstance(looks.get(name), dict) and looks[name].get("look"))
     return Split(tuple(raw["train"]), tuple(raw["dev"]), tuple(raw["test"]), raw["test_sha256"].lower(),
                  {name: tuple(raw[name]) for name in holdouts}, {name: raw[f"{name}_sha256"].lower() for name in holdouts},
                  spent)
