@@ -51,6 +51,7 @@ _NODE_GONE = _rx(
     # Slurm: the node failed the job's launch (prolog, slurmd); Databricks: the node's daemon died
     r"launch failed requeued held", r"Prolog failure on node", r"did not answer ping",
     r"\bVMRecreatedDuringExecution\b",  # GCP Batch recreated the task's VM under it
+    r"hosted runner(?::[^\n]{1,200})? lost communication with the server",  # GitHub Actions lost the job's machine
     # the kubelet lost the node's container runtime: every pod on the node goes with it
     r"container runtime is down", r"PLEG is not healthy", r"container runtime (?:network )?(?:is )?not ready",
 )  # fmt: skip

@@ -128,8 +128,8 @@ SCHEDULER_CLOUD_AND_FRAMEWORK = [
     ("tensorflow.python.framework.errors_impl.InvalidArgumentError: logits and labels must be broadcastable: logits_size=[32,10] labels_size=[32,5]", "user", "user-exception-line"),
     ("tensorflow.python.framework.errors_impl.UnavailableError: Socket closed", "infra", "infra-exception"),
 ]
-# Wordings the spent splits showed no rule reading: holdout8's plan, then holdout9's and holdout10's
-# (docs/design/holdout8-briefs.md, holdout9-briefs.md, holdout10-briefs.md).
+# Wordings the spent splits showed no rule reading: holdout8's plan, then holdout9's, holdout10's and
+# holdout11's (docs/design/holdout8-briefs.md ... holdout11-briefs.md).
 SPENT_SPLIT_WORDINGS = [
     ("UserError: AzureMLCompute job failed. PreemptionError: Nodes of this job got pre-empted.", "infra", "cloud-preemption"),
     ("start-worker 2024/12/17 16:03:58 GCP Metadata Service says termination is imminent", "infra", "cloud-preemption"),
@@ -166,6 +166,9 @@ SPENT_SPLIT_WORDINGS = [
     ("terminate called after throwing an instance of 'OpenMM::OpenMMException'\n  what():  Error deleting array posq: CUDA_ERROR_ILLEGAL_ADDRESS (700)", "user", "illegal-memory-access"),
     ("(autoscaler +4m3s) Error: No available node types can fulfill resource request {'CPU': 8.0, 'GPU': 8.0}. Add suitable node types to this cluster to resolve this issue.", "user", "config-invalid"),
     ("UnexpectedStatusException: Error for Training job hf-training-2021: Failed. Reason: ClientError: Artifact upload failed:Insufficient disk space", "user", "config-invalid"),
+    # holdout10's look (holdout11's plan)
+    ("The self-hosted runner lost communication with the server. Verify the machine is running and has a healthy network connection.", "infra", "node-gone"),
+    ("The hosted runner: GitHub Actions 7 lost communication with the server. Anything in your workflow that terminates the runner process can cause this error.", "infra", "node-gone"),
 ]
 
 
