@@ -354,8 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         out["calibration"] = calibrate(train, dev)
     # The shipped base (precedent.base_splits): train, dev and the spent hold-outs. A split is scored
     # with that base less its own cases (train: less the case itself), so no case judges itself.
-    spent = {name: load_split_cases(split, name, args.corpus) for name in split.spent}
-    shipped_parts = {"train": train, "dev": dev, **spent}
+    loaded = {"train": train, "dev": dev}
+    shipped_parts = {name: loaded[name] if name in loaded else load_split_cases(split, name, args.corpus)
+                     for name in precedent_mod.base_splits(split)}
     shipped = precedent_mod.PrecedentBase([c for cases in shipped_parts.values() for c in cases])
 
     def base_without(name: str):
@@ -367,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     if test is not None:
         plan.append(("test", test, shipped, False))
     for name, cases in holdouts.items():
-        plan.append((name, cases, base_without(name) if name in spent else shipped, False))
+        plan.append((name, cases, base_without(name) if name in shipped_parts else shipped, False))
     for name, cases, base, lpo in plan:
         result, misses = score(cases, base, precedent_mod.THRESHOLD, leave_project_out=lpo)
         out["splits"][name] = result

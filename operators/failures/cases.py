@@ -26,6 +26,11 @@ HOLDOUT = re.compile(r"^holdout[0-9]+$")  # later hold-outs; like test, hashed i
 _FIELDS = {"id": str, "project": str, "url": str, "label": str, "hard": bool, "why": str, "evidence": dict}
 
 
+def _holdout_number(name: str) -> int:
+    """holdout10 after holdout9: hold-outs in the order they were frozen."""
+    return int(name.removeprefix("holdout"))
+
+
 class CorpusError(ValueError):
     """A corpus file or the split does not have the documented shape."""
 
@@ -54,7 +59,7 @@ class Split:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return SPLITS + tuple(sorted(self.holdouts, key=lambda n: int(n.removeprefix("holdout"))))
+        return SPLITS + tuple(sorted(self.holdouts, key=_holdout_number))
 
     @property
     def frozen(self) -> tuple[str, ...]:
@@ -147,7 +152,7 @@ def load_split(corpus_dir: Path = CORPUS_DIR) -> Split:
     if len(files) != len(set(files)):
         raise CorpusError(f"{path}: a project is in more than one split")
     looks = raw.get("spent") if isinstance(raw.get("spent"), dict) else {}
-    spent = tuple(name for name in sorted(holdouts, key=lambda n: int(n.removeprefix("holdout")))
+    spent = tuple(name for name in sorted(holdouts, key=_holdout_number)
                   if isinstance(looks.get(name), dict) and looks[name].get("look"))
     return Split(tuple(raw["train"]), tuple(raw["dev"]), tuple(raw["test"]), raw["test_sha256"].lower(),
                  {name: tuple(raw[name]) for name in holdouts}, {name: raw[f"{name}_sha256"].lower() for name in holdouts},

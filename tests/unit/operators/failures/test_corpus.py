@@ -277,13 +277,14 @@ def test_benchmark_scores_spent_holdouts_with_each_other_as_precedents_never_the
     """Spent, holdout2 and holdout3 are in the shipped base: each finds the other's case, alike in
     words, as its precedent; holdout3's case unlike every other stays unknown rather than find itself."""
     raw = json.loads((synthetic / "split.json").read_text())
-    for name, rows in (("holdout2", [case(1, "infra", "xyzzy gronk blorfle snark", "acme/h2")]),
-                       ("holdout3", [case(1, "infra", "xyzzy gronk blorfle snark again", "acme/h3"),
-                                     case(2, "user", "plonk wazoo fizzbin", "acme/h3")])):
-        path = write(synthetic, f"acme/{name[0]}{name[-1]}", rows)
-        raw |= {name: [f"acme/{name[0]}{name[-1]}"], f"{name}_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
-        raw.setdefault("spent", {})[name] = {"look": "scored once"}
+    for name, project, rows in (("holdout2", "acme/h2", [case(1, "infra", "xyzzy gronk blorfle snark", "acme/h2")]),
+                                ("holdout3", "acme/h3", [case(1, "infra", "xyzzy gronk blorfle snark again", "acme/h3"),
+                                                         case(2, "user", "plonk wazoo fizzbin", "acme/h3")])):
+        path = write(synthetic, project, rows)
+        raw |= {name: [project], f"{name}_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
     (synthetic / "split.json").write_text(json.dumps(raw))
+    spend(synthetic, "holdout2")
+    spend(synthetic, "holdout3")
     proc = run_benchmark("--corpus", str(synthetic), "--holdout", "holdout2", "--holdout", "holdout3")
     assert proc.returncode == 0, proc.stderr
     splits = json.loads(proc.stdout.strip().splitlines()[-1])["splits"]
