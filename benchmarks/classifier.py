@@ -6,6 +6,7 @@
     python benchmarks/classifier.py --leave-project-out  # ... and train scored with no precedent from the case's own project
     python benchmarks/classifier.py --test          # ... and the frozen test split (run once, at the end)
     python benchmarks/classifier.py --holdout holdout3  # ... and a later hold-out (split.json: holdout2, holdout3)
+    python benchmarks/classifier.py --holdout holdout11+holdout12  # ... two hold-outs scored as one set
     python benchmarks/classifier.py --rule-table    # print docs/failures.md's rule table (markdown) and exit
     python benchmarks/classifier.py --blind-reader  # ... and a blind expert reader's labels beside the classifier's
 
@@ -29,6 +30,7 @@ How each split is scored, so that no case helps judge itself:
 * holdout4, holdout5, ...: as test, each with its own hash (`<name>_sha256`). Projects harvested
   after test had been scored four times, blind to the classifier; misses never printed. A spent
   hold-out (scored once already) is scored with the shipped base less its own cases.
+  `holdout11+holdout12` scores two hold-outs as one set (each file still checked against its hash).
 
 Goals on test: accuracy >= 0.95, unknown <= 5%, user bugs retried 0. Every run also times the
 stall case (issue 28): 256 ranks of 64 KiB lines without spaces, classified in under 2 s.
@@ -345,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         train = load_split_cases(split, "train", args.corpus)
         dev = load_split_cases(split, "dev", args.corpus)
         test = load_split_cases(split, "test", args.corpus) if args.test else None  # verifies test_sha256 first
-        holdouts = {name: load_split_cases(split, name, args.corpus) for name in args.holdout if name != "test"}
+        holdouts = {name: [c for part in name.split("+") for c in load_split_cases(split, part, args.corpus)]
+                    for name in args.holdout if name != "test"}
     except CorpusError as exc:
         print(f"benchmarks/classifier.py: {exc}", file=sys.stderr)
         return 2
@@ -359,8 +362,8 @@ def main(argv: list[str] | None = None) -> int:
                      for name in precedent_mod.base_splits(split)}
     shipped = precedent_mod.PrecedentBase([c for cases in shipped_parts.values() for c in cases])
 
-    def base_without(name: str):
-        return precedent_mod.PrecedentBase([c for part, cases in shipped_parts.items() if part != name for c in cases])
+    def base_without(*names: str):
+        return precedent_mod.PrecedentBase([c for part, cases in shipped_parts.items() if part not in names for c in cases])
 
     plan = [("train", train, shipped, False), ("dev", dev, base_without("dev"), False)]
     if args.leave_project_out:
@@ -368,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     if test is not None:
         plan.append(("test", test, shipped, False))
     for name, cases in holdouts.items():
-        plan.append((name, cases, base_without(name) if name in shipped_parts else shipped, False))
+        parts = name.split("+")
+        plan.append((name, cases, base_without(*parts) if set(parts) & set(shipped_parts) else shipped, False))
     for name, cases, base, lpo in plan:
         result, misses = score(cases, base, precedent_mod.THRESHOLD, leave_project_out=lpo)
         out["splits"][name] = result
@@ -383,9 +387,9 @@ def main(argv: list[str] | None = None) -> int:
                 "unknown_rate": t["unknown_rate"] is not None and t["unknown_rate"] <= GOALS["unknown_rate_max"],
                 "user_bugs_retried": t["user_bugs_retried"] <= GOALS["user_bugs_retried_max"],
             }
-            out[f"{name}_sha256"] = split.frozen_sha256(name)
+            out[f"{name}_sha256"] = "+".join(split.frozen_sha256(part) for part in name.split("+"))
             if name != "test":
-                labels = holdout_reader(split, name, args.corpus)
+                labels = {i: r for part in name.split("+") for i, r in holdout_reader(split, part, args.corpus).items()}
                 if labels:
                     cases = holdouts[name]
                     out["splits"][name]["blind_reader"] = r = reader_score(cases, labels)

@@ -307,6 +307,28 @@ def test_benchmark_scores_holdout2_with_the_shipped_base_and_refuses_a_changed_o
     assert proc.returncode == 2 and "the holdout2 split changed" in proc.stderr and proc.stdout == ""
 
 
+def test_benchmark_scores_two_holdouts_as_one_set_each_checked_by_its_own_hash(synthetic):
+    """`--holdout holdout2+holdout3` pools two unspent hold-outs: one table, their reader labels
+    merged, both hashes reported, and a changed file in either refuses the run."""
+    raw = json.loads((synthetic / "split.json").read_text())
+    paths = {}
+    for name, project, label in (("holdout2", "acme/h2", "infra"), ("holdout3", "acme/h3", "user")):
+        row = case(1, label, f"glorp {name} wibble", project) | {"reader": {"label": "infra", "confidence": 0.9}}
+        paths[name] = write(synthetic, project, [row])
+        raw |= {name: [project], f"{name}_sha256": hashlib.sha256(paths[name].read_bytes()).hexdigest()}
+    (synthetic / "split.json").write_text(json.dumps(raw))
+    proc = run_benchmark("--corpus", str(synthetic), "--holdout", "holdout2+holdout3")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    pooled = result["splits"]["holdout2+holdout3"]
+    assert pooled["n"] == 2 and pooled["per_class"]["infra"]["n"] == pooled["per_class"]["user"]["n"] == 1
+    assert pooled["blind_reader"]["n"] == 2 and pooled["blind_reader"]["accuracy"] == 0.5
+    assert result["holdout2+holdout3_sha256"] == f"{raw['holdout2_sha256']}+{raw['holdout3_sha256']}"
+    paths["holdout3"].write_text(paths["holdout3"].read_text().replace("wibble", "wobble"))
+    proc = run_benchmark("--corpus", str(synthetic), "--holdout", "holdout2+holdout3")
+    assert proc.returncode == 2 and "the holdout3 split changed" in proc.stderr
+
+
 @needs_split
 def test_the_blind_reader_saw_train_and_dev_cases_only_and_is_scored_beside_the_classifier():
     """The blind reader's labels (benchmarks/data/classifier_blind_reader.jsonl) cover train and
