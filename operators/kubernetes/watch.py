@@ -238,13 +238,19 @@ class GangWatcher:
         pods = await self.api.list_pods(h["pod_selector"])
         views = [st.pod_view(p) for p in pods]
 
-        if state.state == "succeeded":
-            return self._event("success", f"{self.where} succeeded: {state.message or state.reason or 'all ranks completed'}", now)
-
         workload = None
         if h.get("scheduler") == "kueue" and h.get("uid"):
             workloads = await self.api.list_workloads(h["uid"])
             workload = workloads[0] if workloads else None
+            # before the end is read: a gang MultiKueue dispatched that ran and ended between two
+            # polls is still named (Kueue keeps status.clusterName on a finished Workload)
+            cluster = st.workload_state(workload).cluster if workload is not None else None
+            if cluster and cluster != self.dispatched_to:
+                self.log(f"{self.where} dispatched by MultiKueue to worker cluster {cluster!r}: its pods run there")
+                self.dispatched_to = cluster
+
+        if state.state == "succeeded":
+            return self._event("success", f"{self.where} succeeded: {state.message or state.reason or 'all ranks completed'}", now)
 
         # --- failure: any failed rank dooms the gang (max-restarts 0, backoffLimit 0) -------------
         stuck: set[str] = set()
@@ -270,9 +276,6 @@ class GangWatcher:
             return await self._failed(f"{self.where} failed: {what}", now, obj=obj, pods=pods, workload=workload, stuck=stuck)
         if workload is not None:
             wl = st.workload_state(workload)
-            if wl.cluster and wl.cluster != self.dispatched_to:
-                self.log(f"{self.where} dispatched by MultiKueue to worker cluster {wl.cluster!r}: its pods run there")
-                self.dispatched_to = wl.cluster
             if wl.evicted and not self._requeued_after_resume(wl):
                 return await self._failed(
                     f"{self.where} failed: Kueue evicted Workload {wl.name} ({wl.evicted['reason']}): {wl.evicted['message']}",

@@ -26,7 +26,10 @@ from operators.cli.drill.cluster import JS, KQ, DrillEvent, EmulatedCluster, Rec
 
 CHECK = "gangflow-multikueue"  # the AdmissionCheck the chart renders on the ClusterQueue (its name in the drill)
 MANAGED_BY = "kueue.x-k8s.io/multikueue"
-WORKER_LOST_SECONDS = 2.0
+# Kueue's workerLostTimeout, shortened: still longer than two polls of the manager's watch
+# (GangTrigger, every 10 s), as the 15 min default is, so the watch sees the Workload admitted on
+# the worker (status.clusterName, cleared by the eviction) before the loss evicts it.
+WORKER_LOST_SECONDS = 25.0
 
 
 @dataclass
@@ -210,7 +213,7 @@ class MultiKueueDispatcher(ReconcileLoop):
                 if workload is not None:
                     set_admission(workload, admitted=False, reason="AdmissionCheck", message="At least one admission check is false", stamp=stamp)
                     workload["status"]["admissionChecks"] = [{"name": CHECK, "state": "Retry", "lastTransitionTime": stamp,
-                                                              "message": f'Reserving remote lost: cluster "{name}" is not active'}]  # fmt: skip
+                                                              "message": "Reserving remote lost"}]  # Kueue's words
                     workload["status"].pop("clusterName", None)
                 jobset["spec"]["suspend"] = True
             self._note(f"Kueue evicted Workload of JobSet {jobset['metadata']['name']} (AdmissionCheck: worker cluster {name} lost)")

@@ -810,6 +810,23 @@ def _dispatched(fx: Fixtures, cluster: str):
     return step
 
 
+def _worker_lost(fx: Fixtures):
+    """Kueue after workerLostTimeout: the MultiKueue check back to Retry, status.clusterName cleared,
+    the manager's Workload evicted (reason AdmissionCheck), the JobSet suspended."""
+    def step(api):
+        workload = api.get(*KQ, NAMESPACE, fx.workload("admitted")["metadata"]["name"])
+        workload["status"]["admissionChecks"] = [{"name": "gangflow-multikueue", "state": "Retry", "lastTransitionTime": timestamp(),
+                                                  "message": "Reserving remote lost"}]  # fmt: skip
+        workload["status"].pop("clusterName")
+        workload["status"]["conditions"] = [
+            {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "At least one admission check is false", "lastTransitionTime": timestamp()},
+            {"type": "Admitted", "status": "False", "reason": "AdmissionCheck", "message": "At least one admission check is false", "lastTransitionTime": timestamp()},
+            {"type": "Evicted", "status": "True", "reason": "AdmissionCheck", "message": "At least one admission check is false", "lastTransitionTime": timestamp()}]
+        api.get(*JS, NAMESPACE, fx.name)["spec"]["suspend"] = True
+
+    return step
+
+
 def test_a_gang_multikueue_dispatched_runs_without_pods_here_and_names_its_worker(fake_k8s):
     api = fake_k8s
     b = backend(runtime={"startupTimeoutSeconds": 1})
@@ -833,19 +850,7 @@ def test_a_lost_worker_cluster_is_an_infra_failure_naming_the_worker_not_a_preem
     b = backend()
     handle = b.submit(spec())
     fx = fixtures_for(handle)
-
-    def worker_lost(a):  # Kueue after workerLostTimeout: the check back to Retry, the Workload evicted
-        workload = a.get(*KQ, NAMESPACE, fx.workload("admitted")["metadata"]["name"])
-        workload["status"]["admissionChecks"] = [{"name": "gangflow-multikueue", "state": "Retry", "lastTransitionTime": timestamp(),
-                                                  "message": 'Reserving remote lost: cluster "worker-1" is not active'}]  # fmt: skip
-        workload["status"].pop("clusterName")
-        workload["status"]["conditions"] = [
-            {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "At least one admission check is false", "lastTransitionTime": timestamp()},
-            {"type": "Admitted", "status": "False", "reason": "AdmissionCheck", "message": "At least one admission check is false", "lastTransitionTime": timestamp()},
-            {"type": "Evicted", "status": "True", "reason": "AdmissionCheck", "message": "At least one admission check is false", "lastTransitionTime": timestamp()}]
-        a.get(*JS, NAMESPACE, fx.name)["spec"]["suspend"] = True
-
-    api.steps = [_dispatched(fx, "worker-1"), nothing, worker_lost]
+    api.steps = [_dispatched(fx, "worker-1"), nothing, _worker_lost(fx)]
     event = run_trigger(b.trigger(handle))
     assert event["status"] == "failed" and event["dispatched_to"] == "worker-1", event
     assert "Kueue evicted Workload" in event["message"] and "(AdmissionCheck)" in event["message"]
@@ -854,3 +859,33 @@ def test_a_lost_worker_cluster_is_an_infra_failure_naming_the_worker_not_a_preem
     verdict = classify(result.evidence)
     assert verdict.kind == "infra" and verdict.rule == "worker-cluster-lost" and verdict.retryable, verdict
     assert preemption_reason(result.evidence) is None  # a lost cluster spends a retry; a preemption would not
+
+
+def test_a_worker_lost_before_any_poll_saw_the_dispatch_is_still_infra_without_naming_a_worker(fake_k8s):
+    """Kueue clears status.clusterName when it evicts: a gang dispatched and lost between two polls
+    leaves no worker name to read, and the verdict does not need one."""
+    from operators.failures import classify
+
+    b = backend()
+    handle = b.submit(spec())
+    fx = fixtures_for(handle)
+    dispatched, lost = _dispatched(fx, "worker-1"), _worker_lost(fx)
+    fake_k8s.steps = [lambda api: (dispatched(api), lost(api))]
+    event = run_trigger(b.trigger(handle))
+    assert event["status"] == "failed" and event["dispatched_to"] is None, event
+    result = b.collect(handle, event)
+    assert "dispatched_to" not in result.evidence
+    verdict = classify(result.evidence)
+    assert verdict.kind == "infra" and verdict.rule == "worker-cluster-lost", verdict
+
+
+def test_a_dispatched_gang_that_ends_before_a_poll_sees_it_running_still_names_its_worker(fake_k8s):
+    """The first poll that reads the Workload admitted on a worker also reads the JobSet completed:
+    the worker is named from the finished Workload (Kueue keeps status.clusterName)."""
+    b = backend()
+    handle = b.submit(spec())
+    fx = fixtures_for(handle)
+    dispatched, completed = _dispatched(fx, "worker-2"), jobset_status(fx, "completed")
+    fake_k8s.steps = [lambda api: (dispatched(api), completed(api))]
+    event = run_trigger(b.trigger(handle))
+    assert event["status"] == "success" and event["dispatched_to"] == "worker-2", event
