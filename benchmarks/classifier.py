@@ -347,8 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         train = load_split_cases(split, "train", args.corpus)
         dev = load_split_cases(split, "dev", args.corpus)
         test = load_split_cases(split, "test", args.corpus) if args.test else None  # verifies test_sha256 first
-        holdouts = {name: [c for part in name.split("+") for c in load_split_cases(split, part, args.corpus)]
-                    for name in args.holdout if name != "test"}
+        parts = {name: name.split("+") for name in args.holdout if name != "test"}  # holdout11+holdout12: one set
+        holdouts = {name: [c for part in parts[name] for c in load_split_cases(split, part, args.corpus)] for name in parts}
     except CorpusError as exc:
         print(f"benchmarks/classifier.py: {exc}", file=sys.stderr)
         return 2
@@ -371,8 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     if test is not None:
         plan.append(("test", test, shipped, False))
     for name, cases in holdouts.items():
-        parts = name.split("+")
-        plan.append((name, cases, base_without(*parts) if set(parts) & set(shipped_parts) else shipped, False))
+        plan.append((name, cases, base_without(*parts[name]) if set(parts[name]) & set(shipped_parts) else shipped, False))
     for name, cases, base, lpo in plan:
         result, misses = score(cases, base, precedent_mod.THRESHOLD, leave_project_out=lpo)
         out["splits"][name] = result
@@ -387,9 +386,9 @@ def main(argv: list[str] | None = None) -> int:
                 "unknown_rate": t["unknown_rate"] is not None and t["unknown_rate"] <= GOALS["unknown_rate_max"],
                 "user_bugs_retried": t["user_bugs_retried"] <= GOALS["user_bugs_retried_max"],
             }
-            out[f"{name}_sha256"] = "+".join(split.frozen_sha256(part) for part in name.split("+"))
+            out[f"{name}_sha256"] = "+".join(split.frozen_sha256(part) for part in parts.get(name, [name]))
             if name != "test":
-                labels = {i: r for part in name.split("+") for i, r in holdout_reader(split, part, args.corpus).items()}
+                labels = {i: r for part in parts[name] for i, r in holdout_reader(split, part, args.corpus).items()}
                 if labels:
                     cases = holdouts[name]
                     out["splits"][name]["blind_reader"] = r = reader_score(cases, labels)

@@ -2,9 +2,10 @@
 
 A logistic regression over the evidence's TF-IDF word 1-2 grams, trained on the corpus's train and
 dev cases and the spent hold-outs (never test, never a hold-out not yet scored), says infra or user;
-the reason cites the nearest case of that kind by cosine similarity. Evidence unlike every case (below `THRESHOLD`) stays unknown. `C` and `THRESHOLD`
-are chosen by `benchmarks/classifier.py --calibrate` (figures: docs/design/classifier-evaluation.md).
-scikit-learn is imported only on the first lookup.
+the reason cites the nearest case of that kind by cosine similarity. Evidence unlike every case
+(below `THRESHOLD`) stays unknown. `C` and `THRESHOLD` are chosen by `benchmarks/classifier.py
+--calibrate` (figures: docs/design/classifier-evaluation.md). scikit-learn is imported only on the
+first lookup.
 """
 
 from __future__ import annotations

@@ -238,16 +238,16 @@ class GangWatcher:
         pods = await self.api.list_pods(h["pod_selector"])
         views = [st.pod_view(p) for p in pods]
 
-        workload = None
+        workload = wl = None
         if h.get("scheduler") == "kueue" and h.get("uid"):
             workloads = await self.api.list_workloads(h["uid"])
             workload = workloads[0] if workloads else None
+            wl = st.workload_state(workload) if workload is not None else None
             # before the end is read: a gang MultiKueue dispatched that ran and ended between two
             # polls is still named (Kueue keeps status.clusterName on a finished Workload)
-            cluster = st.workload_state(workload).cluster if workload is not None else None
-            if cluster and cluster != self.dispatched_to:
-                self.log(f"{self.where} dispatched by MultiKueue to worker cluster {cluster!r}: its pods run there")
-                self.dispatched_to = cluster
+            if wl is not None and wl.cluster and wl.cluster != self.dispatched_to:
+                self.log(f"{self.where} dispatched by MultiKueue to worker cluster {wl.cluster!r}: its pods run there")
+                self.dispatched_to = wl.cluster
 
         if state.state == "succeeded":
             return self._event("success", f"{self.where} succeeded: {state.message or state.reason or 'all ranks completed'}", now)
@@ -274,16 +274,14 @@ class GangWatcher:
             else:
                 what = f"{state.reason}: {state.message}".strip(": ")
             return await self._failed(f"{self.where} failed: {what}", now, obj=obj, pods=pods, workload=workload, stuck=stuck)
-        if workload is not None:
-            wl = st.workload_state(workload)
-            if wl.evicted and not self._requeued_after_resume(wl):
-                return await self._failed(
-                    f"{self.where} failed: Kueue evicted Workload {wl.name} ({wl.evicted['reason']}): {wl.evicted['message']}",
-                    now,
-                    obj=obj,
-                    pods=pods,
-                    workload=workload,
-                )
+        if wl is not None and wl.evicted and not self._requeued_after_resume(wl):
+            return await self._failed(
+                f"{self.where} failed: Kueue evicted Workload {wl.name} ({wl.evicted['reason']}): {wl.evicted['message']}",
+                now,
+                obj=obj,
+                pods=pods,
+                workload=workload,
+            )
 
         # --- admission ------------------------------------------------------------------------------
         if self.admitted_at is None:
@@ -291,7 +289,7 @@ class GangWatcher:
             if not admitted:
                 return self._wait_or_time_out(reason, now, self.created_at, self.admission_timeout,
                                               f"was not admitted within {self.admission_timeout_field}={int(self.admission_timeout)}")
-            admitted_at = st.parse_time(st.workload_state(workload).admitted_at) if workload is not None else None
+            admitted_at = st.parse_time(wl.admitted_at) if wl is not None else None
             self.admitted_at = max(self.created_at, min(admitted_at, now)) if admitted_at else now
             self.phase = "startup"
             self.log(f"{self.where} admitted after {format_duration(self.admitted_at - self.created_at)}")
