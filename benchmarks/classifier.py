@@ -158,6 +158,21 @@ def stall_case(ranks: int = 256, line_bytes: int = 64 * 1024) -> dict:
             "goal_s": 2.0, "met": cpu < 2.0}  # fmt: skip
 
 
+def fallback(parts: dict[str, list]) -> dict:
+    """Each spent hold-out judged with a base without it, as at its look: of the cases no rule
+    decides, how many the precedents get right and how many always `user` would."""
+    rows = {}
+    for name, cases in parts.items():
+        if name in ("train", "dev"):
+            continue
+        base = precedent_mod.PrecedentBase([c for part, others in parts.items() if part != name for c in others])
+        undecided = [(case, verdict) for case in cases for verdict, source in [judge(case, base, precedent_mod.THRESHOLD)]
+                     if source != "rule"]  # fmt: skip
+        rows[name] = {"n": len(undecided), "precedents": sum(v.kind == c.label for c, v in undecided),
+                      "always_user": sum(c.label == "user" for c, _ in undecided)}  # fmt: skip
+    return rows | {"all": {key: sum(r[key] for r in rows.values()) for key in ("n", "precedents", "always_user")}}
+
+
 def holdout_reader(split, name: str, corpus: Path) -> dict[str, dict]:
     """A later hold-out's blind-reader labels, written into its frozen files before scoring
     (`reader`: {label, confidence}); empty when the hold-out has none."""
@@ -335,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also score train with no case of its own project as a precedent (as test projects are)")
     parser.add_argument("--corpus", type=Path, default=CORPUS_DIR, help="corpus folder (default: the package's)")
     parser.add_argument("--rule-table", action="store_true", help="print the rule table (markdown) and exit")
+    parser.add_argument("--fallback", action="store_true",
+                        help="on each spent hold-out (a base without it), the cases no rule decides: the precedents' right answers beside always `user`")
     parser.add_argument("--blind-reader", action="store_true",
                         help="also score a blind expert reader's labels of train and dev beside the classifier's")
     args = parser.parse_args(argv)
@@ -395,6 +412,10 @@ def main(argv: list[str] | None = None) -> int:
                     note(f"blind reader on {name} ({r['n']} cases, labels frozen with the set): accuracy {r['accuracy']}, "
                          f"hard {r['hard']['accuracy']}, not hard {r['not_hard']['accuracy']}, user bugs retried "
                          f"{r['user_bugs_retried']}")  # fmt: skip
+    if args.fallback:
+        out["fallback"] = r = fallback(shipped_parts)
+        note(f"cases no rule decides, spent hold-outs: {r['all']['n']}; precedents right {r['all']['precedents']}, "
+             f"always user {r['all']['always_user']}")
     if args.blind_reader:
         try:
             out["blind_reader"] = blind_reader(plan, load_blind_reader(BLIND_READER))

@@ -346,3 +346,21 @@ def test_the_blind_reader_saw_train_and_dev_cases_only_and_is_scored_beside_the_
         assert sum(r["agreement"].values()) == r["n"]
         for who in ("reader", "classifier"):
             assert r[who]["hard"]["n"] + r[who]["not_hard"]["n"] == r["n"]
+
+
+def test_benchmark_fallback_scores_each_spent_holdout_without_itself_on_the_cases_no_rule_decides(synthetic):
+    """holdout2's case finds holdout3's as its precedent (and the reverse); the NCCL case a rule decides is not counted."""
+    raw = json.loads((synthetic / "split.json").read_text())
+    for name, project, rows in (("holdout2", "acme/h2", [case(1, "user", "xyzzy gronk blorfle snark", "acme/h2"),
+                                                         case(2, "infra", "RuntimeError: NCCL watchdog timed out", "acme/h2")]),
+                                ("holdout3", "acme/h3", [case(1, "user", "xyzzy gronk blorfle snark again", "acme/h3")])):
+        path = write(synthetic, project, rows)
+        raw |= {name: [project], f"{name}_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    (synthetic / "split.json").write_text(json.dumps(raw))
+    spend(synthetic, "holdout2")
+    spend(synthetic, "holdout3")
+    proc = run_benchmark("--corpus", str(synthetic), "--fallback")
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout.strip().splitlines()[-1])["fallback"]
+    assert found["holdout2"] == {"n": 1, "precedents": 1, "always_user": 1}
+    assert found["all"] == {"n": 2, "precedents": 2, "always_user": 2}
