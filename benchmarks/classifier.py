@@ -158,18 +158,21 @@ def stall_case(ranks: int = 256, line_bytes: int = 64 * 1024) -> dict:
             "goal_s": 2.0, "met": cpu < 2.0}  # fmt: skip
 
 
-def fallback(parts: dict[str, list]) -> dict:
-    """Each spent hold-out judged with a base without it, as at its look: of the cases no rule
-    decides, how many the precedents get right and how many always `user` would."""
+def fallback(parts: dict[str, list], base_without) -> dict:
+    """Each spent hold-out judged with a base without it (`base_without(name)`), as at its look: of
+    the cases no rule decides, how many the precedents get right and how many always `user` would."""
     rows = {}
     for name, cases in parts.items():
         if name in ("train", "dev"):
             continue
-        base = precedent_mod.PrecedentBase([c for part, others in parts.items() if part != name for c in others])
-        undecided = [(case, verdict) for case in cases for verdict, source in [judge(case, base, precedent_mod.THRESHOLD)]
-                     if source != "rule"]  # fmt: skip
-        rows[name] = {"n": len(undecided), "precedents": sum(v.kind == c.label for c, v in undecided),
-                      "always_user": sum(c.label == "user" for c, _ in undecided)}  # fmt: skip
+        base = base_without(name)
+        row = rows[name] = {"n": 0, "precedents": 0, "always_user": 0}
+        for case in cases:
+            verdict, source = judge(case, base, precedent_mod.THRESHOLD)
+            if source != "rule":
+                row["n"] += 1
+                row["precedents"] += verdict.kind == case.label
+                row["always_user"] += case.label == "user"
     return rows | {"all": {key: sum(r[key] for r in rows.values()) for key in ("n", "precedents", "always_user")}}
 
 
@@ -413,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"hard {r['hard']['accuracy']}, not hard {r['not_hard']['accuracy']}, user bugs retried "
                          f"{r['user_bugs_retried']}")  # fmt: skip
     if args.fallback:
-        out["fallback"] = r = fallback(shipped_parts)
+        out["fallback"] = r = fallback(shipped_parts, base_without)
         note(f"cases no rule decides, spent hold-outs: {r['all']['n']}; precedents right {r['all']['precedents']}, "
              f"always user {r['all']['always_user']}")
     if args.blind_reader:
