@@ -157,6 +157,8 @@ _LAUNCH_CONFIG = _rx(
     r"PasswordAuthentication=no[^\n]*returned non-zero exit status 255", r"Too many open files", r"\bEMFILE\b",
     r"\bncclInvalidUsage\b", r"\bncclInvalidArgument\b", r"NCCL WARN Could not find", r"mismatch in collective sizes",
     r"No space left on device", r"\bENOSPC\b",
+    # a write where the job's configuration points, on a file system mounted read-only there
+    r"Read-only file system", r"\bEROFS\b",
     # the host name resolves to Debian's loopback alias, so peers are told to dial themselves
     r"\b127\.0\.1\.1\b[^\n]{0,40}(?:Connection refused|timed out)",
 )  # fmt: skip
@@ -187,6 +189,7 @@ _REQUEST_REFUSED = _rx(
     r"\b(?:NoCredentialsError|PartialCredentialsError|NoRegionError|ProfileNotFound)\b", r"Unable to locate credentials",
     r"You must specify a region", r"\b(?:InvalidClientTokenId|UnrecognizedClientException|AuthorizationHeaderMalformed|PermanentRedirect)\b",
     catalogue.USER_REQUEST_MESSAGE.pattern,
+    r"do not have permission to access the requested resource",  # W&B: an entity or project the user named
 )  # fmt: skip
 # The data is broken: it fails the same way on every read.
 _BAD_DATA = _rx(

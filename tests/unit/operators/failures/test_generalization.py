@@ -169,6 +169,10 @@ SPENT_SPLIT_WORDINGS = [
     # holdout10's look (holdout11's plan)
     ("The self-hosted runner lost communication with the server. Verify the machine is running and has a healthy network connection.", "infra", "node-gone"),
     ("The hosted runner: GitHub Actions 7 lost communication with the server. Anything in your workflow that terminates the runner process can cause this error.", "infra", "node-gone"),
+    # holdouts 4-12 read again (holdout13's plan): a write to a read-only file system, W&B refusing a request
+    ("OSError: [Errno 30] Read-only file system: '/mnt/results/run-7'", "user", "launch-config-error"),
+    ("cp: cannot create regular file '/opt/app/model.bin': Read-only file system", "user", "launch-config-error"),
+    ("wandb: ERROR It appears that you do not have permission to access the requested resource. Please reach out to the project owner to grant you access. If you have the correct permissions, verify that there are no issues with your networking setup.(Error 404: Not Found)", "user", "request-refused"),
 ]
 
 
