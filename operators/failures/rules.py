@@ -131,6 +131,9 @@ _ENVIRONMENT = _rx(
 )  # fmt: skip
 # The node's GPU stack is broken: driver/library mismatch, NVML, GSP firmware, fabric manager,
 # a GPU the device plugin marked unhealthy, a driver that cannot build for the node's kernel.
+# The runtime loaded and found no device (cudaErrorNoDevice, hipErrorNoDevice): the node's GPUs are gone or
+# its driver is broken. "No CUDA GPUs are available" (nothing allocated, a CPU-only build) is _NO_GPU_VISIBLE's.
+_NO_DEVICE = _rx(r"no (?:CUDA|ROCm)-capable device is detected", r"\b(?:cudaErrorNoDevice|hipErrorNoDevice|CUDA_ERROR_NO_DEVICE)\b")
 _GPU_NODE = _rx(
     r"Failed to initialize NVML", r"\bdriver/library version mismatch", r"NVRM: API mismatch", r"could not load NVML library",
     r"Timeout waiting for RPC from GSP", r"\bGSP (?:RPC )?[Tt]imeout", r"XidCriticalError", r"device (?:marked|will go) unhealthy",
@@ -138,6 +141,7 @@ _GPU_NODE = _rx(
     r"GPL-incompatible module nvidia\.ko", r"NVIDIA-SMI has failed", r"No devices were found", r"RmInitAdapter failed",
     r"Unable to determine the device handle for GPU", r"nvidia-container-cli: initialization error",
     r"nvls\.cc[^\n]*(?:Cuda failure|failed)", r"cuda runtime error \(30\) : unknown error",
+    _NO_DEVICE.pattern,
 )  # fmt: skip
 # The program broke a tensor/API contract (shapes, dtypes, devices, autograd, DDP usage).
 _PROGRAM_ERROR = _rx(
@@ -612,6 +616,13 @@ def _gpu_hardware(f: Evidence) -> Hit | None:
     return None
 
 
+def _invalid_device(f: Evidence) -> Hit | None:
+    """A GPU index that does not exist; not when no device was found at all (every index is invalid then)."""
+    if _first(_NO_DEVICE, _all_texts(f)):
+        return None
+    return _text_rule(_INVALID_DEVICE, "a GPU index that does not exist (device ordinal)")(f)
+
+
 def _illegal_memory_access(f: Evidence) -> Hit | None:
     hit = _first(_ILLEGAL_ACCESS, f.log_texts)
     if hit is None or _gpu_hardware(f) is not None:
@@ -623,7 +634,7 @@ def _user_exception(f: Evidence) -> Hit | None:
     if f.record is not None and f.record.source_given and f.record.source is None:
         return None  # the trainer's record says this exception did not come from user code
     for exc in _candidate_exceptions(f):
-        if _is_infra_exc(exc):
+        if _is_infra_exc(exc) or _GPU_NODE.search(exc.message):  # user code that met a broken GPU stack
             continue
         frame = exc.user_frame()
         if frame is None:
@@ -785,7 +796,7 @@ RULES: tuple[Rule, ...] = (
     Rule("import-error", "user", 4, _import_error, summary="ModuleNotFoundError / ImportError / SyntaxError"),
     Rule("environment-mismatch", "user", 4, _text_rule(_ENVIRONMENT, "the image's software does not fit (versions, build, architecture)"), summary="version mismatch, failed extension build, missing library, illegal CPU instruction"),  # fmt: skip
     Rule("illegal-memory-access", "user", 4, _illegal_memory_access, summary="CUDA illegal memory access, no Xid/ECC"),
-    Rule("invalid-device", "user", 4, _text_rule(_INVALID_DEVICE, "a GPU index that does not exist (device ordinal)"), summary="CUDA invalid device ordinal"),  # fmt: skip
+    Rule("invalid-device", "user", 4, _invalid_device, summary="CUDA invalid device ordinal"),
     Rule("no-gpu-visible", "user", 4, _text_rule(_NO_GPU_VISIBLE, "the job sees no GPU (its resource request, CUDA_VISIBLE_DEVICES or a CPU-only build)"), summary="No CUDA GPUs are available"),  # fmt: skip
     Rule("nccl-system-error", "user", 4, _log_rule(_NCCL_SYSTEM, "NCCL could not set up its transport here (/dev/shm, sockets, IB libraries; NCCL_DEBUG=INFO names it)"), summary="NCCL unhandled system error"),  # fmt: skip
     Rule("checkpoint-mismatch", "user", 4, _text_rule(_CHECKPOINT_MISMATCH, "the checkpoint does not fit the model"), summary="state_dict missing/unexpected keys, size mismatch"),  # fmt: skip

@@ -169,6 +169,17 @@ SPENT_SPLIT_WORDINGS = [
     # holdout10's look (holdout11's plan)
     ("The self-hosted runner lost communication with the server. Verify the machine is running and has a healthy network connection.", "infra", "node-gone"),
     ("The hosted runner: GitHub Actions 7 lost communication with the server. Anything in your workflow that terminates the runner process can cause this error.", "infra", "node-gone"),
+    # holdout13's misses (holdout14's plan): the runtime loaded and found no device: the node's GPUs or driver
+    ("RuntimeError: cuda runtime error (100) : no CUDA-capable device is detected at /pytorch/aten/src/THC/THCGeneral.cpp:47", "infra", "gpu-node-fault"),
+    ('checkHipErrors() HIP API error = 0100 "no ROCm-capable device is detected" from file hipInfo.cpp, line 181.', "infra", "gpu-node-fault"),
+    ("jax.errors: CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected", "infra", "gpu-node-fault"),
+    # no device at all makes every index invalid: the missing device is the cause, not the index
+    ('hipInfo: no ROCm-capable device is detected\n5: Error: invalid device ID. There may not be such device ID.', "infra", "gpu-node-fault"),
+    ("RuntimeError: CUDA error: invalid device ordinal", "user", "invalid-device"),
+    # user code that met a node without its GPUs: the traceback's frames do not make it the program's
+    ('Traceback (most recent call last):\n  File "/home/u/proj/train.py", line 20, in lock_gpu\n    cm.cuda_set_device(board)\n'
+     '  File "/home/u/proj/cudamat.py", line 1630, in cuda_set_device\n    raise generate_exception(err_code)\n'
+     "cudamat.CUDAMatException: CUDA error: no CUDA-capable device is detected", "infra", "gpu-node-fault"),
     # holdouts 4-12 read again (holdout13's plan): a write to a read-only file system, W&B refusing a request
     ("OSError: [Errno 30] Read-only file system: '/mnt/results/run-7'", "user", "launch-config-error"),
     ("cp: cannot create regular file '/opt/app/model.bin': Read-only file system", "user", "launch-config-error"),
