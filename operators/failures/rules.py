@@ -796,7 +796,7 @@ RULES: tuple[Rule, ...] = (
     Rule("import-error", "user", 4, _import_error, summary="ModuleNotFoundError / ImportError / SyntaxError"),
     Rule("environment-mismatch", "user", 4, _text_rule(_ENVIRONMENT, "the image's software does not fit (versions, build, architecture)"), summary="version mismatch, failed extension build, missing library, illegal CPU instruction"),  # fmt: skip
     Rule("illegal-memory-access", "user", 4, _illegal_memory_access, summary="CUDA illegal memory access, no Xid/ECC"),
-    Rule("invalid-device", "user", 4, _invalid_device, summary="CUDA invalid device ordinal"),
+    Rule("invalid-device", "user", 4, _invalid_device, summary="CUDA invalid device ordinal (not when no device is detected)"),
     Rule("no-gpu-visible", "user", 4, _text_rule(_NO_GPU_VISIBLE, "the job sees no GPU (its resource request, CUDA_VISIBLE_DEVICES or a CPU-only build)"), summary="No CUDA GPUs are available"),  # fmt: skip
     Rule("nccl-system-error", "user", 4, _log_rule(_NCCL_SYSTEM, "NCCL could not set up its transport here (/dev/shm, sockets, IB libraries; NCCL_DEBUG=INFO names it)"), summary="NCCL unhandled system error"),  # fmt: skip
     Rule("checkpoint-mismatch", "user", 4, _text_rule(_CHECKPOINT_MISMATCH, "the checkpoint does not fit the model"), summary="state_dict missing/unexpected keys, size mismatch"),  # fmt: skip
@@ -811,7 +811,7 @@ RULES: tuple[Rule, ...] = (
     Rule("bad-data", "user", 4, _text_rule(_BAD_DATA, "the data is broken"), summary="corrupt images, checksum mismatch, truncated torch.load file"),  # fmt: skip
     # 5. Infrastructure log patterns.
     Rule("gpu-hardware", "infra", 5, _gpu_hardware, summary="NVRM Xid (hardware), ECC, unspecified launch failure"),
-    Rule("gpu-node-fault", "infra", 5, _text_rule(_GPU_NODE, "the node's GPU stack is broken"), summary="NVML init failure, driver/library mismatch, GSP timeout"),  # fmt: skip
+    Rule("gpu-node-fault", "infra", 5, _text_rule(_GPU_NODE, "the node's GPU stack is broken"), summary="NVML init failure, driver/library mismatch, GSP timeout, no CUDA/ROCm device detected"),  # fmt: skip
     # A watchdog timeout with nothing else in view is as often the program's (rank-0-only
     # evaluation or preprocessing, ranks with unequal batch counts) as a hung network: not a
     # confident infra verdict. A peer's own failure (SIGKILL, preemption, exception) decides
