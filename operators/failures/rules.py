@@ -129,11 +129,11 @@ _ENVIRONMENT = _rx(
     r"Unsupported \.version [\d.]+; current version is", r"Unable to find code object for all current devices",
     r"\bhipErrorNoBinaryForGpu\b", r"only supports Ampere GPUs or newer",
 )  # fmt: skip
-# The node's GPU stack is broken: driver/library mismatch, NVML, GSP firmware, fabric manager,
-# a GPU the device plugin marked unhealthy, a driver that cannot build for the node's kernel.
 # The runtime loaded and found no device (cudaErrorNoDevice, hipErrorNoDevice): the node's GPUs are gone or
 # its driver is broken. "No CUDA GPUs are available" (nothing allocated, a CPU-only build) is _NO_GPU_VISIBLE's.
 _NO_DEVICE = _rx(r"no (?:CUDA|ROCm)-capable device is detected", r"\b(?:cudaErrorNoDevice|hipErrorNoDevice|CUDA_ERROR_NO_DEVICE)\b")
+# The node's GPU stack is broken: driver/library mismatch, NVML, GSP firmware, fabric manager,
+# a GPU the device plugin marked unhealthy, a driver that cannot build for the node's kernel, no device.
 _GPU_NODE = _rx(
     r"Failed to initialize NVML", r"\bdriver/library version mismatch", r"NVRM: API mismatch", r"could not load NVML library",
     r"Timeout waiting for RPC from GSP", r"\bGSP (?:RPC )?[Tt]imeout", r"XidCriticalError", r"device (?:marked|will go) unhealthy",
