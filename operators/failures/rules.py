@@ -620,7 +620,7 @@ def _invalid_device(f: Evidence) -> Hit | None:
     """A GPU index that does not exist; not when no device was found at all (every index is invalid then)."""
     if _first(_NO_DEVICE, _all_texts(f)):
         return None
-    return _text_rule(_INVALID_DEVICE, "a GPU index that does not exist (device ordinal)")(f)
+    return _INVALID_DEVICE_HIT(f)
 
 
 def _illegal_memory_access(f: Evidence) -> Hit | None:
@@ -702,6 +702,9 @@ def _log_rule(pattern: re.Pattern[str], what: str) -> Matcher:
         return Hit(what, hit[0], _line_rank(hit[0]), focus=hit[1]) if hit else None
 
     return matcher
+
+
+_INVALID_DEVICE_HIT = _text_rule(_INVALID_DEVICE, "a GPU index that does not exist (device ordinal)")  # _invalid_device's
 
 
 # A refusal that says it is throttling (GitHub's and GCS's 403 "rate limit exceeded") is transient.
