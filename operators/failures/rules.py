@@ -319,6 +319,9 @@ def _judge_one(exc: Exc) -> catalogue.Judgement | None:
 
 
 def _is_infra_exc(exc: Exc) -> bool:
+    """The catalogue judges it infra, or its message names a broken GPU stack (user code that met one)."""
+    if _GPU_NODE.search(exc.message):
+        return True
     found = judge(exc)
     return found is not None and found[0] == "infra"
 
@@ -634,7 +637,7 @@ def _user_exception(f: Evidence) -> Hit | None:
     if f.record is not None and f.record.source_given and f.record.source is None:
         return None  # the trainer's record says this exception did not come from user code
     for exc in _candidate_exceptions(f):
-        if _is_infra_exc(exc) or _GPU_NODE.search(exc.message):  # user code that met a broken GPU stack
+        if _is_infra_exc(exc):
             continue
         frame = exc.user_frame()
         if frame is None:
@@ -791,7 +794,7 @@ RULES: tuple[Rule, ...] = (
     # 3. The trainer said why.
     Rule("trainer-preempted-exit", "infra", 3, _trainer_preempted, summary=f"trainer exit code {EXIT_PREEMPTED}"),
     Rule("trainer-config-error", "user", 3, _trainer_config_error, summary=f"error record source config / exit code {EXIT_CONFIG_ERROR}"),
-    Rule("trainer-user-error", "user", 3, _trainer_user_record, summary="error record source user"),
+    Rule("trainer-user-error", "user", 3, _trainer_user_record, summary="error record source user, its exception not infra nor a broken GPU stack"),
     # 4. An exception from the training process.
     Rule("cuda-oom", "user", 4, _cuda_oom, summary="device out of memory (CUDA, NCCL, XLA, TF)"),
     Rule("host-oom", "user", 4, _text_rule(_HOST_OOM, "the kernel's OOM killer: the job needs more memory than it asked for"), summary="oom-killer, memory cgroup out of memory"),  # fmt: skip

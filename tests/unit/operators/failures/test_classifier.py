@@ -347,3 +347,19 @@ def test_the_docs_rule_table_is_current():
     spec.loader.exec_module(module)
     docs = (PROJECT_ROOT / "docs" / "failures.md").read_text()
     assert module.rule_table() in docs, "regenerate it: python benchmarks/classifier.py --rule-table"
+
+
+@pytest.mark.parametrize("message", [
+    "RuntimeError: CUDA error: no CUDA-capable device is detected",
+    "RuntimeError: Failed to initialize NVML: Driver/library version mismatch",
+])  # fmt: skip
+def test_a_trainer_record_of_user_code_that_met_a_broken_gpu_stack_is_infra(message: str):
+    """The trainer records source `user` for any exception raised inside the user's code; one whose
+    message names a broken GPU stack is the node's, as it is when read from the raw log alone."""
+    name, _, text = message.partition(": ")
+    callstack = ("Traceback (most recent call last):\n  File \"/work/mytrain.py\", line 12, in main\n"
+                 "    model = model.cuda()\n" + f"{message}\n")  # fmt: skip
+    evidence = {"exit_code": 1, "error_file": {"message": {"message": message, "extraInfo": {
+        "py_callstack": callstack, "exc_type": name, "source": "user", "rank": 0, "step": 0}}}}  # fmt: skip
+    verdict = classify(evidence, precedents=False)
+    assert (verdict.kind, verdict.rule) == ("infra", "gpu-node-fault"), verdict.reason
