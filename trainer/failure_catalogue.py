@@ -212,6 +212,7 @@ NETWORK = _rx(
     r"(?:read|write|connect) operation timed out", r"Connection aborted", r"Software caused connection abort",
     r"\bECONNABORTED\b", r"no route to host", r"TLS handshake timeout", r"\bdial tcp [^\n]{0,80}(?:timeout|refused|reset)",
     r"\bConnectTimeoutError\b", r"\(connect timeout=[\d.]+\)",
+    r"Socket timed out on send/recv operation",  # Slurm's controller did not answer (overloaded): not the request's fault
 )  # fmt: skip
 # HTTP status classes: 5xx (but 501/505), 429 and 408 are transient; said by a remote service.
 HTTP_TRANSIENT = _rx(

@@ -171,7 +171,8 @@ _CONFIG_INVALID = _rx(
     r"\b\d+ validation errors? for \w+",  # pydantic
     r"(?m:^\S{1,256}: error: (?:unrecognized arguments|argument \S+: (?:invalid|expected|ambiguous)|the following arguments are required))",
     # Slurm refuses the submission: the request names nodes, GPUs or options this cluster lacks
-    r"Requested node configuration is not available", r"Batch job submission failed", r"no longer acceptable, please",
+    r"Requested node configuration is not available", r"no longer acceptable, please",
+    r"Batch job submission failed(?!: Socket timed out)",  # a timeout is the controller's (catalogue NETWORK)
     r"resource requirement has exceeded the node size",  # an Azure ML instance type larger than its nodes
     # Ray's autoscaler: no node type of the cluster could ever hold the request (not a shortage)
     r"No available node types can fulfill resource request",

@@ -184,6 +184,10 @@ SPENT_SPLIT_WORDINGS = [
     ("OSError: [Errno 30] Read-only file system: '/mnt/results/run-7'", "user", "launch-config-error"),
     ("cp: cannot create regular file '/opt/app/model.bin': Read-only file system", "user", "launch-config-error"),
     ("wandb: ERROR It appears that you do not have permission to access the requested resource. Please reach out to the project owner to grant you access. If you have the correct permissions, verify that there are no issues with your networking setup.(Error 404: Not Found)", "user", "request-refused"),
+    # holdout15's look: Slurm's controller did not answer in time (overloaded); a refused submission stays the user's
+    ("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation", "infra", "transient-network"),
+    ("srun: error: slurm_receive_msg: Socket timed out on send/recv operation\nsrun: error: Unable to confirm allocation for job 4242", "infra", "transient-network"),
+    ("sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified", "user", "config-invalid"),
 ]
 
 
