@@ -11,8 +11,10 @@
 # Put the digest the push prints into the gangflow chart's training.image.digest.
 #
 # Layers: the platform layer (Python 3.11 and the trainer's third-party wheels at the versions of
-# constraints.txt) changes only with constraints.txt; the project layer (the gangflow package and
-# params.yaml) changes with every commit and rebuilds in seconds.
+# constraints.txt, about 1.5 GB) changes only with constraints.txt; the project layers (the gangflow
+# package with its CRD schemas and failure corpus, params.yaml, the pipelines' configs, the examples)
+# change with every commit and weigh about 12 MB, all a commit pushes and pulls
+# (tests/system/images/test_images.py).
 # torch==2.13.0 from PyPI is the CUDA build on linux/amd64; torch pins its nvidia-* wheels itself.
 # `make images` (operators/cli/images.py) builds it with podman instead: from a Debian base it makes
 # itself when PYTHON_IMAGE cannot be pulled, with the wheels this machine's pip resolves (the CPU
@@ -23,7 +25,7 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:0000000000000000000000000000000000000000000000000000000000000000
 
 # ---------------------------------------------------------------------------------------------------
-FROM ${PYTHON_IMAGE} AS builder
+FROM ${PYTHON_IMAGE} AS platform
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -41,15 +43,20 @@ RUN --mount=type=secret,id=ca,required=false \
  && pip install ${WHEELHOUSE:+--find-links "$WHEELHOUSE"} "pip==25.3" \
  && pip install ${WHEELHOUSE:+--find-links "$WHEELHOUSE"} -c constraints.txt -r training-requirements.txt
 
-# Project layer: the gangflow package (packages operators and trainer). --no-deps keeps Airflow,
-# DVC and Great Expectations (the orchestration side) out of the rank image; --no-build-isolation
-# builds it with the venv's setuptools (torch requires it), so this layer needs no index.
+# The gangflow package (packages operators and trainer), installed into a folder of its own that the
+# runtime stage lays over the venv's site-packages as one small layer. --no-deps keeps Airflow, DVC
+# and Great Expectations (the orchestration side) out of the rank image; --no-build-isolation builds
+# it with the venv's setuptools (torch requires it), so this stage needs no index.
+FROM platform AS project
 COPY pyproject.toml README.md ./
 COPY operators/ operators/
 COPY trainer/ trainer/
-RUN pip install --no-deps --no-build-isolation . \
- && python -m trainer --help > /dev/null \
- && pip uninstall -y setuptools wheel pip
+RUN pip install --no-deps --no-build-isolation --target /opt/gangflow . \
+ && PYTHONPATH=/opt/gangflow python -m trainer --help > /dev/null
+
+# The venv the ranks run: the platform's, without the tools that install packages.
+FROM platform AS venv
+RUN pip uninstall -y setuptools wheel pip
 
 # ---------------------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
@@ -59,7 +66,9 @@ LABEL org.opencontainers.image.title="gangflow-training" \
 # Non-root user; the chart's training.runAsUser/runAsGroup/fsGroup (10001) match it.
 RUN groupadd --system --gid 10001 gangflow \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin gangflow
-COPY --from=builder /opt/venv /opt/venv
+COPY --from=venv /opt/venv /opt/venv
+# The project layer: the package over the venv's site-packages (Python 3.11, as PYTHON_IMAGE's).
+COPY --from=project /opt/gangflow/ /opt/venv/lib/python3.11/site-packages/
 WORKDIR /app
 COPY params.yaml /app/params.yaml
 # The other pipelines' trainer configs (pipelines/trainer/*.yaml), named relative to /app by the DAGs.

@@ -77,7 +77,7 @@ def parse_runtime_stage(text: str, stage: str = RUNTIME_STAGE) -> tuple[dict[str
         elif word == "COPY":
             parts = shlex.split(rest)
             if any(p.startswith("--from") for p in parts):
-                continue  # the builder's output: the packages, i.e. IMAGE_VENV
+                continue  # the venv and the package from earlier stages, i.e. IMAGE_VENV
             *sources, dest = [p for p in parts if not p.startswith("--")]
             for src in sources:
                 # `COPY dir/ /target/` puts the folder's contents in /target (as Docker does)

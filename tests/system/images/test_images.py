@@ -79,35 +79,64 @@ def test_images_are_tagged_and_identified_by_digest(built, images_home):
     assert images["training"]["size_bytes"] < 2.5e9  # the CPU torch, not the CUDA one (about 6 GB)
 
 
-def _layer_findings(home: Path, ref: str, folder: Path) -> list[str]:
-    """Every file of every layer of `ref` that is a build secret, a copy of the host's CA bundle or
-    a pip configuration (podman save: a docker-archive whose layers are tar files)."""
+def _save_layers(home: Path, ref: str, folder: Path) -> list[dict]:
+    """Each layer of `ref`, the base's first (podman save: a docker-archive whose layers are tar
+    files): its size, its files, and those of them that are a copy of the host's CA bundle."""
     archive = folder / "image.tar"
     podman(home, "save", "--format", "docker-archive", "--output", str(archive), ref, timeout=600)
     ca_size = HOST_CA.stat().st_size if HOST_CA.exists() else -1
     ca_sha = hashlib.sha256(HOST_CA.read_bytes()).hexdigest() if HOST_CA.exists() else ""
-    findings = []
+    layers = []
     with tarfile.open(archive) as outer:
-        layers = [m for m in outer.getmembers() if m.name.endswith(".tar")]
-        assert layers, "podman save wrote no layers"
-        for layer in layers:
+        (manifest,) = json.load(outer.extractfile("manifest.json"))
+        for layer in (outer.getmember(name) for name in manifest["Layers"]):  # the base's first
+            files, ca_copies = [], []
             with tarfile.open(fileobj=outer.extractfile(layer)) as inner:
                 for member in inner:
-                    name = member.name.lstrip("./")
                     if member.isdir():  # an empty mount point (/run/secrets, /wheelhouse) holds nothing
                         continue
-                    if name.startswith("run/secrets") or name.endswith(("pip.conf", "pip/pip.ini")) or "/wheelhouse/" in "/" + name:
-                        findings.append(f"{layer.name}: {name}")
-                    elif member.isfile() and member.size == ca_size:
-                        if hashlib.sha256(inner.extractfile(member).read()).hexdigest() == ca_sha:
-                            findings.append(f"{layer.name}: {name} is the host's CA bundle")
+                    files.append(member.name.lstrip("./"))
+                    if member.isfile() and member.size == ca_size and hashlib.sha256(inner.extractfile(member).read()).hexdigest() == ca_sha:
+                        ca_copies.append(files[-1])
+            layers.append({"name": layer.name, "size": layer.size, "files": files, "ca_copies": ca_copies})
     archive.unlink()
-    return findings
+    assert layers, "podman save wrote no layers"
+    return layers
+
+
+@pytest.fixture(scope="session")
+def image_layers(built, images_home, tmp_path_factory):
+    """`_save_layers` of the image named, saved once a session."""
+    saved: dict[str, list[dict]] = {}
+
+    def layers(name: str) -> list[dict]:
+        if name not in saved:
+            saved[name] = _save_layers(images_home, built["images"][name]["reference"], tmp_path_factory.mktemp(f"layers-{name}"))
+        return saved[name]
+
+    return layers
 
 
 @pytest.mark.parametrize("name", ["training", "airflow"])
-def test_no_layer_holds_a_secret_the_ca_bundle_or_a_pip_config(built, images_home, tmp_path, name):
-    assert _layer_findings(images_home, built["images"][name]["reference"], tmp_path) == []
+def test_no_layer_holds_a_secret_the_ca_bundle_or_a_pip_config(image_layers, name):
+    findings = []
+    for layer in image_layers(name):
+        findings += [f"{layer['name']}: {f}" for f in layer["files"]
+                     if f.startswith("run/secrets") or f.endswith(("pip.conf", "pip/pip.ini")) or "/wheelhouse/" in "/" + f]
+        findings += [f"{layer['name']}: {f} is the host's CA bundle" for f in layer["ca_copies"]]
+    assert findings == []
+
+
+def test_a_code_change_rebuilds_only_a_small_layer_of_the_training_image(image_layers):
+    """The gangflow package is a layer of its own above the platform's venv (torch and the other
+    wheels), so a commit pushes and pulls about 12 MB (the package with its CRD schemas and failure
+    corpus), not the venv's 1.5 GB."""
+    layers = image_layers("training")
+    holding = lambda suffix: [layer for layer in layers if any(f.endswith(suffix) for f in layer["files"])]  # noqa: E731
+    (package,) = holding("site-packages/trainer/__init__.py")
+    (torch,) = holding("site-packages/torch/__init__.py")
+    assert package["name"] != torch["name"] and package["size"] < 20e6, f"gangflow's layer: {package['size']} bytes, torch's {torch['size']}"
+    assert layers.index(package) > layers.index(torch)  # above it: the venv's layer stays cached across commits
 
 
 def test_training_image_has_no_compiler_no_airflow_its_frameworks_and_the_files_the_pods_name(built, images_home):

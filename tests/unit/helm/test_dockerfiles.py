@@ -77,8 +77,11 @@ def test_base_images_are_pinned_by_digest_and_never_latest(docker_dir, name):
     steps = instructions(docker_dir / name)
     for _, image in [s for s in steps if s[0] == "ARG" and "_IMAGE=" in s[1]]:
         assert re.search(r"@sha256:[0-9a-f]{64}$", image), image
+    earlier_stages = set()
     for _, args in [s for s in steps if s[0] == "FROM"]:
-        assert args.split()[0].startswith("${"), f"FROM {args}: use the digest-pinned ARG"
+        base = args.split()[0]
+        assert base.startswith("${") or base in earlier_stages, f"FROM {args}: use the digest-pinned ARG or an earlier stage"
+        earlier_stages.add(args.split()[-1])
 
 
 def test_python_version_matches_pyproject_and_constraints(training, airflow, pyproject, project_root):
@@ -90,22 +93,27 @@ def test_python_version_matches_pyproject_and_constraints(training, airflow, pyp
 
 
 def test_training_image_is_multi_stage_with_a_venv_and_no_build_tools_at_runtime(training):
-    builder, runtime = stages(training)
-    assert builder[0][1].endswith("AS builder") and runtime[0][1].endswith("AS runtime")
-    builder_runs = " ".join(a for i, a in builder if i == "RUN")
-    assert "python -m venv /opt/venv" in builder_runs
-    assert "-c constraints.txt" in builder_runs and "-r training-requirements.txt" in builder_runs
-    assert "pip install --no-deps --no-build-isolation ." in builder_runs  # offline: setuptools is in the venv (torch needs it)
+    platform, project, venv, runtime = stages(training)
+    assert [stage[0][1].split()[-1] for stage in (platform, project, venv, runtime)] == ["platform", "project", "venv", "runtime"]
+    platform_runs = " ".join(a for i, a in platform if i == "RUN")
+    assert "python -m venv /opt/venv" in platform_runs
+    assert "-c constraints.txt" in platform_runs and "-r training-requirements.txt" in platform_runs
+    # the package apart from the venv, both from the platform stage: a code change leaves the venv's layer cached
+    assert project[0][1] == "platform AS project" and venv[0][1] == "platform AS venv"
+    project_runs = " ".join(a for i, a in project if i == "RUN")
+    assert "pip install --no-deps --no-build-isolation --target /opt/gangflow ." in project_runs  # offline: setuptools is in the venv (torch needs it)
+    assert "pip uninstall -y setuptools wheel pip" in " ".join(a for i, a in venv if i == "RUN")
     runtime_runs = " ".join(a for i, a in runtime if i == "RUN")
     assert not re.search(r"apt-get|apk |gcc|build-essential|pip install", runtime_runs)
-    assert ("COPY", "--from=builder /opt/venv /opt/venv") in runtime
+    copies = [a for i, a in runtime if i == "COPY"]
+    assert copies.index("--from=venv /opt/venv /opt/venv") < copies.index("--from=project /opt/gangflow/ /opt/venv/lib/python3.11/site-packages/")
     assert ("WORKDIR", "/app") in runtime
     assert ("COPY", "params.yaml /app/params.yaml") in runtime
     assert ("ENTRYPOINT", '["torchrun"]') in runtime
 
 
 def test_training_image_runs_as_the_uid_the_chart_expects(training, chart):
-    _, runtime = stages(training)
+    *_, runtime = stages(training)
     users = [a for i, a in runtime if i == "USER"]
     assert users == ["10001:10001"]
     assert "--uid 10001" in " ".join(a for i, a in runtime if i == "RUN")
