@@ -356,7 +356,7 @@ def test_the_docs_rule_table_is_current():
 def test_a_trainer_record_of_user_code_that_met_a_broken_gpu_stack_is_infra(message: str):
     """The trainer records source `user` for any exception raised inside the user's code; one whose
     message names a broken GPU stack is the node's, as it is when read from the raw log alone."""
-    name, _, text = message.partition(": ")
+    name = message.partition(": ")[0]
     callstack = ("Traceback (most recent call last):\n  File \"/work/mytrain.py\", line 12, in main\n"
                  "    model = model.cuda()\n" + f"{message}\n")  # fmt: skip
     evidence = {"exit_code": 1, "error_file": {"message": {"message": message, "extraInfo": {
