@@ -214,6 +214,8 @@ NETWORK = _rx(
     r"\bConnectTimeoutError\b", r"\(connect timeout=[\d.]+\)",
     r"Socket timed out on send/recv operation",  # Slurm's controller did not answer (overloaded): not the request's fault
 )  # fmt: skip
+# A download quota that clears by itself: Google Drive's per-file limit (gdown prints it under "Access denied").
+DOWNLOAD_QUOTA = _rx(r"Too many users have viewed or downloaded this file recently")
 # HTTP status classes: 5xx (but 501/505), 429 and 408 are transient; said by a remote service.
 HTTP_TRANSIENT = _rx(
     r"\b(?:HTTP(?:/\d(?:\.\d)?)?(?: Error)?|[Ss]tatus(?: [Cc]ode)?|response code|error code|returned)[ :=]*(?:429|408|50[02346789]|5[1-9]\d)\b",
@@ -226,6 +228,7 @@ HTTP_TRANSIENT = _rx(
     r"\btoomanyrequests\b",
     # a 403 that says it is throttling (GitHub's API, GCS's rateLimitExceeded) is a 429 in disguise
     r"\b403\b[^\n]{0,60}\b(?:rate ?limit|rateLimitExceeded)",
+    DOWNLOAD_QUOTA.pattern,
 )  # fmt: skip
 # Every family together: a message matching it names a transient condition.
 TRANSIENT_MESSAGE = re.compile(

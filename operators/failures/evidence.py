@@ -583,6 +583,7 @@ def _parse_record(value: Any, log_limit: int = MAX_LOG) -> ErrorRecord | None:
         stack = parse_tracebacks(callstack) if "Traceback" in callstack else []
         if stack and stack[-1].frames == exc.frames[-len(stack[-1].frames) :]:
             exc.code = stack[-1].code
+            exc.chain = stack[-1].chain  # `raise ... from exc`: the causes are judged as a raw log's are
     source = text(pick("source"), 32).strip().lower() or None
     given = any("source" in d for d in sources)
     return ErrorRecord(exc, integer(pick("rank")), integer(pick("step")), source, callstack, given)

@@ -320,8 +320,8 @@ def _judge_one(exc: Exc) -> catalogue.Judgement | None:
 
 
 def _is_infra_exc(exc: Exc) -> bool:
-    """The catalogue judges it infra, or its message names a broken GPU stack (user code that met one)."""
-    if _GPU_NODE.search(exc.message):
+    """The catalogue judges it infra, or a message of its chain names a broken GPU stack (user code that met one)."""
+    if any(_GPU_NODE.search(link.message) for link in exc.all()):
         return True
     found = judge(exc)
     return found is not None and found[0] == "infra"
@@ -531,6 +531,8 @@ def _create_container_config_error(f: Evidence) -> Hit | None:
 # Slurm's word on a cancelled job or step: "slurmstepd: error: *** JOB 1234 ON node7 CANCELLED AT
 # 2024-01-01T00:00:00 DUE TO TIME LIMIT ***" (also DUE TO PREEMPTION / NODE FAILURE).
 _SLURM_CANCELLED = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO (TIME LIMIT|PREEMPTION)")
+# Nextflow's word on a task past the `time` directive the pipeline's configuration gives it.
+_NEXTFLOW_TIME_LIMIT = re.compile(r"Process exceeded running time limit \(\S{1,32}\)")
 
 
 def _slurm_cancelled(f: Evidence, why: str) -> Hit | None:
@@ -546,7 +548,10 @@ def _deadline_exceeded(f: Evidence) -> Hit | None:
         # a pod's activeDeadlineSeconds, or gangflow's own stop at training.max_run_time_seconds
         return Hit("reason DeadlineExceeded: the gang's run-time limit was reached", f.pod_message)
     hit = _slurm_cancelled(f, "TIME LIMIT")
-    return Hit(hit.what + " (the job's --time is too short)", hit.excerpt, focus=hit.focus) if hit else None
+    if hit:
+        return Hit(hit.what + " (the job's --time is too short)", hit.excerpt, focus=hit.focus)
+    found = _first(_NEXTFLOW_TIME_LIMIT, f.log_texts)
+    return Hit("Nextflow: the process ran past its time directive", found[0], focus=found[1]) if found else None
 
 
 def _trainer_preempted(f: Evidence) -> Hit | None:
@@ -716,8 +721,10 @@ _THROTTLED = _rx(r"rate ?limit", r"\brateLimitExceeded\b", r"\bthrottl\w*", r"\b
 
 
 def _request_refused(f: Evidence) -> Hit | None:
-    hit = _first(_REQUEST_REFUSED, _all_texts(f))
-    if hit is None or _THROTTLED.search(hit[0]):
+    texts = _all_texts(f)
+    hit = _first(_REQUEST_REFUSED, texts)
+    # gdown prints Drive's download quota on the lines after its "Access denied"
+    if hit is None or _THROTTLED.search(hit[0]) or _first(catalogue.DOWNLOAD_QUOTA, texts):
         return None
     return Hit("storage/API refused the request (credentials, permissions, missing bucket)", hit[0], _line_rank(hit[0]), focus=hit[1])
 
@@ -791,7 +798,7 @@ RULES: tuple[Rule, ...] = (
     Rule("image-missing", "user", 2, _image_missing, summary="pull failed: manifest unknown / not found / unauthorized"),
     Rule("image-pull-failed", "user", 2, _image_pull_failed, summary="ErrImagePull / ImagePullBackOff, no throttling"),
     Rule("container-config-error", "user", 2, _create_container_config_error, summary="CreateContainerConfigError"),
-    Rule("deadline-exceeded", "user", 2, _deadline_exceeded, summary="pod reason DeadlineExceeded, Slurm DUE TO TIME LIMIT"),
+    Rule("deadline-exceeded", "user", 2, _deadline_exceeded, summary="pod reason DeadlineExceeded, Slurm DUE TO TIME LIMIT, Nextflow's time directive"),
     # 3. The trainer said why.
     Rule("trainer-preempted-exit", "infra", 3, _trainer_preempted, summary=f"trainer exit code {EXIT_PREEMPTED}"),
     Rule("trainer-config-error", "user", 3, _trainer_config_error, summary=f"error record source config / exit code {EXIT_CONFIG_ERROR}"),

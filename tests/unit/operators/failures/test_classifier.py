@@ -363,3 +363,21 @@ def test_a_trainer_record_of_user_code_that_met_a_broken_gpu_stack_is_infra(mess
         "py_callstack": callstack, "exc_type": name, "source": "user", "rank": 0, "step": 0}}}}  # fmt: skip
     verdict = classify(evidence, precedents=False)
     assert (verdict.kind, verdict.rule) == ("infra", "gpu-node-fault"), verdict.reason
+
+
+@pytest.mark.parametrize(("cause", "rule"), [
+    ("RuntimeError: CUDA error: no CUDA-capable device is detected", "gpu-node-fault"),
+    ("ConnectionResetError: [Errno 104] Connection reset by peer", "peer-connection-lost"),
+])  # fmt: skip
+def test_a_trainer_record_of_user_code_wrapping_an_infra_cause_is_judged_by_the_cause(cause: str, rule: str):
+    """User code that wraps the error (`raise ... from exc`): the cause in the record's chain decides,
+    as it does in a raw log's chained traceback and in the trainer's own judgement of a live exception."""
+    callstack = ("Traceback (most recent call last):\n  File \"/work/mytrain.py\", line 12, in main\n    model = setup()\n"
+                 f"{cause}\n\nThe above exception was the direct cause of the following exception:\n\n"
+                 "Traceback (most recent call last):\n  File \"/work/mytrain.py\", line 30, in <module>\n"
+                 "    raise RuntimeError(\"could not set up the model\") from exc\n"
+                 "RuntimeError: could not set up the model\n")  # fmt: skip
+    evidence = {"exit_code": 1, "error_file": {"message": {"message": "could not set up the model", "extraInfo": {
+        "py_callstack": callstack, "exc_type": "RuntimeError", "source": "user", "rank": 0, "step": 0}}}}  # fmt: skip
+    verdict = classify(evidence, precedents=False)
+    assert (verdict.kind, verdict.rule) == ("infra", rule), verdict.reason

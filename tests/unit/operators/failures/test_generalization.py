@@ -188,6 +188,12 @@ SPENT_SPLIT_WORDINGS = [
     ("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation", "infra", "transient-network"),
     ("srun: error: slurm_receive_msg: Socket timed out on send/recv operation\nsrun: error: Unable to confirm allocation for job 4242", "infra", "transient-network"),
     ("sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified", "user", "config-invalid"),
+    # holdout16's look: Google Drive's per-file download quota clears within a day (gdown prints it
+    # under "Access denied"); a file not shared stays the user's. A Nextflow process past the run's
+    # own time limit is the user's, as Slurm's TIME LIMIT is.
+    ("gdown.exceptions.FileURLRetrievalError: Access denied with the following error:\n\n \tToo many users have viewed or downloaded this file recently. Please\n\ttry accessing the file again later.", "infra", "remote-service-unavailable"),
+    ("gdown.exceptions.FileURLRetrievalError: Access denied with the following error:\n\n \tYou do not have permission to access this file.", "user", "request-refused"),
+    ("ERROR ~ Error executing process > 'NFCORE_RNASEQ:ALIGN (sample_3)'\n\nCaused by:\n  Process exceeded running time limit (4h)", "user", "deadline-exceeded"),
 ]
 
 
