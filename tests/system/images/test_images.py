@@ -132,7 +132,10 @@ def test_a_code_change_rebuilds_only_a_small_layer_of_the_training_image(image_l
     wheels), so a commit pushes and pulls about 12 MB (the package with its CRD schemas and failure
     corpus), not the venv's 1.5 GB."""
     layers = image_layers("training")
-    holding = lambda suffix: [layer for layer in layers if any(f.endswith(suffix) for f in layer["files"])]  # noqa: E731
+
+    def holding(suffix: str) -> list[dict]:
+        return [layer for layer in layers if any(f.endswith(suffix) for f in layer["files"])]
+
     (package,) = holding("site-packages/trainer/__init__.py")
     (torch,) = holding("site-packages/torch/__init__.py")
     assert package["name"] != torch["name"] and package["size"] < 20e6, f"gangflow's layer: {package['size']} bytes, torch's {torch['size']}"

@@ -349,6 +349,12 @@ def test_the_docs_rule_table_is_current():
     assert module.rule_table() in docs, "regenerate it: python benchmarks/classifier.py --rule-table"
 
 
+def _user_code_record(message: str, exc_type: str, callstack: str) -> dict:
+    """The evidence of a rank whose training code raised: exit code 1 and the trainer's record, source `user`."""
+    return {"exit_code": 1, "error_file": {"message": {"message": message, "extraInfo": {
+        "py_callstack": callstack, "exc_type": exc_type, "source": "user", "rank": 0, "step": 0}}}}  # fmt: skip
+
+
 @pytest.mark.parametrize("message", [
     "RuntimeError: CUDA error: no CUDA-capable device is detected",
     "RuntimeError: Failed to initialize NVML: Driver/library version mismatch",
@@ -359,9 +365,7 @@ def test_a_trainer_record_of_user_code_that_met_a_broken_gpu_stack_is_infra(mess
     name = message.partition(": ")[0]
     callstack = ("Traceback (most recent call last):\n  File \"/work/mytrain.py\", line 12, in main\n"
                  "    model = model.cuda()\n" + f"{message}\n")  # fmt: skip
-    evidence = {"exit_code": 1, "error_file": {"message": {"message": message, "extraInfo": {
-        "py_callstack": callstack, "exc_type": name, "source": "user", "rank": 0, "step": 0}}}}  # fmt: skip
-    verdict = classify(evidence, precedents=False)
+    verdict = classify(_user_code_record(message, name, callstack), precedents=False)
     assert (verdict.kind, verdict.rule) == ("infra", "gpu-node-fault"), verdict.reason
 
 
@@ -377,7 +381,5 @@ def test_a_trainer_record_of_user_code_wrapping_an_infra_cause_is_judged_by_the_
                  "Traceback (most recent call last):\n  File \"/work/mytrain.py\", line 30, in <module>\n"
                  "    raise RuntimeError(\"could not set up the model\") from exc\n"
                  "RuntimeError: could not set up the model\n")  # fmt: skip
-    evidence = {"exit_code": 1, "error_file": {"message": {"message": "could not set up the model", "extraInfo": {
-        "py_callstack": callstack, "exc_type": "RuntimeError", "source": "user", "rank": 0, "step": 0}}}}  # fmt: skip
-    verdict = classify(evidence, precedents=False)
+    verdict = classify(_user_code_record("could not set up the model", "RuntimeError", callstack), precedents=False)
     assert (verdict.kind, verdict.rule) == ("infra", rule), verdict.reason
