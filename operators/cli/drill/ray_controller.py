@@ -39,6 +39,7 @@ Where the drill differs from KubeRay (stated, not hidden):
 from __future__ import annotations
 
 import copy
+import http.client
 import json
 import time
 import urllib.error
@@ -112,7 +113,7 @@ class Dashboard:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             return exc.code, b""
-        except (OSError, ValueError):
+        except (OSError, ValueError, http.client.HTTPException):  # HTTPException: not an HTTP server there
             return 0, b""
 
     def healthy(self, port: int, path: str) -> bool:

@@ -248,3 +248,28 @@ def test_the_kubelet_maps_mounted_paths_in_shell_text_and_a_claim_to_one_shared_
         emu._claim_volume(pod, volume)
     api.put("", "persistentvolumeclaims", {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "ckpt", "namespace": NS}})
     assert emu._claim_volume(pod, volume) == emu._claim_volume({"metadata": {"namespace": NS}}, volume) == tmp_path / "pods" / ".claims" / "ckpt"
+
+
+def test_a_port_that_answers_other_than_http_is_not_ready():
+    # a node's agent port answered by another server (a raylet's gRPC, on one machine): the probe
+    # fails, as a kubelet's would, instead of raising inside the cluster's loop at every period
+    import socket
+    import threading
+
+    from operators.cli.drill.ray_controller import Dashboard
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+
+        def answer_in_grpc_frames():
+            for _ in range(2):
+                conn, _ = server.accept()
+                with conn:
+                    conn.recv(4096)
+                    conn.sendall(b"\x00\x00\x12\x04\x00\x00\x00\x00\x00garbage-not-http\r\n\r\n")
+
+        threading.Thread(target=answer_in_grpc_frames, daemon=True).start()
+        port = server.getsockname()[1]
+        assert Dashboard().healthy(port, "/api/healthz") is False
+        assert Dashboard().job(port, "raysubmit_1") is None
