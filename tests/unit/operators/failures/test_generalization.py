@@ -194,6 +194,11 @@ SPENT_SPLIT_WORDINGS = [
     ("gdown.exceptions.FileURLRetrievalError: Access denied with the following error:\n\n \tToo many users have viewed or downloaded this file recently. Please\n\ttry accessing the file again later.", "infra", "remote-service-unavailable"),
     ("gdown.exceptions.FileURLRetrievalError: Access denied with the following error:\n\n \tYou do not have permission to access this file.", "user", "request-refused"),
     ("ERROR ~ Error executing process > 'NFCORE_RNASEQ:ALIGN (sample_3)'\n\nCaused by:\n  Process exceeded running time limit (4h)", "user", "deadline-exceeded"),
+    # holdout17+18's look: a server whose own TLS certificate expired (its owner renews it; 4 of 4
+    # spent cases infra); a certificate the client does not trust stays the user's.
+    ("urllib.error.URLError: <urlopen error [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: certificate has expired (_ssl.c:1129)>", "infra", "server-certificate-expired"),
+    ("curl: (60) SSL certificate problem: certificate has expired", "infra", "server-certificate-expired"),
+    ("requests.exceptions.SSLError: HTTPSConnectionPool(host='storage.example.org', port=443): Max retries exceeded (Caused by SSLError(SSLCertVerificationError(1, '[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local issuer certificate (_ssl.c:1006)')))", "user", "tls-certificate"),
 ]
 
 
