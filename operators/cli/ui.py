@@ -10,11 +10,9 @@ every Airflow process with it.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +22,7 @@ from pathlib import Path
 from operators.config import embedded
 
 from operators.config import settings
-from operators.utils.ports import free_port
+from operators.utils.ports import free_port, port_is_free
 from operators.utils.processes import stop_tree, tagged_env
 
 # Components `wait_healthy` waits for (the triggerer is not needed to run train_pipeline).
@@ -43,18 +41,6 @@ def admin_password(timeout_s: float = 120.0) -> str:
         except (FileNotFoundError, ValueError, KeyError):  # not there yet, or being written
             time.sleep(0.5)
     raise TimeoutError(f"no password for 'admin' in {password_file()} after {timeout_s:.0f}s")
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return False
-            raise
-    return True
 
 
 def _log_server_port(default: int, taken: set[int]) -> int:

@@ -41,7 +41,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         port = random.randrange(FLOOR, low)
         if port in _claims or not _claim(port):
             continue
-        if _bindable(host, port) and _bindable("0.0.0.0", port):
+        if port_is_free(port, host) and port_is_free(port, "0.0.0.0"):
             return port
         _release(port)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -49,8 +49,10 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def _bindable(host: str, port: int) -> bool:
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Nothing listens on `port` at `host` (a port in TIME_WAIT counts as free: servers reuse it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:
