@@ -241,6 +241,34 @@ def worker_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:
     return {k: environ[k] for k in names if k in environ}
 
 
+RAY_TEMP_PREFIX = "gf-ray-"
+
+
+def sweep_ray_temp(base: Path, *, empty_after_s: float = 3600.0) -> list[Path]:
+    """Remove the short /tmp names a killed drill left in `base` (see `Drill._short_tmp`): this
+    user's folders whose links all dangle (their pods' folders are gone), or empty ones older than
+    `empty_after_s`. A live drill's links resolve, so its folder stays; links are never followed."""
+    removed = []
+    for folder in base.glob(f"{RAY_TEMP_PREFIX}*"):
+        try:
+            info = folder.lstat()
+            entries = list(folder.iterdir()) if folder.is_dir() and not folder.is_symlink() else None
+        except OSError:
+            continue
+        if entries is None or info.st_uid != os.getuid():
+            continue
+        stale = all(e.is_symlink() and not e.exists() for e in entries) if entries else time.time() - info.st_mtime > empty_after_s
+        if stale:
+            for entry in entries:
+                entry.unlink(missing_ok=True)
+            try:
+                folder.rmdir()
+            except OSError:  # something new appeared in it: not ours to remove
+                continue
+            removed.append(folder)
+    return removed
+
+
 class Drill:
     """Owns every server, thread and process of one drill; `close()` ends them all."""
 
@@ -431,8 +459,10 @@ class Drill:
         object store, the dashboard's forkserver) live under TMPDIR, and a socket path may not
         exceed 107 bytes. Not under /tmp, which the kubelet maps to the pod's own /tmp."""
         if self._ray_temp is None:
-            base = "/var/tmp" if os.access("/var/tmp", os.W_OK) else "/dev/shm"
-            self._ray_temp = Path(tempfile.mkdtemp(prefix="gf-ray-", dir=base))
+            base = Path("/var/tmp" if os.access("/var/tmp", os.W_OK) else "/dev/shm")
+            for folder in sweep_ray_temp(base):
+                echo(f"drill: removed {folder}, left by a drill that was killed")
+            self._ray_temp = Path(tempfile.mkdtemp(prefix=RAY_TEMP_PREFIX, dir=base))
         link = self._ray_temp / str(len(list(self._ray_temp.iterdir())))
         link.symlink_to(folder, target_is_directory=True)
         return link

@@ -265,3 +265,25 @@ def test_differences_list_what_was_rewritten():
 
     assert differences(["a", "--h=x:1", "/app/p"], ["a", "--h=127.0.0.1:1", "/i/app/p"]) == [("--h=x:1", "--h=127.0.0.1:1"), ("/app/p", "/i/app/p")]
     assert differences({"HOME": "/tmp", "A": "1"}, {"HOME": "/p/tmp", "A": "1", "EXTRA": "x"}) == [("HOME=/tmp", "HOME=/p/tmp")]
+
+
+def test_a_killed_drills_ray_temp_folder_is_swept_and_a_live_ones_stays(tmp_path):
+    # CI ran on a machine where a killed drill had left /var/tmp/gf-ray-*: the next drill tidies it
+    from operators.cli.drill.run import sweep_ray_temp
+
+    pods = tmp_path / "pods"
+    (pods / "head").mkdir(parents=True)
+    base = tmp_path / "var-tmp"
+    dead, live, old_empty, new_empty, foreign = (base / f"gf-ray-{n}" for n in ("dead", "live", "old", "new", "file"))
+    for folder in (dead, live, old_empty, new_empty, foreign):
+        folder.mkdir(parents=True)
+    (dead / "0").symlink_to(tmp_path / "gone", target_is_directory=True)
+    (live / "0").symlink_to(pods / "head", target_is_directory=True)
+    (live / "1").symlink_to(tmp_path / "gone-too", target_is_directory=True)  # one live link keeps it
+    (foreign / "notes.txt").write_text("not a link: not ours to judge")
+    os.utime(old_empty, (0, 0))
+    (base / "gf-ray-link").symlink_to(live, target_is_directory=True)  # never followed
+
+    assert sorted(p.name for p in sweep_ray_temp(base)) == ["gf-ray-dead", "gf-ray-old"]
+    assert sorted(p.name for p in base.iterdir()) == ["gf-ray-file", "gf-ray-link", "gf-ray-live", "gf-ray-new"]
+    assert (pods / "head").is_dir() and (live / "0").is_symlink()
