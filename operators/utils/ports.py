@@ -8,6 +8,7 @@ import random
 import socket
 import stat
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from pathlib import Path
 FLOOR = 20000
 CLAIM_S = 600.0  # long enough for a server to start (a Ray node, a rank); a scheduler picks for days
 _claims: dict[int, tuple[int | None, float]] = {}  # port -> (the open lock file claiming it, since)
+_lock = threading.Lock()  # the drill's controllers pick from their own threads
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -33,17 +35,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     no outgoing connection can be handed it meanwhile; claimed by a lock file for CLAIM_S seconds,
     so no other process picking here gets it too. A kernel pick where the range leaves no
     room below it."""
-    _release(older_than=CLAIM_S)
-    low, _ = ephemeral_range()
-    for _ in range(200):
-        if low - FLOOR < 1000:
-            break
-        port = random.randrange(FLOOR, low)
-        if port in _claims or not _claim(port):
-            continue
-        if port_is_free(port, host) and port_is_free(port, "0.0.0.0"):
-            return port
-        _release(port)
+    with _lock:
+        _release(older_than=CLAIM_S)
+        low, _ = ephemeral_range()
+        for _ in range(200):
+            if low - FLOOR < 1000:
+                break
+            port = random.randrange(FLOOR, low)
+            if port in _claims or not _claim(port):
+                continue
+            if port_is_free(port, host) and port_is_free(port, "0.0.0.0"):
+                return port
+            _release(port)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
