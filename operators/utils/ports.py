@@ -38,9 +38,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     with _lock:
         _release(older_than=CLAIM_S)
         low, _ = ephemeral_range()
-        for _ in range(200):
-            if low - FLOOR < 1000:
-                break
+        for _ in range(200 if low - FLOOR >= 1000 else 0):
             port = random.randrange(FLOOR, low)
             if port in _claims or not _claim(port):
                 continue

@@ -244,6 +244,11 @@ def worker_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:
 RAY_TEMP_PREFIX = "gf-ray-"
 
 
+def ray_temp_base() -> Path:
+    """Where the Ray pods' short /tmp names go: not under /tmp, which the kubelet maps per pod."""
+    return Path("/var/tmp" if os.access("/var/tmp", os.W_OK) else "/dev/shm")
+
+
 def sweep_ray_temp(base: Path, *, empty_after_s: float = 3600.0) -> list[Path]:
     """Remove the short /tmp names a killed drill left in `base` (see `Drill._short_tmp`): this
     user's folders whose links all dangle (their pods' folders are gone), or empty ones older than
@@ -459,7 +464,7 @@ class Drill:
         object store, the dashboard's forkserver) live under TMPDIR, and a socket path may not
         exceed 107 bytes. Not under /tmp, which the kubelet maps to the pod's own /tmp."""
         if self._ray_temp is None:
-            base = Path("/var/tmp" if os.access("/var/tmp", os.W_OK) else "/dev/shm")
+            base = ray_temp_base()
             for folder in sweep_ray_temp(base):
                 echo(f"drill: removed {folder}, left by a drill that was killed")
             self._ray_temp = Path(tempfile.mkdtemp(prefix=RAY_TEMP_PREFIX, dir=base))

@@ -14,15 +14,20 @@ from pathlib import Path
 import pytest
 from drill_runs import processes_touching, report_pods, run_drill, run_folder
 
+from operators.cli.drill.run import RAY_TEMP_PREFIX, ray_temp_base
+
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def rayjob_run(drill_home, tmp_path_factory) -> dict:
-    before = set(Path("/var/tmp").glob("gf-ray-*"))  # a drill killed earlier may have left its own
+    def ray_temps() -> set[Path]:
+        return set(ray_temp_base().glob(f"{RAY_TEMP_PREFIX}*"))
+
+    before = ray_temps()  # a drill killed earlier may have left its own
     run = run_drill(drill_home, tmp_path_factory, "rayjob", api="rayjob", GANGFLOW_FAULT="kill@step=30,rank=1",
                     GANGFLOW_RETRY_BASE_DELAY="1")
-    return run | {"ray_temp_left": sorted(set(Path("/var/tmp").glob("gf-ray-*")) - before)}
+    return run | {"ray_temp_left": sorted(ray_temps() - before)}
 
 
 def test_rayjob_killed_rank_is_retried_once_on_a_new_ray_cluster_and_resumes(rayjob_run):
