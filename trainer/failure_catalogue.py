@@ -35,6 +35,7 @@ __all__ = [
     "STORAGE",
     "NETWORK",
     "HTTP_TRANSIENT",
+    "RETRY_LATER",
     "is_library_path",
 ]
 
@@ -230,9 +231,11 @@ HTTP_TRANSIENT = _rx(
     r"\b403\b[^\n]{0,60}\b(?:rate ?limit|rateLimitExceeded)",
     DOWNLOAD_QUOTA.pattern,
 )  # fmt: skip
+# A service, or the library speaking for it, saying the failure is temporary.
+RETRY_LATER = _rx(r"\btry again later\b", r"\bYou can retry your request\b")
 # Every family together: a message matching it names a transient condition.
 TRANSIENT_MESSAGE = re.compile(
-    "|".join(f"(?:{p.pattern})" for p in (GPU_HARDWARE, COLLECTIVE_TIMEOUT, PEER_LOST, RENDEZVOUS, STORAGE, NETWORK, HTTP_TRANSIENT)),
+    "|".join(f"(?:{p.pattern})" for p in (GPU_HARDWARE, COLLECTIVE_TIMEOUT, PEER_LOST, RENDEZVOUS, STORAGE, NETWORK, HTTP_TRANSIENT, RETRY_LATER)),
     re.IGNORECASE,
 )
 # Messages that name a request the user got wrong (a 4xx, a bad code or credentials).

@@ -263,7 +263,6 @@ _NCCL_SYSTEM = _rx(r"\bunhandled system error\b")
 # A native crash with nothing else in view (the node can cause one too: retried once, context.py).
 _NATIVE_CRASH = _rx(r"Segmentation fault", r"\bSIGSEGV\b")
 # The service itself says the failure is temporary.
-_RETRY_LATER = _rx(r"\btry again later\b", r"\bYou can retry your request\b")
 _CONTAINER_LIMIT = _rx(
     r"exceeds the total limit of containers",
     r"exceeded its local ephemeral storage limit",
@@ -851,7 +850,7 @@ RULES: tuple[Rule, ...] = (
     Rule("remote-service-unavailable", "infra", 5, _log_rule(catalogue.HTTP_TRANSIENT, "a remote service is unavailable or throttling"), summary="HTTP 5xx (not 501/505), 429, 408"),  # fmt: skip
     Rule("infra-exception", "infra", 5, _infra_exception, summary="an exception whose type only infrastructure raises"),
     Rule("failed-scheduling", "infra", 5, _failed_scheduling, summary="event FailedScheduling"),
-    Rule("service-says-retry", "infra", 5, _text_rule(_RETRY_LATER, "the service says the failure is temporary"), summary="try again later"),  # fmt: skip
+    Rule("service-says-retry", "infra", 5, _text_rule(catalogue.RETRY_LATER, "the service says the failure is temporary"), summary="try again later"),  # fmt: skip
     Rule("native-crash", "user", 6, _native_crash, summary="Segmentation fault / SIGSEGV, nothing else in view (retried once)"),  # fmt: skip
     # 6. The exit code or signal alone.
     Rule("sigterm", "infra", 6, _sigterm, secondary=True, summary="SIGTERM / exit code 143"),

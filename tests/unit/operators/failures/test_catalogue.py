@@ -119,6 +119,10 @@ def test_cloud_error_codes(code, transient):
         ("RuntimeError", "503 Server Error: Service Unavailable for url: https://hub/x", False, False, "infra"),
         ("botocore.exceptions.ClientError", "An error occurred (SlowDown) when calling the PutObject operation", None, False, "infra"),  # fmt: skip
         ("RuntimeError", "404 Client Error: Not Found for url: https://hub/x", False, False, None),
+        # a server, or a library speaking for it, says the failure is temporary (a RuntimeError's message
+        # decides, as a 503's does); a type that says the program is wrong still decides first
+        ("RuntimeError", "Could not reach the model server. Please try again later.", False, True, "infra"),
+        ("ValueError", "Could not reach the model server. Please try again later.", True, True, "user"),
         ("KeyError", "'weight'", None, True, "user"),
     ],
 )

@@ -199,6 +199,14 @@ SPENT_SPLIT_WORDINGS = [
     ("urllib.error.URLError: <urlopen error [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: certificate has expired (_ssl.c:1129)>", "infra", "server-certificate-expired"),
     ("curl: (60) SSL certificate problem: certificate has expired", "infra", "server-certificate-expired"),
     ("requests.exceptions.SSLError: HTTPSConnectionPool(host='storage.example.org', port=443): Max retries exceeded (Caused by SSLError(SSLCertVerificationError(1, '[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local issuer certificate (_ssl.c:1006)')))", "user", "tls-certificate"),
+    # holdout19+20's look: a library's exception that says its server may be down and to try again
+    # later is the service's (the user's script only called it); a ValueError the user's code raised stays the user's
+    ('Traceback (most recent call last):\n  File "/home/u/proj/prepare.py", line 8, in <module>\n    weights = hub.fetch("unet-small")\n'
+     '  File "/opt/venv/lib/python3.11/site-packages/modelhub/client.py", line 211, in fetch\n    raise RuntimeError(msg)\n'
+     "RuntimeError: Failed to download unet-small from the model hub.\nThe server could be down, or you may have no internet access.\nPlease try again later.",
+     "infra", "infra-exception"),
+    ('Traceback (most recent call last):\n  File "/home/u/proj/prepare.py", line 8, in <module>\n    raise ValueError("no weights named unet-small; try again later with one of: unet-base")\n'
+     "ValueError: no weights named unet-small; try again later with one of: unet-base", "user", "user-exception"),
 ]
 
 
