@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import collections
 import copy
+import http.client
 import json
 import os
 import re
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,6 +131,16 @@ def kueue_workload(owner: dict[str, Any], *, prefix: str, queue: str, pod_sets: 
     }  # fmt: skip
 
 
+def ready_conditions(ready: bool, container: str, stamp: str) -> list[dict[str, str]]:
+    """A running pod's Ready and ContainersReady conditions, in the kubelet's words."""
+    if ready:
+        return [{"type": "Ready", "status": "True", "lastTransitionTime": stamp},
+                {"type": "ContainersReady", "status": "True", "lastTransitionTime": stamp}]  # fmt: skip
+    message = f"containers with unready status: [{container}]"
+    return [{"type": kind, "status": "False", "reason": "ContainersNotReady", "message": message, "lastTransitionTime": stamp}
+            for kind in ("Ready", "ContainersReady")]  # fmt: skip
+
+
 def seconds_since(stamp: str) -> float:
     """Seconds from a Kubernetes timestamp (`now()`'s format) to now: how long an object has been active."""
     return time.time() - parse_time(stamp)
@@ -146,6 +161,77 @@ def kill_marked(marker: str, sig: int = signal.SIGKILL, folder: Path | None = No
         except OSError:
             pass
     return len(pids)
+
+
+@dataclass
+class ReadinessProbe:
+    """A container's readinessProbe as the kubelet runs it (pkg/probe/http, pkg/probe/tcp): an HTTP
+    GET that answers 200-399, or a TCP port that accepts, every `period` s after `delay`; Ready after
+    `success` passes in a row, not Ready after `failure` misses in a row. httpGet and tcpSocket
+    only: nothing gangflow renders or the drill's KubeRay injects uses exec or grpc probes."""
+
+    port: int
+    path: str | None = None  # None: a tcpSocket probe
+    scheme: str = "HTTP"
+    host: str = "127.0.0.1"  # the pod's IP: this machine
+    delay: float = 0.0
+    period: float = 10.0
+    timeout: float = 1.0
+    success: int = 1
+    failure: int = 3
+
+    @classmethod
+    def from_container(cls, container: dict[str, Any]) -> ReadinessProbe | None:
+        probe = container.get("readinessProbe")
+        if not probe:
+            return None
+        handler = probe.get("httpGet") or probe.get("tcpSocket")
+        if handler is None:
+            kind = next((k for k in ("exec", "grpc") if k in probe), "none")
+            raise ContainerConfigError(f"readinessProbe: the drill's kubelet runs httpGet and tcpSocket probes, not {kind}")
+        port = handler.get("port")
+        if isinstance(port, str):  # a named container port
+            port = next((p["containerPort"] for p in container.get("ports") or [] if p.get("name") == port), None)
+        if not isinstance(port, int) or not 0 < port < 65536:
+            raise ContainerConfigError(f"readinessProbe: port {handler.get('port')!r} is not a port number or a named port of the container")
+        return cls(port=port, path=handler.get("path", "/") if "httpGet" in probe else None, scheme=handler.get("scheme", "HTTP"),
+                   delay=float(probe.get("initialDelaySeconds", 0)), period=float(probe.get("periodSeconds", 10)),
+                   timeout=float(probe.get("timeoutSeconds", 1)), success=int(probe.get("successThreshold", 1)),
+                   failure=int(probe.get("failureThreshold", 3)))  # fmt: skip
+
+    def check(self) -> str | None:
+        """None when the probe passes, else why not (the kubelet's words)."""
+        if self.path is None:
+            try:
+                socket.create_connection((self.host, self.port), timeout=self.timeout).close()
+                return None
+            except OSError as exc:
+                return f"dial tcp {self.host}:{self.port}: {exc}"
+        url = f"{self.scheme.lower()}://{self.host}:{self.port}{self.path}"
+        context = ssl._create_unverified_context() if self.scheme == "HTTPS" else None  # noqa: S323 (the kubelet does not verify either)
+        try:
+            with urllib.request.urlopen(url, timeout=self.timeout, context=context) as resp:  # noqa: S310 (the pod's own port)
+                code = resp.status
+        except urllib.error.HTTPError as exc:
+            code = exc.code
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            return f"Get {url}: {exc}"
+        return None if 200 <= code < 400 else f"HTTP probe failed with statuscode: {code}"
+
+    def watch(self, run: PodRun, stop: threading.Event, note: Callable[[str], None]) -> None:
+        """The prober worker of one container: updates `run.ready` until the container ends."""
+        if stop.wait(self.delay):
+            return
+        passes = misses = 0
+        while not stop.is_set() and run.proc is not None and run.proc.poll() is None:
+            why = self.check()
+            passes, misses = (passes + 1, 0) if why is None else (0, misses + 1)
+            if not run.ready and passes >= self.success:
+                run.ready = True
+            elif run.ready and misses >= self.failure:
+                run.ready = False
+                note(f"pod {run.name}: Readiness probe failed: {why}")
+            stop.wait(self.period)
 
 
 @dataclass
@@ -173,6 +259,9 @@ class PodRun:
     log_lines: collections.deque = field(default_factory=lambda: collections.deque(maxlen=2000))
     reader: threading.Thread | None = None
     gang: str = ""  # the pod's gangflow.io/gang label
+    readiness: ReadinessProbe | None = None  # the container's readinessProbe: Ready only once it passes
+    ready: bool = True  # what the probe last concluded (True: no probe)
+    ready_reported: bool = True  # what the pod's status says
 
     @property
     def log_path(self) -> Path:
@@ -593,6 +682,8 @@ class EmulatedCluster(ReconcileLoop):
                         del self.runs[key]
             elif pod is not None:
                 self.api.logs[key] = "".join(run.log_lines)
+                if alive and run.ready != run.ready_reported and not pod["metadata"].get("deletionTimestamp"):
+                    self._report_readiness(run)
 
     def _hosts(self, pod: dict[str, Any]) -> dict[str, str]:
         ns = pod["metadata"]["namespace"]
@@ -678,6 +769,7 @@ class EmulatedCluster(ReconcileLoop):
         scheduled = {"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}
         status: dict[str, Any] = {"phase": "Pending", "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "conditions": [scheduled], "qosClass": "Guaranteed"}
         try:
+            run.readiness = ReadinessProbe.from_container(container)
             container_env = resolve_env(container, {**pod, "spec": {**pod["spec"], "nodeName": NODE}, "status": status}, self._lookup)
             run.rendered_argv = expand_argv(container, container_env)
             run.rendered_env = container_env
@@ -697,16 +789,34 @@ class EmulatedCluster(ReconcileLoop):
         run.started_at, run.running_since = now(), time.monotonic()
         run.reader = threading.Thread(target=self._read, args=(run,), name=f"log-{key[1]}", daemon=True)
         run.reader.start()
+        run.ready = run.ready_reported = run.readiness is None
         status.update(
             phase="Running", startTime=run.started_at,
             conditions=[scheduled, {"type": "Initialized", "status": "True", "lastTransitionTime": run.started_at},
-                        {"type": "Ready", "status": "True", "lastTransitionTime": run.started_at},
-                        {"type": "ContainersReady", "status": "True", "lastTransitionTime": run.started_at}],
+                        *ready_conditions(run.ready, container["name"], run.started_at)],
             containerStatuses=[{"name": container["name"], "image": container.get("image"), "imageID": self.runtime.reference if self.runtime else container.get("image"),
-                                "ready": True, "started": True, "restartCount": 0, "state": {"running": {"startedAt": run.started_at}}, "lastState": {}}],
+                                "ready": run.ready, "started": True, "restartCount": 0, "state": {"running": {"startedAt": run.started_at}}, "lastState": {}}],
         )  # fmt: skip
         self._set_pod(key, status, nodeName=NODE)
         self._note(f"pod {key[1]} started (pid {run.proc.pid}): {' '.join(run.argv)}")
+        if run.readiness is not None:
+            threading.Thread(target=run.readiness.watch, args=(run, getattr(self, "_stop", threading.Event()), self._note), name=f"probe-{key[1]}", daemon=True).start()
+
+    def _report_readiness(self, run: PodRun) -> None:
+        """What the prober concluded, into the pod's Ready and ContainersReady conditions."""
+        ready, stamp = run.ready, now()
+        with self.api._lock:
+            pod = self.api.get("", "pods", run.namespace, run.name)
+            if pod is None or (pod.get("status") or {}).get("phase") != "Running":
+                return
+            status = pod["status"]
+            name = pod["spec"]["containers"][0]["name"]
+            kept = [c for c in status.get("conditions") or [] if c["type"] not in ("Ready", "ContainersReady")]
+            status["conditions"] = [*kept, *ready_conditions(ready, name, stamp)]
+            for container_status in status.get("containerStatuses") or []:
+                container_status["ready"] = ready
+            run.ready_reported = ready
+        self._note(f"pod {run.name} {'Ready' if ready else 'not Ready'} (readiness probe)")
 
     def _container(self, pod: dict[str, Any], container: dict[str, Any], run: PodRun, container_env: dict[str, str]) -> None:
         """Start the pod's container with podman (operators/cli/drill/podman.py); the container

@@ -13,8 +13,9 @@ Modelled on kuberay ray-operator (controllers/ray/rayjob_controller.go, common/p
   generated `ulimit -n 65536; ray start --head ... --block` (workers: `--address=<svc>:<port>`).
   The worker pods start once the head is ready (KubeRay injects a `wait-gcs-ready` init container
   into them, which waits for the GCS only; the drill's kubelet runs no init containers, so the
-  controller holds the pods until then). Once every Ray node passes KubeRay's readiness probe (the dashboard's
-  `/api/gcs_healthz`, each node's agent `/api/healthz`) the submitter Job's pod runs `ray job
+  controller holds the pods until the head pod is Ready). KubeRay injects a readinessProbe into
+  each Ray container (for Ray >= 2.53 an HTTP GET of the node's agent `/api/healthz`: its raylet,
+  and on the head its GCS), which the drill's kubelet runs; once every Ray pod is Ready the submitter Job's pod runs `ray job
   status || ray job submit --no-wait --submission-id <jobId> -- <entrypoint>; ray job logs
   --follow` through `/bin/bash -ce` (the entrypoint is shell text, as in KubeRay): `Running`;
 - jobStatus: the Ray job's own, read from the dashboard (`GET /api/jobs/<jobId>`) as KubeRay's
@@ -31,8 +32,10 @@ Where the drill differs from KubeRay (stated, not hidden):
   `temp-dir=/tmp/ray`, the dashboard on 127.0.0.1 and no usage stats: the `node_params` the drill
   adds to rayStartParams (report.json lists the argv); the kubelet gives each pod's /tmp a short name (Unix socket paths: run.py);
 - the RayCluster is not an API object (its CRD is not vendored): the controller keeps it; the
-  Services are, so that the kubelet maps their names to 127.0.0.1 (cluster.py `_hosts`); the
-  readiness probes are run by this controller, not the kubelet;
+  Services are, so that the kubelet maps their names to 127.0.0.1 (cluster.py `_hosts`);
+- the drill's probes start at once and run every second (`DRILL_PROBE_TIMING`; KubeRay: after 10 s,
+  every 5 s), so that a short drill does not wait on them; no liveness probe is injected (the
+  drill's kubelet restarts no container);
 - Kueue admits at once (no quota); suspending a running RayJob is not emulated.
 """
 
@@ -50,6 +53,7 @@ from typing import Any
 
 from operators.cli.drill.api_double import InMemoryKubernetesApi, name_suffix, now
 from operators.cli.drill.cluster import admit, kueue_workload, seconds_since
+from operators.kubernetes.status import condition, is_true
 
 RAYJOBS = ("ray.io", "rayjobs")
 WORKLOADS = ("kueue.x-k8s.io", "workloads")
@@ -92,6 +96,17 @@ def ray_start_command(node_type: str, params: dict[str, str], limits: dict[str, 
     return f"ray start {'--head ' if node_type == 'head' else ''}{flags}"
 
 
+# KubeRay's initLivenessAndReadinessProbe for Ray >= 2.53: one HTTP check of the node's dashboard
+# agent (its raylet; on the head, its GCS too), with KubeRay's default timings
+KUBERAY_PROBE_TIMING = {"initialDelaySeconds": 10, "periodSeconds": 5, "successThreshold": 1, "failureThreshold": 10}
+DRILL_PROBE_TIMING = {"initialDelaySeconds": 0, "periodSeconds": 1, "successThreshold": 1, "failureThreshold": 10}
+
+
+def readiness_probe(node_type: str, agent_port: int, timing: dict[str, int] = KUBERAY_PROBE_TIMING) -> dict[str, Any]:
+    """The readinessProbe KubeRay injects into a Ray node's container (common/pod.go)."""
+    return {"httpGet": {"path": "/api/healthz", "port": agent_port}, "timeoutSeconds": 5 if node_type == "head" else 2, **timing}
+
+
 def submit_script(address: str, job_id: str, entrypoint: str) -> str:
     """KubeRay's K8sJobMode submitter (common/job.go `BuildJobSubmitCommand`, kuberay#2154): submit
     once (`ray job status` first, the Job may retry), then follow the job's logs."""
@@ -101,8 +116,8 @@ def submit_script(address: str, job_id: str, entrypoint: str) -> str:
 
 
 class Dashboard:
-    """What the operator asks a Ray head over HTTP: KubeRay's readiness probes and its dashboard
-    client's `GetJobInfo`. The drill's Services are this machine: the host is 127.0.0.1."""
+    """What the operator asks a Ray head over HTTP: its dashboard client's `GetJobInfo`. The
+    drill's Services are this machine: the host is 127.0.0.1."""
 
     timeout = 2.0
 
@@ -116,10 +131,6 @@ class Dashboard:
         except (OSError, ValueError, http.client.HTTPException):  # HTTPException: not an HTTP server there
             return 0, b""
 
-    def healthy(self, port: int, path: str) -> bool:
-        code, body = self._get(f"http://127.0.0.1:{port}{path}")
-        return code == 200 and b"success" in body
-
     def job(self, port: int, job_id: str) -> dict[str, Any] | None:
         code, body = self._get(f"http://127.0.0.1:{port}/api/jobs/{job_id}")
         return json.loads(body) if code == 200 and body else None
@@ -131,7 +142,7 @@ class RayCluster:
 
     name: str
     job_uid: str
-    ports: dict[str, int]  # pod name -> its dashboard-agent-listen-port (readiness); "dashboard" -> the head's
+    ports: dict[str, int]  # "dashboard" -> the head's dashboard port
     pods: list[str] = field(default_factory=list)
     waiting: list[dict[str, Any]] = field(default_factory=list)  # worker pods held for the head's GCS (wait-gcs-ready)
     submitters: list[str] = field(default_factory=list)
@@ -143,13 +154,16 @@ class RayController:
     """Kueue's RayJob integration + KubeRay's RayJob controller, one `reconcile` a period.
 
     `node_params`: what the drill adds to each node's rayStartParams (see the module doc);
-    `dashboard`: the HTTP client (a fake in unit tests)."""
+    `dashboard`: the HTTP client (a fake in unit tests); `probe_timing`: the injected readiness
+    probe's timings."""
 
     poll_s = 1.0  # how often the Ray job's status is read (KubeRay requeues every few seconds)
 
-    def __init__(self, api: InMemoryKubernetesApi, *, node_params: NodeParams | None = None, dashboard: Dashboard | None = None):
+    def __init__(self, api: InMemoryKubernetesApi, *, node_params: NodeParams | None = None, dashboard: Dashboard | None = None,
+                 probe_timing: dict[str, int] = KUBERAY_PROBE_TIMING):  # fmt: skip
         self.api = api
         self.node_params = node_params or (lambda node_type, pod: {})
+        self.probe_timing = probe_timing
         self.dashboard = dashboard or Dashboard()
         self._admitted: set[str] = set()
         self.clusters: dict[str, RayCluster] = {}  # RayJob uid -> its current RayCluster
@@ -297,7 +311,6 @@ class RayController:
                 params = start_params({**group.get("rayStartParams", {}), **self.node_params("worker", pod)}, "worker", address=f"{fqdn}:{port}")
                 nodes.append(("worker", group["groupName"], pod, group["template"], params))
         for node_type, group, pod_name, template, params in nodes:
-            cluster.ports[pod_name] = int(params["dashboard-agent-listen-port"])
             pod = self._node_pod(rayjob, name, node_type, group, pod_name, template, params, f"{fqdn}:{port}", port)
             if node_type == "head":
                 self.api.put("", "pods", pod)
@@ -331,6 +344,7 @@ class RayController:
                 {"name": "KUBERAY_GEN_RAY_START_CMD", "value": command}, {"name": "RAY_PORT", "value": port},
                 {"name": "RAY_ADDRESS", "value": f"127.0.0.1:{port}" if node_type == "head" else address},
                 {"name": "RAY_USAGE_STATS_KUBERAY_IN_USE", "value": "1"}, {"name": "RAY_DASHBOARD_ENABLE_K8S_DISK_USAGE", "value": "1"}]  # fmt: skip
+        container.setdefault("readinessProbe", readiness_probe(node_type, int(params["dashboard-agent-listen-port"]), self.probe_timing))
         return self._pod(rayjob, pod_name, labels, template, owner={"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": cluster})
 
     def _submit(self, rayjob: dict[str, Any], cluster: RayCluster, status: dict[str, Any], note: Note) -> None:
@@ -360,16 +374,15 @@ class RayController:
                 "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "", "lastTransitionTime": now()}]}}  # fmt: skip
 
     def _ready(self, cluster: RayCluster, ns: str, pods: list[str] | None = None) -> bool:
-        """The RayCluster (or these of its pods) is ready: every pod runs and passes KubeRay's readiness probe."""
+        """The RayCluster (or these of its pods) is ready: every pod runs and is Ready (its readiness
+        probe, which the kubelet runs, passes)."""
         if cluster.waiting and pods is None:
             return False
         for pod_name in cluster.pods if pods is None else pods:
             pod = self.api.get("", "pods", ns, pod_name)
-            if pod is None or (pod.get("status") or {}).get("phase") != "Running":
+            if pod is None or (pod.get("status") or {}).get("phase") != "Running" or not is_true(condition(pod, "Ready")):
                 return False
-            if not self.dashboard.healthy(cluster.ports[pod_name], "/api/healthz"):
-                return False
-        return self.dashboard.healthy(cluster.ports["dashboard"], "/api/gcs_healthz")
+        return True
 
     def _delete_cluster(self, cluster: RayCluster, note: Note, *, why: str, submitters: bool = False) -> None:
         cluster.deleted = True

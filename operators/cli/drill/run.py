@@ -443,10 +443,10 @@ class Drill:
             agent = mpi_ssh.install(self.dir / "mpi", image)  # the workers' sshd stand-in and the launcher's ssh
             controllers.append(MPIController(self.api, launcher_env=drill_launcher_env(agent)))
         if self.launch_api == "rayjob":
-            from operators.cli.drill.ray_controller import RayController, drill_node_params
+            from operators.cli.drill.ray_controller import DRILL_PROBE_TIMING, RayController, drill_node_params
             from operators.utils.ports import free_port
 
-            controllers.append(RayController(self.api, node_params=drill_node_params(free_port)))
+            controllers.append(RayController(self.api, node_params=drill_node_params(free_port), probe_timing=DRILL_PROBE_TIMING))
         if self.multikueue:
             self.cluster = self._multikueue(image, audit_dir, extra)
             return

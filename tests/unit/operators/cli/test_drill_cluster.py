@@ -270,3 +270,61 @@ def test_stopping_the_drill_leaves_a_deleted_pod_the_rest_of_its_grace_period(tm
     log = emu.history[0].log_path.read_text()
     assert "final checkpoint, exiting 75" in log and "interrupted" not in log, log
     assert processes_with_marker(emu.drill_id + "/") == []
+
+
+# a container that answers its readiness probe 503 until a file `ready` exists in its /tmp (its cwd), then 200
+PROBED_SCRIPT = """
+import http.server, os, sys
+flag, port = "ready", int(sys.argv[2])
+class Probe(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if os.path.exists(flag) else 503)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Probe).serve_forever()
+"""
+
+
+def probed_jobset(name: str, probe: dict) -> dict:
+    from operators.utils.ports import free_port
+
+    gang = jobset(name, script=PROBED_SCRIPT, completions=1)
+    container = gang["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    port = free_port()
+    container["args"] = ["$(JOB_COMPLETION_INDEX)", str(port)]
+    container["ports"] = [{"name": "health", "containerPort": port}]
+    container["readinessProbe"] = probe
+    return gang
+
+
+def test_a_pod_is_ready_only_once_its_readiness_probe_passes_and_not_ready_when_it_fails_again(cluster):
+    """The kubelet runs a container's httpGet readinessProbe (KubeRay injects one into every Ray
+    node): Running is not Ready until it answers 2xx, and failureThreshold misses make it not Ready."""
+    api, emu = cluster
+    probe = {"httpGet": {"path": "/healthz", "port": "health"}, "periodSeconds": 1, "timeoutSeconds": 1, "failureThreshold": 2}
+    api.put(*JS, probed_jobset("probed-t1", probe))
+    (pod,) = wait(lambda: [p for p in pods(api) if p["status"]["phase"] == "Running"])
+    flag = emu.history[0].dir / "tmp" / "ready"
+    time.sleep(2.5)  # two probe periods answered 503
+    (pod,) = pods(api)
+    view = st.pod_view(pod)
+    assert pod["status"]["phase"] == "Running" and not view.ready
+    ready = {c["type"]: c for c in pod["status"]["conditions"]}["Ready"]
+    assert ready["status"] == "False" and ready["reason"] == "ContainersNotReady"
+    assert pod["status"]["containerStatuses"][0]["ready"] is False
+    flag.touch()
+    wait(lambda: st.pod_view(pods(api)[0]).ready, timeout=10)
+    assert pods(api)[0]["status"]["containerStatuses"][0]["ready"] is True
+    flag.unlink()
+    wait(lambda: not st.pod_view(pods(api)[0]).ready, timeout=10)
+    assert any("Readiness probe failed: HTTP probe failed with statuscode: 503" in e for e in emu.events)
+
+
+def test_a_readiness_probe_the_drill_cannot_run_is_refused_naming_it(cluster):
+    api, emu = cluster
+    api.put(*JS, probed_jobset("exec-t1", {"exec": {"command": ["cat", "/tmp/ready"]}}))
+    (pod,) = wait(lambda: [p for p in pods(api) if p["status"].get("containerStatuses")])
+    waiting = pod["status"]["containerStatuses"][0]["state"]["waiting"]
+    assert waiting["reason"] == "CreateContainerConfigError"
+    assert waiting["message"] == "readinessProbe: the drill's kubelet runs httpGet and tcpSocket probes, not exec"

@@ -1,6 +1,6 @@
 """The drill's emulation of KubeRay (operators/cli/drill/ray_controller.py) on gangflow's rendered
-RayJob, against the API test double: no Ray runs here (a fake dashboard answers the readiness probes
-and the job's status; the pods' phases are set by hand). The real Ray cluster runs in
+RayJob, against the API test double: no Ray runs here (a fake dashboard answers the job's status;
+the pods' phases and Ready conditions, the kubelet's part, are set by hand). The real Ray cluster runs in
 tests/system/drill/test_drill_rayjob.py."""
 
 from __future__ import annotations
@@ -26,15 +26,11 @@ NS = "gangflow"
 
 
 class FakeDashboard:
-    """The Ray head as the operator sees it: healthy or not, and the Ray job's info."""
+    """The Ray head as the operator sees it: the Ray job's info."""
 
     def __init__(self):
-        self.up = False
         self.info: dict | None = None
         self.asked: list[tuple[int, str]] = []
-
-    def healthy(self, port: int, path: str) -> bool:
-        return self.up
 
     def job(self, port: int, job_id: str):
         self.asked.append((port, job_id))
@@ -70,9 +66,11 @@ def pods(api, node_type: str | None = None) -> list[dict]:
     return [p for p in api.items("", "pods", NS) if node_type is None or p["metadata"]["labels"].get("ray.io/node-type") == node_type]
 
 
-def run_all(api) -> None:
+def run_all(api, *, ready: bool) -> None:
+    """The kubelet's part: every pod runs, Ready or not as its readiness probe says."""
     for pod in pods(api):
         pod["status"]["phase"] = "Running"
+        pod["status"]["conditions"] = [{"type": "Ready", "status": str(ready)}]
 
 
 def validate(rayjob: dict) -> None:
@@ -94,8 +92,10 @@ def test_kueue_admits_and_kuberay_starts_the_ray_nodes_with_its_generated_comman
     assert status["dashboardURL"] == f"{svc}.{NS}.svc.cluster.local:8265"
     (head,) = pods(api, "head")
     assert pods(api, "worker") == []  # KubeRay's wait-gcs-ready: the workers wait for the head
-    run_all(api)
-    dashboard.up = True
+    run_all(api, ready=False)
+    step(api, controller, notes)
+    assert pods(api, "worker") == []  # the head runs, its probe does not pass yet
+    run_all(api, ready=True)
     step(api, controller, notes)
     workers = pods(api, "worker")
     assert len(workers) == 2 and not pods(api, None)[3:]  # no submitter before the cluster is ready
@@ -107,6 +107,10 @@ def test_kueue_admits_and_kuberay_starts_the_ray_nodes_with_its_generated_comman
             f"--memory={2 * 1024**3}"} <= set(script.split())  # fmt: skip
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["RAY_ADDRESS"] == "127.0.0.1:6379" and env["KUBERAY_GEN_RAY_START_CMD"] == script.split("; ", 1)[1]
+    # KubeRay's injected probe (Ray >= 2.53): the node's agent, which the kubelet asks
+    assert container["readinessProbe"] == {"httpGet": {"path": "/api/healthz", "port": 52365}, "timeoutSeconds": 5, "initialDelaySeconds": 10,
+                                           "periodSeconds": 5, "successThreshold": 1, "failureThreshold": 10}  # fmt: skip
+    assert workers[0]["spec"]["containers"][0]["readinessProbe"]["timeoutSeconds"] == 2
     for worker in workers:
         (args,) = worker["spec"]["containers"][0]["args"]
         assert f"--address={svc}.{NS}.svc.cluster.local:6379" in args.split() and "--num-cpus=1" in args.split() and "--head" not in args
@@ -117,14 +121,12 @@ def test_the_submitter_runs_ray_job_submit_once_the_cluster_is_ready(cluster):
     api, controller, dashboard, notes = cluster
     api.put(*RAYJOBS, gangflow_rayjob())
     step(api, controller, notes, 3)
-    run_all(api)
-    dashboard.up = True
+    run_all(api, ready=True)
     step(api, controller, notes)  # the head is ready: the workers start
-    dashboard.up = False
-    run_all(api)
+    run_all(api, ready=False)
     rayjob = step(api, controller, notes, 2)  # running, but the probes fail: not ready
     assert rayjob["status"]["jobDeploymentStatus"] == "Initializing" and len(pods(api)) == 3
-    dashboard.up = True
+    run_all(api, ready=True)
     rayjob = step(api, controller, notes)
     status = rayjob["status"]
     assert status["jobDeploymentStatus"] == "Running"
@@ -146,10 +148,9 @@ def test_the_submitter_runs_ray_job_submit_once_the_cluster_is_ready(cluster):
 def ready_and_submitted(api, controller, dashboard, notes, **spec) -> dict:
     api.put(*RAYJOBS, gangflow_rayjob(**spec))
     step(api, controller, notes, 3)
-    run_all(api)
-    dashboard.up = True
+    run_all(api, ready=True)
     step(api, controller, notes)  # the head is ready: the workers start
-    run_all(api)
+    run_all(api, ready=True)
     return step(api, controller, notes)
 
 
@@ -256,6 +257,7 @@ def test_a_port_that_answers_other_than_http_is_not_ready():
     import socket
     import threading
 
+    from operators.cli.drill.cluster import ReadinessProbe
     from operators.cli.drill.ray_controller import Dashboard
 
     with socket.socket() as server:
@@ -271,5 +273,5 @@ def test_a_port_that_answers_other_than_http_is_not_ready():
 
         threading.Thread(target=answer_in_grpc_frames, daemon=True).start()
         port = server.getsockname()[1]
-        assert Dashboard().healthy(port, "/api/healthz") is False
+        assert ReadinessProbe(port=port, path="/api/healthz").check().startswith(f"Get http://127.0.0.1:{port}/api/healthz: ")
         assert Dashboard().job(port, "raysubmit_1") is None
