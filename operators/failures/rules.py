@@ -535,6 +535,8 @@ def _create_container_config_error(f: Evidence) -> Hit | None:
 _SLURM_CANCELLED = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO (TIME LIMIT|PREEMPTION)")
 # Nextflow's word on a task past the `time` directive the pipeline's configuration gives it.
 _NEXTFLOW_TIME_LIMIT = re.compile(r"Process exceeded running time limit \(\S{1,32}\)")
+# PBS/Torque's and LSF's word on a job past the run time its submission asked for (as Slurm's TIME LIMIT).
+_BATCH_TIME_LIMIT = _rx(r"PBS: job killed: walltime \d{1,12} exceeded limit \d{1,12}", r"TERM_RUNLIMIT: job killed after reaching LSF run time limit")
 
 
 def _slurm_cancelled(f: Evidence, why: str) -> Hit | None:
@@ -553,7 +555,10 @@ def _deadline_exceeded(f: Evidence) -> Hit | None:
     if hit:
         return Hit(hit.what + " (the job's --time is too short)", hit.excerpt, focus=hit.focus)
     found = _first(_NEXTFLOW_TIME_LIMIT, f.log_texts)
-    return Hit("Nextflow: the process ran past its time directive", found[0], focus=found[1]) if found else None
+    if found:
+        return Hit("Nextflow: the process ran past its time directive", found[0], focus=found[1])
+    found = _first(_BATCH_TIME_LIMIT, f.log_texts)
+    return Hit("the batch scheduler killed the job at the run time it asked for (walltime)", found[0], focus=found[1]) if found else None
 
 
 def _trainer_preempted(f: Evidence) -> Hit | None:
@@ -800,7 +805,7 @@ RULES: tuple[Rule, ...] = (
     Rule("image-missing", "user", 2, _image_missing, summary="pull failed: manifest unknown / not found / unauthorized"),
     Rule("image-pull-failed", "user", 2, _image_pull_failed, summary="ErrImagePull / ImagePullBackOff, no throttling"),
     Rule("container-config-error", "user", 2, _create_container_config_error, summary="CreateContainerConfigError"),
-    Rule("deadline-exceeded", "user", 2, _deadline_exceeded, summary="pod reason DeadlineExceeded, Slurm DUE TO TIME LIMIT, Nextflow's time directive"),
+    Rule("deadline-exceeded", "user", 2, _deadline_exceeded, summary="pod reason DeadlineExceeded, Slurm DUE TO TIME LIMIT, PBS/LSF walltime, Nextflow's time directive"),
     # 3. The trainer said why.
     Rule("trainer-preempted-exit", "infra", 3, _trainer_preempted, summary=f"trainer exit code {EXIT_PREEMPTED}"),
     Rule("trainer-config-error", "user", 3, _trainer_config_error, summary=f"error record source config / exit code {EXIT_CONFIG_ERROR}"),

@@ -199,6 +199,9 @@ SPENT_SPLIT_WORDINGS = [
     ("urllib.error.URLError: <urlopen error [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: certificate has expired (_ssl.c:1129)>", "infra", "server-certificate-expired"),
     ("curl: (60) SSL certificate problem: certificate has expired", "infra", "server-certificate-expired"),
     ("requests.exceptions.SSLError: HTTPSConnectionPool(host='storage.example.org', port=443): Max retries exceeded (Caused by SSLError(SSLCertVerificationError(1, '[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local issuer certificate (_ssl.c:1006)')))", "user", "tls-certificate"),
+    # holdout21+22's look: PBS/Torque's and LSF's run-time limit is the job's own, as Slurm's TIME LIMIT is
+    ("=>> PBS: job killed: walltime 7215 exceeded limit 7200", "user", "deadline-exceeded"),
+    ("TERM_RUNLIMIT: job killed after reaching LSF run time limit.\nExited with exit code 140.", "user", "deadline-exceeded"),
     # holdout19+20's look: a library's exception that says its server may be down and to try again
     # later is the service's (the user's script only called it); a ValueError the user's code raised stays the user's
     ('Traceback (most recent call last):\n  File "/home/u/proj/prepare.py", line 8, in <module>\n    weights = hub.fetch("unet-small")\n'
