@@ -60,6 +60,7 @@ def test_http_status_classes(status, kind):
         (ValueError("Connection reset by peer"), False),
         (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:1"), True),
         (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False),
+        (RuntimeError("Failed to retrieve data from the hub. Server could be down. Please try again later."), True),
     ],
     ids=repr,
 )
@@ -73,6 +74,7 @@ def test_a_timeout_the_user_raised_is_not_transient_one_the_socket_raised_is():
     assert transient_exception(_from_socket()) is not None
     # A RuntimeError the user raised with infra words is still the user's.
     assert transient_exception(_raise(RuntimeError("Connection closed by peer"))) is None
+    assert transient_exception(_raise(RuntimeError("no weights yet, try again later"))) is None
 
 
 def test_causes_are_walked():
