@@ -190,7 +190,8 @@ class GangWatcher:
 
     async def _pod_reasons(self, pods: list[dict[str, Any]], views: list[st.PodView]) -> list[str]:
         """Why pods are not running yet: PodScheduled=False messages, FailedScheduling events,
-        container waiting reasons (ImagePullBackOff with the kubelet's message)."""
+        container waiting reasons (ImagePullBackOff with the kubelet's message), a running pod's
+        failed readiness probe (the kubelet's Unhealthy event)."""
         reasons: list[str] = []
         looked_up = 0
         for pod, view in zip(pods, views):
@@ -209,7 +210,14 @@ class GangWatcher:
             elif view.waiting_reason:
                 reasons.append(f"{rank} {view.waiting_reason}" + (f": {view.waiting_message}" if view.waiting_message else ""))
             else:
-                reasons.append(f"{rank} {view.phase}, not Ready")
+                message = ""
+                if view.phase == "Running" and looked_up < 2:  # the kubelet's word on its readiness probe
+                    looked_up += 1
+                    events = [e for e in await self.api.list_events(view.name, "Pod")
+                              if e.get("reason") == "Unhealthy" and (e.get("message") or "").startswith("Readiness probe")]  # fmt: skip
+                    if events:
+                        message = ": " + st.event_list(events)[-1]["message"]
+                reasons.append(f"{rank} {view.phase}, not Ready{message}")
         # one line per distinct reason, with how many ranks share it
         counted: dict[str, int] = {}
         for reason in reasons:

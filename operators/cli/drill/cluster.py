@@ -218,19 +218,21 @@ class ReadinessProbe:
             return f"Get {url}: {exc}"
         return None if 200 <= code < 400 else f"HTTP probe failed with statuscode: {code}"
 
-    def watch(self, run: PodRun, stop: threading.Event, note: Callable[[str], None]) -> None:
-        """The prober worker of one container: updates `run.ready` until the container ends."""
+    def watch(self, run: PodRun, stop: threading.Event, missed: Callable[[str], None]) -> None:
+        """The prober worker of one container: updates `run.ready` until the container ends;
+        `missed(why)` on each failed probe (the kubelet's Unhealthy event)."""
         if stop.wait(self.delay):
             return
         passes = misses = 0
         while not stop.is_set() and run.proc is not None and run.proc.poll() is None:
             why = self.check()
             passes, misses = (passes + 1, 0) if why is None else (0, misses + 1)
+            if why is not None:
+                missed(why)
             if not run.ready and passes >= self.success:
                 run.ready = True
             elif run.ready and misses >= self.failure:
                 run.ready = False
-                note(f"pod {run.name}: Readiness probe failed: {why}")
             stop.wait(self.period)
 
 
@@ -800,7 +802,21 @@ class EmulatedCluster(ReconcileLoop):
         self._set_pod(key, status, nodeName=NODE)
         self._note(f"pod {key[1]} started (pid {run.proc.pid}): {' '.join(run.argv)}")
         if run.readiness is not None:
-            threading.Thread(target=run.readiness.watch, args=(run, getattr(self, "_stop", threading.Event()), self._note), name=f"probe-{key[1]}", daemon=True).start()
+            missed = lambda why, run=run: self._probe_missed(run, why)  # noqa: E731
+            threading.Thread(target=run.readiness.watch, args=(run, getattr(self, "_stop", threading.Event()), missed), name=f"probe-{key[1]}", daemon=True).start()
+
+    def _probe_missed(self, run: PodRun, why: str) -> None:
+        """The kubelet's Warning event for a failed readiness probe, counted as its recorder does."""
+        name, stamp = f"{run.name}.readiness", now()
+        with self.api._lock:
+            event = self.api.get("", "events", run.namespace, name)
+            if event is None:
+                event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": run.namespace},
+                         "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": run.name, "namespace": run.namespace},
+                         "reason": "Unhealthy", "type": "Warning", "source": {"component": "kubelet", "host": NODE},
+                         "firstTimestamp": stamp, "count": 0}  # fmt: skip
+            event.update(message=f"Readiness probe failed: {why}", lastTimestamp=stamp, count=event["count"] + 1)
+            self.api.put("", "events", event)
 
     def _report_readiness(self, run: PodRun) -> None:
         """What the prober concluded, into the pod's Ready and ContainersReady conditions."""
@@ -816,7 +832,9 @@ class EmulatedCluster(ReconcileLoop):
             for container_status in status.get("containerStatuses") or []:
                 container_status["ready"] = ready
             run.ready_reported = ready
-        self._note(f"pod {run.name} {'Ready' if ready else 'not Ready'} (readiness probe)")
+        event = self.api.get("", "events", run.namespace, f"{run.name}.readiness")
+        why = f": {event['message']}" if event is not None and not ready else ""
+        self._note(f"pod {run.name} {'Ready' if ready else 'not Ready'} (readiness probe){why}")
 
     def _container(self, pod: dict[str, Any], container: dict[str, Any], run: PodRun, container_env: dict[str, str]) -> None:
         """Start the pod's container with podman (operators/cli/drill/podman.py); the container

@@ -318,7 +318,11 @@ def test_a_pod_is_ready_only_once_its_readiness_probe_passes_and_not_ready_when_
     assert pods(api)[0]["status"]["containerStatuses"][0]["ready"] is True
     flag.unlink()
     wait(lambda: not st.pod_view(pods(api)[0]).ready, timeout=10)
-    assert any("Readiness probe failed: HTTP probe failed with statuscode: 503" in e for e in emu.events)
+    assert any("not Ready (readiness probe): Readiness probe failed: HTTP probe failed with statuscode: 503" in e for e in emu.events)
+    # the kubelet's Unhealthy event, as `kubectl describe pod` and gangflow's start-up timeout read it
+    (event,) = [e for e in api.items("", "events", NS) if e["involvedObject"]["name"] == pod["metadata"]["name"]]
+    assert event["reason"] == "Unhealthy" and event["type"] == "Warning" and event["count"] >= 2  # the misses that made it not Ready
+    assert event["message"] == "Readiness probe failed: HTTP probe failed with statuscode: 503"
 
 
 def test_a_readiness_probe_the_drill_cannot_run_is_refused_naming_it(cluster):

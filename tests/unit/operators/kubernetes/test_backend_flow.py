@@ -307,6 +307,31 @@ def test_startup_timeout_names_unschedulable_ranks(fake_k8s):
     assert api.get(*JS, NAMESPACE, handle["name"]) is None
 
 
+def test_startup_timeout_names_a_running_ranks_failed_readiness_probe(fake_k8s):
+    """A rank that runs but never passes its readiness probe (a Ray node that never gets healthy):
+    the timeout says so in the kubelet's words, from its Unhealthy event."""
+    api = fake_k8s
+    b = backend(runtime={"startupTimeoutSeconds": 1})
+    handle = b.submit(spec())
+    fx = fixtures_for(handle)
+
+    def admit_long_ago(a):
+        kueue_admit(fx, "running", ranks=[0, 1, 2])(a)
+        pod = fx.pod("running_not_ready", 3)
+        a.put("", "pods", pod)
+        for event in fx.events("readiness_failed", pod["metadata"]["name"]):
+            a.put("", "events", event)
+        wl = a.get(*KQ, NAMESPACE, "jobset-train-demo-t1-4f0d2")
+        for cond in wl["status"]["conditions"]:
+            cond["lastTransitionTime"] = timestamp(time.time() - 30)
+
+    api.steps = [admit_long_ago]
+    event = run_trigger(b.trigger(handle))
+    assert event["status"] == "timeout" and event["phase"] == "startup"
+    assert "3/4 ranks Ready" in event["message"]
+    assert "Running, not Ready: Readiness probe failed: HTTP probe failed with statuscode: 503" in event["message"]
+
+
 def test_kueue_preemption_is_a_failure_with_eviction_evidence(fake_k8s):
     api = fake_k8s
     b = backend()
