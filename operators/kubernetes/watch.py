@@ -188,6 +188,11 @@ class GangWatcher:
             evidence["dispatched_to"] = self.dispatched_to
         return self._event("failed", message, now, evidence=evidence)
 
+    async def _last_pod_event(self, pod: str, keep: Callable[[dict[str, Any]], bool]) -> dict[str, str] | None:
+        """The newest of a pod's events that `keep` accepts ({reason, message}), or None."""
+        events = [e for e in await self.api.list_events(pod, "Pod") if keep(e)]
+        return st.event_list(events)[-1] if events else None
+
     async def _pod_reasons(self, pods: list[dict[str, Any]], views: list[st.PodView]) -> list[str]:
         """Why pods are not running yet: PodScheduled=False messages, FailedScheduling events,
         container waiting reasons (ImagePullBackOff with the kubelet's message), a running pod's
@@ -202,9 +207,8 @@ class GangWatcher:
                 message = view.unschedulable
                 if looked_up < 2:
                     looked_up += 1
-                    events = [e for e in await self.api.list_events(view.name, "Pod") if e.get("reason") in ("FailedScheduling", "FailedCreate", "FailedMount")]
-                    if events:
-                        last = st.event_list(events)[-1]
+                    last = await self._last_pod_event(view.name, lambda e: e.get("reason") in ("FailedScheduling", "FailedCreate", "FailedMount"))
+                    if last:
                         message = f"{last['reason']}: {last['message']}"
                 reasons.append(f"{rank} unscheduled: {message or 'waiting for the scheduler'}")
             elif view.waiting_reason:
@@ -213,10 +217,10 @@ class GangWatcher:
                 message = ""
                 if view.phase == "Running" and looked_up < 2:  # the kubelet's word on its readiness probe
                     looked_up += 1
-                    events = [e for e in await self.api.list_events(view.name, "Pod")
-                              if e.get("reason") == "Unhealthy" and (e.get("message") or "").startswith("Readiness probe")]  # fmt: skip
-                    if events:
-                        message = ": " + st.event_list(events)[-1]["message"]
+                    last = await self._last_pod_event(
+                        view.name, lambda e: e.get("reason") == "Unhealthy" and (e.get("message") or "").startswith("Readiness probe"))
+                    if last:
+                        message = f": {last['message']}"
                 reasons.append(f"{rank} {view.phase}, not Ready{message}")
         # one line per distinct reason, with how many ranks share it
         counted: dict[str, int] = {}

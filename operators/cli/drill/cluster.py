@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import http.client
 import json
 import os
@@ -141,6 +142,18 @@ def ready_conditions(ready: bool, container: str, stamp: str) -> list[dict[str, 
             for kind in ("Ready", "ContainersReady")]  # fmt: skip
 
 
+def http_get(url: str, timeout: float, context: ssl.SSLContext | None = None) -> tuple[int, bytes, str]:
+    """GET a pod's port as a kubelet or an operator does: (status, body, ""), or (0, b"", why) when
+    nothing answers or what answers is not HTTP."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as resp:  # noqa: S310 (a pod's port on this machine)
+            return resp.status, resp.read(), ""
+    except urllib.error.HTTPError as exc:
+        return exc.code, b"", ""
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # HTTPException: not an HTTP server there
+        return 0, b"", str(exc)
+
+
 def seconds_since(stamp: str) -> float:
     """Seconds from a Kubernetes timestamp (`now()`'s format) to now: how long an object has been active."""
     return time.time() - parse_time(stamp)
@@ -209,13 +222,9 @@ class ReadinessProbe:
                 return f"dial tcp {self.host}:{self.port}: {exc}"
         url = f"{self.scheme.lower()}://{self.host}:{self.port}{self.path}"
         context = ssl._create_unverified_context() if self.scheme == "HTTPS" else None  # noqa: S323 (the kubelet does not verify either)
-        try:
-            with urllib.request.urlopen(url, timeout=self.timeout, context=context) as resp:  # noqa: S310 (the pod's own port)
-                code = resp.status
-        except urllib.error.HTTPError as exc:
-            code = exc.code
-        except (OSError, ValueError, http.client.HTTPException) as exc:
-            return f"Get {url}: {exc}"
+        code, _, error = http_get(url, self.timeout, context)
+        if error:
+            return f"Get {url}: {error}"
         return None if 200 <= code < 400 else f"HTTP probe failed with statuscode: {code}"
 
     def watch(self, run: PodRun, stop: threading.Event, missed: Callable[[str], None]) -> None:
@@ -802,7 +811,7 @@ class EmulatedCluster(ReconcileLoop):
         self._set_pod(key, status, nodeName=NODE)
         self._note(f"pod {key[1]} started (pid {run.proc.pid}): {' '.join(run.argv)}")
         if run.readiness is not None:
-            missed = lambda why, run=run: self._probe_missed(run, why)  # noqa: E731
+            missed = functools.partial(self._probe_missed, run)
             threading.Thread(target=run.readiness.watch, args=(run, getattr(self, "_stop", threading.Event()), missed), name=f"probe-{key[1]}", daemon=True).start()
 
     def _probe_missed(self, run: PodRun, why: str) -> None:

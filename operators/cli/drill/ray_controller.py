@@ -42,17 +42,14 @@ Where the drill differs from KubeRay (stated, not hidden):
 from __future__ import annotations
 
 import copy
-import http.client
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from operators.cli.drill.api_double import InMemoryKubernetesApi, name_suffix, now
-from operators.cli.drill.cluster import admit, kueue_workload, seconds_since
+from operators.cli.drill.cluster import admit, http_get, kueue_workload, seconds_since
 from operators.kubernetes.status import condition, is_true
 
 RAYJOBS = ("ray.io", "rayjobs")
@@ -121,18 +118,8 @@ class Dashboard:
 
     timeout = 2.0
 
-    @staticmethod
-    def _get(url: str) -> tuple[int, bytes]:
-        try:
-            with urllib.request.urlopen(url, timeout=Dashboard.timeout) as resp:  # noqa: S310 (http on 127.0.0.1)
-                return resp.status, resp.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, b""
-        except (OSError, ValueError, http.client.HTTPException):  # HTTPException: not an HTTP server there
-            return 0, b""
-
     def job(self, port: int, job_id: str) -> dict[str, Any] | None:
-        code, body = self._get(f"http://127.0.0.1:{port}/api/jobs/{job_id}")
+        code, body, _ = http_get(f"http://127.0.0.1:{port}/api/jobs/{job_id}", self.timeout)
         return json.loads(body) if code == 200 and body else None
 
 
@@ -142,7 +129,7 @@ class RayCluster:
 
     name: str
     job_uid: str
-    ports: dict[str, int]  # "dashboard" -> the head's dashboard port
+    dashboard_port: int  # the head's
     pods: list[str] = field(default_factory=list)
     waiting: list[dict[str, Any]] = field(default_factory=list)  # worker pods held for the head's GCS (wait-gcs-ready)
     submitters: list[str] = field(default_factory=list)
@@ -219,7 +206,7 @@ class RayController:
             cluster = self.clusters.get(uid)
             if cluster is None or cluster.name != status["rayClusterName"]:
                 cluster = self.clusters[uid] = self._create_cluster(rayjob, status["rayClusterName"], note)
-            status["dashboardURL"] = f"{cluster.name}-head-svc.{ns}.svc.cluster.local:{cluster.ports['dashboard']}"
+            status["dashboardURL"] = f"{cluster.name}-head-svc.{ns}.svc.cluster.local:{cluster.dashboard_port}"
             if cluster.waiting and self._ready(cluster, ns, cluster.pods[:1]):
                 # KubeRay's wait-gcs-ready init container waits for the GCS only; the drill waits for
                 # the whole head (its readiness probe): on one loaded machine a head still starting its
@@ -269,7 +256,7 @@ class RayController:
         if cluster is None or time.monotonic() < cluster.next_poll:
             return
         cluster.next_poll = time.monotonic() + self.poll_s
-        info = self.dashboard.job(cluster.ports["dashboard"], status["jobId"])
+        info = self.dashboard.job(cluster.dashboard_port, status["jobId"])
         backoff = int(spec.get("backoffLimit") or 0)
         if info is not None:
             status["jobStatus"] = info.get("status") or status.get("jobStatus") or ""
@@ -299,7 +286,7 @@ class RayController:
         port, dashboard = head_params.get("port", HEAD_PORT), head_params.get("dashboard-port", DASHBOARD_PORT)
         svc = f"{name}-head-svc"
         fqdn = f"{svc}.{ns}.svc.cluster.local"
-        cluster = RayCluster(name=name, job_uid=rayjob["metadata"]["uid"], ports={"dashboard": int(dashboard)})
+        cluster = RayCluster(name=name, job_uid=rayjob["metadata"]["uid"], dashboard_port=int(dashboard))
         self.api.put("", "services", {"apiVersion": "v1", "kind": "Service", "metadata": {
             "name": svc, "namespace": ns, "labels": {CLUSTER_LABEL: name, NODE_TYPE_LABEL: "head"}},
             "spec": {"selector": {CLUSTER_LABEL: name, NODE_TYPE_LABEL: "head"}, "clusterIP": "None", "ports": [
