@@ -397,7 +397,11 @@ def _preempted(f: Evidence) -> Hit | None:
             return Hit(f"event {reason}", message)
     if f.termination_reason in {"Preempted", "Preempting"}:
         return Hit(f"termination reason {f.termination_reason}")
-    return _slurm_cancelled(f, "PREEMPTION")
+    hit = _slurm_cancelled(f, "PREEMPTION")
+    if hit:
+        return hit
+    found = _first(_LSF_PREEMPTED, f.log_texts)
+    return Hit("LSF preempted the job", found[0], focus=found[1]) if found else None
 
 
 def _worker_cluster_lost(f: Evidence) -> Hit | None:
@@ -537,6 +541,11 @@ _SLURM_CANCELLED = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ 
 _NEXTFLOW_TIME_LIMIT = re.compile(r"Process exceeded running time limit \(\S{1,32}\)")
 # PBS/Torque's and LSF's word on a job past the run time its submission asked for (as Slurm's TIME LIMIT).
 _BATCH_TIME_LIMIT = _rx(r"PBS: job killed: walltime \d{1,12} exceeded limit \d{1,12}", r"TERM_RUNLIMIT: job killed after reaching LSF run time limit")
+# LSF's word on a job killed at another limit its submission or queue sets (bsub -M, -T, -p, -v, -c;
+# IBM's "Termination reasons displayed by bacct, bhist, and bjobs"): the request must change.
+_LSF_OWN_LIMIT = re.compile(r"TERM_(?:MEMLIMIT|THREADLIMIT|PROCESSLIMIT|SWAP|CPULIMIT): job killed after reaching LSF "
+                            r"(?:memory usage|thread|process|swap usage|CPU usage) limit")
+_LSF_PREEMPTED = re.compile(r"TERM_PREEMPT: job killed after preemption")
 
 
 def _slurm_cancelled(f: Evidence, why: str) -> Hit | None:
@@ -559,6 +568,11 @@ def _deadline_exceeded(f: Evidence) -> Hit | None:
         return Hit("Nextflow: the process ran past its time directive", found[0], focus=found[1])
     found = _first(_BATCH_TIME_LIMIT, f.log_texts)
     return Hit("the batch scheduler killed the job at the run time it asked for (walltime)", found[0], focus=found[1]) if found else None
+
+
+def _batch_own_limit(f: Evidence) -> Hit | None:
+    found = _first(_LSF_OWN_LIMIT, f.log_texts)
+    return Hit("LSF killed the job at a limit its submission or queue sets", found[0], focus=found[1]) if found else None
 
 
 def _trainer_preempted(f: Evidence) -> Hit | None:
@@ -789,7 +803,7 @@ RULES: tuple[Rule, ...] = (
     Rule("evicted-over-own-limit", "user", 1, _container_limit_eviction, summary="Evicted: pod exceeded its own limit"),
     Rule("k8s-disruption", "infra", 1, _disruption_condition, summary="DisruptionTarget pod condition"),
     Rule("node-lost", "infra", 1, _node_lost, summary="NodeLost / NodeNotReady / node not ready"),
-    Rule("k8s-preempted", "infra", 1, _preempted, summary="pod reason Preempting, event Preempted, Slurm DUE TO PREEMPTION"),
+    Rule("k8s-preempted", "infra", 1, _preempted, summary="pod reason Preempting, event Preempted, Slurm DUE TO PREEMPTION, LSF TERM_PREEMPT"),
     Rule("worker-cluster-lost", "infra", 1, _worker_cluster_lost, summary="Kueue Workload Evicted, reason AdmissionCheck (MultiKueue worker lost)"),  # fmt: skip
     Rule("evicted-no-memory-request", "user", 1, _evicted_without_memory_request, summary="Evicted for node memory pressure, container used memory with request 0"),  # fmt: skip
     Rule("k8s-evicted", "infra", 1, _evicted, summary="pod reason / event Evicted (node pressure)"),
@@ -806,6 +820,7 @@ RULES: tuple[Rule, ...] = (
     Rule("image-pull-failed", "user", 2, _image_pull_failed, summary="ErrImagePull / ImagePullBackOff, no throttling"),
     Rule("container-config-error", "user", 2, _create_container_config_error, summary="CreateContainerConfigError"),
     Rule("deadline-exceeded", "user", 2, _deadline_exceeded, summary="pod reason DeadlineExceeded, Slurm DUE TO TIME LIMIT, PBS/LSF walltime, Nextflow's time directive"),
+    Rule("batch-own-limit", "user", 2, _batch_own_limit, summary="LSF TERM_MEMLIMIT / THREADLIMIT / PROCESSLIMIT / SWAP / CPULIMIT"),
     # 3. The trainer said why.
     Rule("trainer-preempted-exit", "infra", 3, _trainer_preempted, summary=f"trainer exit code {EXIT_PREEMPTED}"),
     Rule("trainer-config-error", "user", 3, _trainer_config_error, summary=f"error record source config / exit code {EXIT_CONFIG_ERROR}"),

@@ -25,7 +25,7 @@ def load(path: Path) -> dict:
 
 
 def test_there_are_enough_fixtures():
-    assert 25 <= len(FIXTURES) <= 80
+    assert 25 <= len(FIXTURES) <= 90
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])

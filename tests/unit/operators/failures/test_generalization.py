@@ -202,6 +202,14 @@ SPENT_SPLIT_WORDINGS = [
     # holdout21+22's look: PBS/Torque's and LSF's run-time limit is the job's own, as Slurm's TIME LIMIT is
     ("=>> PBS: job killed: walltime 7215 exceeded limit 7200", "user", "deadline-exceeded"),
     ("TERM_RUNLIMIT: job killed after reaching LSF run time limit.\nExited with exit code 140.", "user", "deadline-exceeded"),
+    # holdout23+24's look: LSF's other limits of the job's own submission or queue are the user's too
+    # (IBM's termination reasons); LSF's preemption is the cluster's
+    ("TERM_THREADLIMIT: job killed after reaching LSF thread limit.\nExited with exit code 143.", "user", "batch-own-limit"),
+    ("TERM_MEMLIMIT: job killed after reaching LSF memory usage limit.\nExited with exit code 1.", "user", "batch-own-limit"),
+    ("TERM_PROCESSLIMIT: job killed after reaching LSF process limit.", "user", "batch-own-limit"),
+    ("TERM_SWAP: job killed after reaching LSF swap usage limit.", "user", "batch-own-limit"),
+    ("TERM_CPULIMIT: job killed after reaching LSF CPU usage limit.\nExited with exit code 152.", "user", "batch-own-limit"),
+    ("TERM_PREEMPT: job killed after preemption.\nExited with exit code 130.", "infra", "k8s-preempted"),
     # holdout19+20's look: a library's exception that says its server may be down and to try again
     # later is the service's (the user's script only called it); a ValueError the user's code raised stays the user's
     ('Traceback (most recent call last):\n  File "/home/u/proj/prepare.py", line 8, in <module>\n    weights = hub.fetch("unet-small")\n'
