@@ -140,7 +140,9 @@ _GPU_NODE = _rx(
     r"caused by previous Xid", r"\bfabric ?manager\b", r"system not yet initialized", r"Could not resolve Linux kernel version",
     r"GPL-incompatible module nvidia\.ko", r"NVIDIA-SMI has failed", r"No devices were found", r"RmInitAdapter failed",
     r"Unable to determine the device handle for GPU", r"nvidia-container-cli: initialization error",
-    r"nvls\.cc[^\n]*(?:Cuda failure|failed)", r"cuda runtime error \(30\) : unknown error",
+    r"nvls\.cc[^\n]*(?:Cuda failure|failed)",
+    # CUDA's unknown error (the driver's or the GPU's state), in old and current words
+    r"cuda runtime error \(30\) : unknown error", r"CUDA error: unknown error", r"\bcudaErrorUnknown\b", r"\bCUDA_ERROR_UNKNOWN\b",
     _NO_DEVICE.pattern,
 )  # fmt: skip
 # The program broke a tensor/API contract (shapes, dtypes, devices, autograd, DDP usage).
@@ -848,7 +850,7 @@ RULES: tuple[Rule, ...] = (
     Rule("bad-data", "user", 4, _text_rule(_BAD_DATA, "the data is broken"), summary="corrupt images, checksum mismatch, truncated torch.load file"),  # fmt: skip
     # 5. Infrastructure log patterns.
     Rule("gpu-hardware", "infra", 5, _gpu_hardware, summary="NVRM Xid (hardware), ECC, unspecified launch failure"),
-    Rule("gpu-node-fault", "infra", 5, _text_rule(_GPU_NODE, "the node's GPU stack is broken"), summary="NVML init failure, driver/library mismatch, GSP timeout, no CUDA/ROCm device detected"),  # fmt: skip
+    Rule("gpu-node-fault", "infra", 5, _text_rule(_GPU_NODE, "the node's GPU stack is broken"), summary="NVML init failure, driver/library mismatch, GSP timeout, no CUDA/ROCm device detected, CUDA unknown error"),  # fmt: skip
     # A watchdog timeout with nothing else in view is as often the program's (rank-0-only
     # evaluation or preprocessing, ranks with unequal batch counts) as a hung network: not a
     # confident infra verdict. A peer's own failure (SIGKILL, preemption, exception) decides

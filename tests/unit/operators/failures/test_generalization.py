@@ -210,6 +210,11 @@ SPENT_SPLIT_WORDINGS = [
     ("TERM_SWAP: job killed after reaching LSF swap usage limit.", "user", "batch-own-limit"),
     ("TERM_CPULIMIT: job killed after reaching LSF CPU usage limit.\nExited with exit code 152.", "user", "batch-own-limit"),
     ("TERM_PREEMPT: job killed after preemption.\nExited with exit code 130.", "infra", "k8s-preempted"),
+    # holdout23+24's look: CUDA's unknown error (cudaErrorUnknown) in today's words, as its older
+    # wording "cuda runtime error (30) : unknown error" already is: the driver's or the GPU's state
+    ("RuntimeError: CUDA error: unknown error\nCUDA kernel errors might be asynchronously reported at some other API call", "infra", "gpu-node-fault"),
+    ("terminate called after throwing an instance of 'std::runtime_error'\n  what():  cudaGetDeviceCount( & n ) error( cudaErrorUnknown): unknown error\nAborted (core dumped)", "infra", "gpu-node-fault"),
+    ("jaxlib.xla_extension.XlaRuntimeError: INTERNAL: CUDA_ERROR_UNKNOWN: unknown error", "infra", "gpu-node-fault"),
     # holdout19+20's look: a library's exception that says its server may be down and to try again
     # later is the service's (the user's script only called it); a ValueError the user's code raised stays the user's
     ('Traceback (most recent call last):\n  File "/home/u/proj/prepare.py", line 8, in <module>\n    weights = hub.fetch("unet-small")\n'
