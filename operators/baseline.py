@@ -54,12 +54,14 @@ def _torchrun(nproc: int, module_args: Sequence[str], *, cwd: Path, timeout_s: f
     """`-m trainer` through trainer.launch (torch imported once, ranks forked: as the local backend
     launches), any other module through torchrun."""
     launcher = "trainer.launch" if module_args[0] == "trainer" else "torch.distributed.run"
-    cmd = [sys.executable, "-m", launcher, "--standalone", "--nproc-per-node", str(nproc),
-           "--max-restarts", "0", "-m", *module_args]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
     for key in ("GANGFLOW_FAULT", "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "GANGFLOW_METRICS_PORT"):
         env.pop(key, None)
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    # without --log-dir torchrun keeps its ranks' error files in a temp folder it never removes
+    with tempfile.TemporaryDirectory(prefix="gangflow-torchrun-") as log_dir:
+        cmd = [sys.executable, "-m", launcher, "--standalone", "--nproc-per-node", str(nproc),
+               "--max-restarts", "0", "--log-dir", log_dir, "-m", *module_args]
+        done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         raise GangflowError(f"{' '.join(module_args[:1])} on {nproc} rank(s) failed (exit {done.returncode}): "
                             f"{(done.stdout + done.stderr)[-3000:]}")

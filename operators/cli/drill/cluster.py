@@ -876,6 +876,8 @@ class EmulatedCluster(ReconcileLoop):
         env[AUDIT_ENV] = str(run.audit_path)
         env[POD_MARKER] = run.marker
         env.update(self.extra_env)
+        if "/tmp" in rewrites.mounts:  # tempfile's folder is then the pod's /tmp emptyDir, as in its container
+            env.setdefault("TMPDIR", rewrites.mounts["/tmp"])
         run.argv, run.env = argv, env
         executable = shutil.which(argv[0], path=env.get("PATH")) if "/" not in argv[0] else argv[0]
         if not executable:

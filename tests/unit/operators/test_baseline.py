@@ -3,6 +3,8 @@ first baseline with nothing to compare with. The DAG twice: tests/system/dags/te
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from operators.baseline import compare, higher_is_better, regression_message
@@ -28,3 +30,26 @@ def test_better_figures_and_the_first_baseline_do_not_regress():
     assert compare({"step_time_ms_x_r1": 5.0}, {"step_time_ms_x_r1": 10.0}, threshold=0.1).regressions == []
     first = compare({"step_time_ms_x_r1": 5.0}, None, threshold=0.1)
     assert (first.compared_with, first.regressions) == (None, [])
+
+
+def test_a_gang_leaves_nothing_in_the_machines_temp_folder(tmp_path, monkeypatch):
+    """torchrun writes its ranks' error files under a temp folder of its own when no --log-dir is
+    given, and never removes it: the baseline names one and removes it after the gang."""
+    import subprocess
+    import tempfile
+
+    from operators import baseline
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen = []
+
+    def torchrun(cmd, **kwargs):
+        log_dir = Path(cmd[cmd.index("--log-dir") + 1])
+        (log_dir / "run-id" / "attempt_0" / "0").mkdir(parents=True)
+        (log_dir / "run-id" / "attempt_0" / "0" / "error.json").write_text("{}")
+        seen.append(log_dir)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(baseline.subprocess, "run", torchrun)
+    baseline._torchrun(2, ["trainer.collectives", "--out", "x"], cwd=tmp_path, timeout_s=5)
+    assert seen and seen[0].is_relative_to(tmp_path) and list(tmp_path.iterdir()) == []

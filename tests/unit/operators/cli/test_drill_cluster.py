@@ -19,9 +19,9 @@ from operators.cli.drill.image import Image
 NS = "ml"
 # index 0 writes its error record and fails with 3; index 1 would run for a minute
 SCRIPT = """
-import json, os, sys, time
+import json, os, sys, tempfile, time
 index = sys.argv[1]
-print("rank", index, "token", os.environ["TOKEN"], "home", os.environ["HOME"], "cwd", os.getcwd(), flush=True)
+print("rank", index, "token", os.environ["TOKEN"], "home", os.environ["HOME"], "cwd", os.getcwd(), "temp", tempfile.gettempdir(), flush=True)
 if index == "0":
     time.sleep(1.5)
     with open(os.environ["GANGFLOW_TERMINATION_LOG"], "w") as fh:
@@ -122,7 +122,8 @@ def test_admission_pods_from_processes_failure_and_teardown(cluster):
     wait(lambda: processes_with_marker(emu.drill_id + "/") == [])  # and its process reaped
     log = api.logs[(NS, failed[0]["metadata"]["name"])]
     run0 = runs[0]
-    assert f"home {run0.dir / 'tmp'} cwd {run0.dir / 'tmp'}" in log  # its own empty /tmp as HOME and cwd
+    # its own empty /tmp as HOME, cwd and the temp folder of tempfile (torchrun's error files go there)
+    assert f"home {run0.dir / 'tmp'} cwd {run0.dir / 'tmp'} temp {run0.dir / 'tmp'}" in log
     # teardown of the gang object removes the rest
     api.handle("DELETE", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets/g-t1", None)
     assert pods(api) == [] and api.items(*KQ) == []
