@@ -49,9 +49,9 @@ def command(run_dir: Path, sets=SMALL, nproc: int | None = 2) -> list[str]:
         args += ["--set", item]
     if nproc is None:
         return [PYTHON, *args]
-    # --log-dir beside the run dir: without one, torchrun leaves a torchelastic_* folder in /tmp each run
-    return [TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), "--max-restarts", "0",
-            "--log-dir", str(run_dir.parent / "torchrun-logs"), *args]
+    # --log-dir beside a local run dir: without one, torchrun leaves a torchelastic_* folder in /tmp each run
+    log_dir = [] if "://" in str(run_dir) else ["--log-dir", str(Path(run_dir).parent / "torchrun-logs")]
+    return [TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), "--max-restarts", "0", *log_dir, *args]
 
 
 def run(run_dir: Path, sets=SMALL, nproc: int | None = 2, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
