@@ -572,11 +572,6 @@ def _deadline_exceeded(f: Evidence) -> Hit | None:
     return Hit("the batch scheduler killed the job at the run time it asked for (walltime)", found[0], focus=found[1]) if found else None
 
 
-def _batch_own_limit(f: Evidence) -> Hit | None:
-    found = _first(_LSF_OWN_LIMIT, f.log_texts)
-    return Hit("LSF killed the job at a limit its submission or queue sets", found[0], focus=found[1]) if found else None
-
-
 def _trainer_preempted(f: Evidence) -> Hit | None:
     if f.exit_code == EXIT_PREEMPTED:
         return Hit(f"trainer exit code {EXIT_PREEMPTED} (stopped on SIGTERM, the preemption path)")
@@ -822,7 +817,7 @@ RULES: tuple[Rule, ...] = (
     Rule("image-pull-failed", "user", 2, _image_pull_failed, summary="ErrImagePull / ImagePullBackOff, no throttling"),
     Rule("container-config-error", "user", 2, _create_container_config_error, summary="CreateContainerConfigError"),
     Rule("deadline-exceeded", "user", 2, _deadline_exceeded, summary="pod reason DeadlineExceeded, Slurm DUE TO TIME LIMIT, PBS/LSF walltime, Nextflow's time directive"),
-    Rule("batch-own-limit", "user", 2, _batch_own_limit, summary="LSF TERM_MEMLIMIT / THREADLIMIT / PROCESSLIMIT / SWAP / CPULIMIT"),
+    Rule("batch-own-limit", "user", 2, _log_rule(_LSF_OWN_LIMIT, "LSF killed the job at a limit its submission or queue sets"), summary="LSF TERM_MEMLIMIT / THREADLIMIT / PROCESSLIMIT / SWAP / CPULIMIT"),  # fmt: skip
     # 3. The trainer said why.
     Rule("trainer-preempted-exit", "infra", 3, _trainer_preempted, summary=f"trainer exit code {EXIT_PREEMPTED}"),
     Rule("trainer-config-error", "user", 3, _trainer_config_error, summary=f"error record source config / exit code {EXIT_CONFIG_ERROR}"),

@@ -3,10 +3,13 @@ first baseline with nothing to compare with. The DAG twice: tests/system/dags/te
 
 from __future__ import annotations
 
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from operators import baseline
 from operators.baseline import compare, higher_is_better, regression_message
 
 
@@ -35,11 +38,6 @@ def test_better_figures_and_the_first_baseline_do_not_regress():
 def test_a_gang_leaves_nothing_in_the_machines_temp_folder(tmp_path, monkeypatch):
     """torchrun writes its ranks' error files under a temp folder of its own when no --log-dir is
     given, and never removes it: the baseline names one and removes it after the gang."""
-    import subprocess
-    import tempfile
-
-    from operators import baseline
-
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     seen = []
 
