@@ -200,6 +200,7 @@ _REQUEST_REFUSED = _rx(
     r"You must specify a region", r"\b(?:InvalidClientTokenId|UnrecognizedClientException|AuthorizationHeaderMalformed|PermanentRedirect)\b",
     catalogue.USER_REQUEST_MESSAGE.pattern,
     r"do not have permission to access the requested resource",  # W&B: an entity or project the user named
+    r"<Response \[40[13]\]>",  # requests' repr of a refused response (W&B's "permission denied (<Response [403]>)")
 )  # fmt: skip
 # The data is broken: it fails the same way on every read.
 _BAD_DATA = _rx(
@@ -685,7 +686,7 @@ def _user_exception_line(f: Evidence) -> Hit | None:
     """A bare exception line (no traceback) whose type says the program is wrong."""
     if f.record is not None and f.record.source_given and f.record.source is None:
         return None
-    for exc in _bare_exceptions(f):
+    for exc in _bare_exceptions(f, after=_HANDLED):
         if exc.name in catalogue.USER_EXCEPTION_NAMES and judge(exc) is None:
             return Hit(f"{exc.name} (the program, its config or its data is wrong)", exc.text, exc.rank, focus=exc.name)
     return None
@@ -699,10 +700,19 @@ def _infra_exception(f: Evidence) -> Hit | None:
     return None
 
 
-def _bare_exceptions(f: Evidence) -> list[Exc]:
-    """Exception lines printed without a traceback ("RuntimeError: ..." at a line start), last first."""
+# Python's chained traceback: the exceptions above this line were handled; a later one ended the program.
+_HANDLED = "During handling of the above exception, another exception occurred"
+
+
+def _bare_exceptions(f: Evidence, *, after: str | None = None) -> list[Exc]:
+    """Exception lines printed without a traceback ("RuntimeError: ..." at a line start), last first;
+    with `after`, only those below the last line that holds it."""
+    lines = f.log_tail.splitlines()[-400:]
+    if after is not None:
+        marks = [i for i, line in enumerate(lines) if after in line]
+        lines = lines[marks[-1] + 1 :] if marks else lines
     found = []
-    for line in reversed(f.log_tail.splitlines()[-400:]):
+    for line in reversed(lines):
         body = line[RANK_PREFIX.match(line).end() :] if RANK_PREFIX.match(line) else line
         parsed = parse_exception_line(body)
         if parsed and parsed[1] and (parsed[0].endswith(("Error", "Exception", "Exit", "Interrupt")) or "." in parsed[0]):

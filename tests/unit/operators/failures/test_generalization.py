@@ -215,6 +215,18 @@ SPENT_SPLIT_WORDINGS = [
     ("RuntimeError: CUDA error: unknown error\nCUDA kernel errors might be asynchronously reported at some other API call", "infra", "gpu-node-fault"),
     ("terminate called after throwing an instance of 'std::runtime_error'\n  what():  cudaGetDeviceCount( & n ) error( cudaErrorUnknown): unknown error\nAborted (core dumped)", "infra", "gpu-node-fault"),
     ("jaxlib.xla_extension.XlaRuntimeError: INTERNAL: CUDA_ERROR_UNKNOWN: unknown error", "infra", "gpu-node-fault"),
+    # holdout25+26's look: requests' repr of a 401/403 response is a refusal (a W&B entity the user may
+    # not write to), unless it says it is throttling
+    ("wandb: ERROR Error while calling W&B API: permission denied (<Response [403]>)", "user", "request-refused"),
+    ("upload of run files failed: <Response [401]>", "user", "request-refused"),
+    # ... and an exception handled in a chained traceback is not the cause: the one below it ended the program
+    ('  File "/usr/lib/python3.11/http/client.py", line 546, in _read_next_chunk_size\n    return int(line, 16)\n'
+     "ValueError: invalid literal for int() with base 16: b''\n\nDuring handling of the above exception, another exception occurred:\n\n"
+     "Traceback (most recent call last):\nhttp.client.IncompleteRead: IncompleteRead(0 bytes read)\n\n"
+     "urllib3.exceptions.ProtocolError: ('Connection broken: IncompleteRead(0 bytes read)', IncompleteRead(0 bytes read))",
+     "infra", "transient-network"),
+    ("ConnectionResetError: [Errno 104] Connection reset by peer\n\nDuring handling of the above exception, another exception occurred:\n\n"
+     "KeyError: 'label'", "user", "user-exception-line"),
     # holdout19+20's look: a library's exception that says its server may be down and to try again
     # later is the service's (the user's script only called it); a ValueError the user's code raised stays the user's
     ('Traceback (most recent call last):\n  File "/home/u/proj/prepare.py", line 8, in <module>\n    weights = hub.fetch("unet-small")\n'
