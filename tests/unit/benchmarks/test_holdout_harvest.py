@@ -1,0 +1,112 @@
+"""benchmarks/holdout_harvest.py on a small corpus: what it keeps, what it freezes, and that it
+prints counts and the hash only."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import holdout_harvest as harvest  # noqa: E402
+from operators.failures.cases import load_split, load_split_cases  # noqa: E402
+
+SECRET_LOG = "Xid 79: GPU has fallen off the bus (only in the case file)"
+
+
+def case(project: str, number: int = 7, **change) -> dict:
+    row = {"id": f"{project.replace('/', '__')}-{number}", "project": project,
+           "url": f"https://github.com/{project}/issues/{number}", "label": "infra", "hard": False,
+           "why": "the node's GPU was replaced", "evidence": {"log_tail": SECRET_LOG, "exit_code": 1}}  # fmt: skip
+    return row | change
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for project in ("own/train", "own/dev", "own/test"):
+        base = case(project) | {"label": "user"}
+        (folder / f"{project.replace('/', '__')}.jsonl").write_text(json.dumps(base) + "\n")
+    test_hash = hashlib.sha256((folder / "own__test.jsonl").read_bytes()).hexdigest()
+    split = {"seed": 1, "train": ["own/train"], "dev": ["own/dev"], "test": ["own/test"], "test_sha256": test_hash,
+             "holdout3": ["Old/Holdout"], "holdout3_sha256": "0" * 64}  # fmt: skip
+    (folder / "split.json").write_text(json.dumps(split, indent=2) + "\n")
+    return folder
+
+
+def test_start_excludes_every_project_of_the_corpus_and_the_split(corpus, tmp_path):
+    workspace = tmp_path / "ws"
+    harvest.start("holdout9", workspace, corpus)
+    excluded = (workspace / "excluded.txt").read_text().split()
+    assert excluded == ["old/holdout", "own/dev", "own/test", "own/train"]
+    brief = (workspace / "brief.md").read_text()
+    assert f"{workspace}/claimed.txt" in brief and "(holdout9)" in brief
+    assert "never cut lines at the end" in brief and "not even in general words" in brief
+    assert f"{workspace}/reader-input.jsonl" in (workspace / "READER.md").read_text()
+
+
+def test_prepare_keeps_the_briefs_shape_and_shows_the_reader_evidence_only(corpus, tmp_path):
+    workspace = tmp_path / "ws"
+    harvest.start("holdout9", workspace, corpus)
+    lines = [case("new/one"), case("new/two", 12, label="user", hard=True),
+             case("Own/Train"),  # an excluded project, in other letters
+             case("new/one", 8),  # the same project twice
+             case("new/three", url="https://gitlab.com/new/three/issues/7"),
+             case("new/four") | {"comment": "extra key"},
+             case("new/five", id="new__five-99"),
+             case("new/six", evidence={"log_tail": SECRET_LOG, "exit_code": "1"})]  # fmt: skip
+    (workspace / "part1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + "{not json\n")
+    said = harvest.prepare("holdout9", workspace, seed=5)
+    assert said.startswith("holdout9: kept 2 (1 infra / 1 user, 1 hard); dropped 7")
+    assert SECRET_LOG not in said and "new/one" not in said
+    shown = [json.loads(line) for line in (workspace / "reader-input.jsonl").read_text().splitlines()]
+    assert [set(row) for row in shown] == [{"key", "evidence"}] * 2
+    keys = json.loads((workspace / "keys.json").read_text())
+    assert sorted(keys.values()) == ["new__one-7", "new__two-12"]
+    again = tmp_path / "again"
+    harvest.start("holdout9", again, corpus)
+    (again / "part1.jsonl").write_text((workspace / "part1.jsonl").read_text())
+    harvest.prepare("holdout9", again, seed=5)
+    assert json.loads((again / "keys.json").read_text()) == keys  # the seed fixes the order
+
+
+def test_freeze_writes_the_set_with_the_readers_labels_under_a_hash_the_loader_checks(corpus, tmp_path):
+    workspace = tmp_path / "ws"
+    harvest.start("holdout9", workspace, corpus)
+    (workspace / "part1.jsonl").write_text(json.dumps(case("new/one")) + "\n" + json.dumps(case("new/two", label="user")) + "\n")
+    harvest.prepare("holdout9", workspace, seed=5)
+    keys = json.loads((workspace / "keys.json").read_text())
+    (workspace / "reader-output.jsonl").write_text(
+        "".join(json.dumps({"key": k, "label": "infra", "confidence": 0.8, "why": "xid"}) + "\n" for k in keys))
+    said = harvest.freeze("holdout9", workspace, corpus)
+    split = load_split(corpus)
+    assert split.holdouts["holdout9"] == ("new/one", "new/two")
+    assert said.endswith(f"sha256 {split.holdout_sha256['holdout9']}") and SECRET_LOG not in said
+    assert "2 cases (1 infra / 1 user, 0 hard); reader 2 infra / 0 user" in said
+    frozen = load_split_cases(split, "holdout9", corpus)  # raises if the hash does not match the files
+    assert [c.id for c in frozen] == ["new__one-7", "new__two-7"]
+    row = json.loads((corpus / "new__one.jsonl").read_text())
+    assert row["reader"] == {"label": "infra", "confidence": 0.8}
+    with pytest.raises(harvest.HarvestError, match="holdout9 is in split.json already"):
+        harvest.freeze("holdout9", workspace, corpus)
+
+
+def test_freeze_refuses_a_reader_that_skipped_a_case_and_writes_nothing(corpus, tmp_path):
+    workspace = tmp_path / "ws"
+    harvest.start("holdout9", workspace, corpus)
+    (workspace / "part1.jsonl").write_text(json.dumps(case("new/one")) + "\n" + json.dumps(case("new/two")) + "\n")
+    harvest.prepare("holdout9", workspace, seed=5)
+    first = next(iter(json.loads((workspace / "keys.json").read_text())))
+    (workspace / "reader-output.jsonl").write_text(json.dumps({"key": first, "label": "user", "confidence": 0.6}) + "\n")
+    split_before = (corpus / "split.json").read_text()
+    with pytest.raises(harvest.HarvestError, match="answers 1 of 2 keys"):
+        harvest.freeze("holdout9", workspace, corpus)
+    assert (corpus / "split.json").read_text() == split_before
+    assert not (corpus / "new__one.jsonl").exists()
+    assert harvest.main(["freeze", "holdout9", "--workspace", str(workspace), "--corpus", str(corpus)]) == 2
