@@ -72,8 +72,9 @@ test: install browser-deps prometheus-deps podman-deps
 browser-deps:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } || echo "chromium missing: the browser test will fail; install Debian's chromium"
 
-# Unit tests only (tests/unit): no DAG run, no torchrun gang, no browser.
-test-fast: install
+# Unit tests only (tests/unit): no DAG run, no torchrun gang, no browser; the scrape-config test
+# checks the chart's Prometheus configuration with promtool.
+test-fast: install prometheus-deps
 	$(BIN)/python -m pytest -n 2 --dist loadfile tests/unit
 
 ui: setup

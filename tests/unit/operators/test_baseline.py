@@ -7,8 +7,6 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import pytest
-
 from operators import baseline
 from operators.baseline import compare, higher_is_better, regression_message
 
