@@ -21,6 +21,7 @@ import json
 import random
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -248,21 +249,22 @@ def freeze(name: str, workspace: Path, corpus: Path) -> str:
         raise HarvestError("a project of the set has a corpus file already")
     for case, path in zip(cases, paths):
         path.write_text(json.dumps({**case, "reader": labels[case["id"]]}, ensure_ascii=False) + "\n", encoding="utf-8")
+    projects = sorted(case["project"] for case in cases)
     try:
         load_cases(paths)  # the corpus's own checks; its errors never quote a case
-        raw[name] = sorted(case["project"] for case in cases)
-        raw[f"{name}_sha256"] = "0" * 64
-        split_path.write_text(json.dumps(raw, indent=2, ensure_ascii=False) + "\n")
-        raw[f"{name}_sha256"] = split_sha256(load_split(corpus), name, corpus)
+        split = load_split(corpus)
+        split = replace(split, holdouts={**split.holdouts, name: tuple(projects)})  # the hash before split.json names the set
+        digest = split_sha256(split, name, corpus)
     except CorpusError:
         for path in paths:
             path.unlink()
         raise
+    raw |= {name: projects, f"{name}_sha256": digest}
     split_path.write_text(json.dumps(raw, indent=2, ensure_ascii=False) + "\n")
     infra, hard = sum(c["label"] == "infra" for c in cases), sum(c["hard"] for c in cases)
     said = sum(v["label"] == "infra" for v in labels.values())
     return (f"{name}: {len(cases)} cases ({infra} infra / {len(cases) - infra} user, {hard} hard); "
-            f"reader {said} infra / {len(labels) - said} user; sha256 {raw[f'{name}_sha256']}")
+            f"reader {said} infra / {len(labels) - said} user; sha256 {digest}")
 
 
 def main(argv: list[str] | None = None) -> int:
