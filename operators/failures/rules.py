@@ -49,7 +49,7 @@ _NODE_GONE = _rx(
     r"(?:worker|raylet|node) (?:died|crashed) unexpectedly", r"Shutdown manager killing pod", r"\bNodeNotReady\b",
     r"^\s*pod deleted\s*$",
     # Slurm: the node failed the job's launch (prolog, slurmd); Databricks: the node's daemon died
-    r"launch failed requeued held", r"Prolog failure on node", r"did not answer ping",
+    r"launch failed requeued held", r"Prolog failure on node", r"PrologSlurmctld failed", r"did not answer ping",
     r"\bVMRecreatedDuringExecution\b",  # GCP Batch recreated the task's VM under it
     r"hosted runner(?::[^\n]{1,200})? lost communication with the server",  # GitHub Actions lost the job's machine
     # the kubelet lost the node's container runtime: every pod on the node goes with it
@@ -179,6 +179,8 @@ _CONFIG_INVALID = _rx(
     # Ray's autoscaler: no node type of the cluster could ever hold the request (not a shortage)
     r"No available node types can fulfill resource request",
     r"Reason: ClientError: ",  # SageMaker's failure class for a job its input or configuration failed
+    # gRPC's and Google APIs' status for a request the server will refuse every time (never retryable)
+    r"\bINVALID_ARGUMENT\b",
 )  # fmt: skip
 # The server's own certificate ran past its end date (OpenSSL, curl, Go and Node say it so): its
 # owner renews it, nothing on the client changes. 4 of 4 spent hold-out cases with the wording.
@@ -847,7 +849,7 @@ RULES: tuple[Rule, ...] = (
     Rule("user-exception", "user", 4, _user_exception, summary="traceback through the trainer's/user's frames"),
     Rule("user-exception-line", "user", 4, _user_exception_line, summary="a bare ValueError/KeyError/TypeError... line"),
     Rule("program-error", "user", 4, _text_rule(_PROGRAM_ERROR, "the program broke a tensor/API contract"), summary="shape/dtype/device mismatch, DDP unused parameters"),  # fmt: skip
-    Rule("config-invalid", "user", 4, _text_rule(_CONFIG_INVALID, "the job's config or command line is invalid"), summary="pydantic validation error, argparse error"),  # fmt: skip
+    Rule("config-invalid", "user", 4, _text_rule(_CONFIG_INVALID, "the job's config or command line is invalid"), summary="pydantic validation error, argparse error, gRPC INVALID_ARGUMENT"),  # fmt: skip
     Rule("server-certificate-expired", "infra", 4, _text_rule(_CERT_EXPIRED, "the server's TLS certificate has expired (its owner renews it)"), summary="certificate has expired"),  # fmt: skip
     Rule("tls-certificate", "user", 4, _text_rule(_TLS_CERTIFICATE, "the client does not trust the server's TLS certificate (CA bundle, proxy)"), summary="certificate verify failed, self-signed certificate"),  # fmt: skip
     Rule("launch-config-error", "user", 4, _text_rule(_LAUNCH_CONFIG, "the launch is misconfigured"), summary="address already in use, ssh between nodes"),  # fmt: skip

@@ -215,6 +215,14 @@ SPENT_SPLIT_WORDINGS = [
     ("RuntimeError: CUDA error: unknown error\nCUDA kernel errors might be asynchronously reported at some other API call", "infra", "gpu-node-fault"),
     ("terminate called after throwing an instance of 'std::runtime_error'\n  what():  cudaGetDeviceCount( & n ) error( cudaErrorUnknown): unknown error\nAborted (core dumped)", "infra", "gpu-node-fault"),
     ("jaxlib.xla_extension.XlaRuntimeError: INTERNAL: CUDA_ERROR_UNKNOWN: unknown error", "infra", "gpu-node-fault"),
+    # holdout27+28+29's look: gRPC's and Google APIs' INVALID_ARGUMENT is refused every time; Slurm's
+    # controller-side prolog failing kills the job on the site's side
+    ("google.api_core.exceptions.InvalidArgument: 400 INVALID_ARGUMENT: machine_type a2-megagpu-16g is not supported in us-east1",
+     "user", "config-invalid"),
+    ('grpc._channel._InactiveRpcError: <_InactiveRpcError of RPC that terminated with:\n\tstatus = StatusCode.INVALID_ARGUMENT\n'
+     '\tdetails = "tensor shape [3, 224] does not match the model input [3, 224, 224]"', "user", "config-invalid"),
+    ("srun: job 902211 queued and waiting for resources\nsrun: error: PrologSlurmctld failed, job killed\nsrun: Force Terminated job 902211",
+     "infra", "node-gone"),
     # holdout25+26's look: requests' repr of a 401/403 response is a refusal (a W&B entity the user may
     # not write to), unless it says it is throttling
     ("wandb: ERROR Error while calling W&B API: permission denied (<Response [403]>)", "user", "request-refused"),
