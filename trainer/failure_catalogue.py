@@ -222,6 +222,8 @@ HTTP_TRANSIENT = _rx(
     r"\b(?:HTTP(?:/\d(?:\.\d)?)?(?: Error)?|[Ss]tatus(?: [Cc]ode)?|response code|error code|returned)[ :=]*(?:429|408|50[02346789]|5[1-9]\d)\b",
     r"\b(?:50[02346789]|5[1-9]\d) (?:Server Error|Internal Server Error|Bad Gateway|Service Unavailable|Gateway Time-?out)",
     r"\bError (?:50[02346789]|5[1-9]\d): ",  # Google's API clients ("googleapi: Error 503: Backend Error")
+    # google-api-core's exceptions ("google.api_core.exceptions.InternalServerError: 500 Job failed ...")
+    r"\b(?:InternalServerError|BadGateway|ServiceUnavailable|GatewayTimeout|TooManyRequests):? (?:429|50[02346789]|5[1-9]\d)\b",
     r"\b(?:Internal Server Error|Bad Gateway|Service Unavailable|Service Temporarily Unavailable|Gateway Time-?out|Too Many Requests)\b",
     r"\b(?:TEMPORARILY_UNAVAILABLE|REQUEST_LIMIT_EXCEEDED|RESOURCE_EXHAUSTED)\b",
     # requests' repr of a response, clients' "<status> response ...", a registry's 429 code

@@ -71,7 +71,7 @@ _NO_CAPACITY = _rx(
 )  # fmt: skip
 # An account or namespace quota/limit: the request must shrink or the limit grow.
 _QUOTA = _rx(
-    r"\b\w{0,64}LimitExceeded\b(?<!RequestLimitExceeded)(?<!BandwidthLimitExceeded)", r"\bQuotaExceeded\b", r"exceeded quota",
+    r"\b\w{0,64}LimitExceeded\b(?<!RequestLimitExceeded)(?<!BandwidthLimitExceeded)", r"\b\w{0,64}QuotaExceeded\b(?<!downloadQuotaExceeded)", r"exceeded quota",
     r"[Qq]uota '?[\w.-]+'? exceeded", r"\bservice limit\b", r"(?:Found )?no quota for", r"out of quota",
     r"exceeds? (?:your|the) (?:current )?(?:\w+ )?(?:quota|limit)", r"limit of \d+ \w+ allows",
     r"Disk quota exceeded", r"\[Errno 122\]", r"\bEDQUOT\b",  # the user's (or group's) file-system quota
@@ -159,7 +159,7 @@ _PROGRAM_ERROR = _rx(
 )  # fmt: skip
 # The launch itself is misconfigured: ports, ssh between nodes, a wrong endpoint or region.
 _LAUNCH_CONFIG = _rx(
-    r"Address already in use", r"\bEADDRINUSE\b", r"Permission denied \(publickey", r"Host key verification failed",
+    r"Address already in use", r"\bEADDRINUSE\b", r"but another process is utilizing it",  # Accelerate's port check r"Permission denied \(publickey", r"Host key verification failed",
     r"PasswordAuthentication=no[^\n]*returned non-zero exit status 255", r"Too many open files", r"\bEMFILE\b",
     r"\bncclInvalidUsage\b", r"\bncclInvalidArgument\b", r"NCCL WARN Could not find", r"mismatch in collective sizes",
     r"No space left on device", r"\bENOSPC\b",
@@ -179,8 +179,6 @@ _CONFIG_INVALID = _rx(
     # Ray's autoscaler: no node type of the cluster could ever hold the request (not a shortage)
     r"No available node types can fulfill resource request",
     r"Reason: ClientError: ",  # SageMaker's failure class for a job its input or configuration failed
-    # gRPC's and Google APIs' status for a request the server will refuse every time (never retryable)
-    r"\bINVALID_ARGUMENT\b",
 )  # fmt: skip
 # The server's own certificate ran past its end date (OpenSSL, curl, Go and Node say it so): its
 # owner renews it, nothing on the client changes. 4 of 4 spent hold-out cases with the wording.
@@ -849,7 +847,7 @@ RULES: tuple[Rule, ...] = (
     Rule("user-exception", "user", 4, _user_exception, summary="traceback through the trainer's/user's frames"),
     Rule("user-exception-line", "user", 4, _user_exception_line, summary="a bare ValueError/KeyError/TypeError... line"),
     Rule("program-error", "user", 4, _text_rule(_PROGRAM_ERROR, "the program broke a tensor/API contract"), summary="shape/dtype/device mismatch, DDP unused parameters"),  # fmt: skip
-    Rule("config-invalid", "user", 4, _text_rule(_CONFIG_INVALID, "the job's config or command line is invalid"), summary="pydantic validation error, argparse error, gRPC INVALID_ARGUMENT"),  # fmt: skip
+    Rule("config-invalid", "user", 4, _text_rule(_CONFIG_INVALID, "the job's config or command line is invalid"), summary="pydantic validation error, argparse error"),  # fmt: skip
     Rule("server-certificate-expired", "infra", 4, _text_rule(_CERT_EXPIRED, "the server's TLS certificate has expired (its owner renews it)"), summary="certificate has expired"),  # fmt: skip
     Rule("tls-certificate", "user", 4, _text_rule(_TLS_CERTIFICATE, "the client does not trust the server's TLS certificate (CA bundle, proxy)"), summary="certificate verify failed, self-signed certificate"),  # fmt: skip
     Rule("launch-config-error", "user", 4, _text_rule(_LAUNCH_CONFIG, "the launch is misconfigured"), summary="address already in use, ssh between nodes"),  # fmt: skip
