@@ -22,8 +22,9 @@ __all__ = ["AMBIGUOUS_NOTE", "AMBIGUOUS_RULES", "Context", "ambiguous_crash", "w
 
 # Rules whose user verdict names a crash that bad hardware or a node's state causes as well:
 # an illegal instruction or a driver/library mismatch (environment-mismatch), a CUDA illegal
-# memory access, a /dev/shm too small for the DataLoader on a managed platform, a bare segfault.
-AMBIGUOUS_RULES = frozenset({"environment-mismatch", "illegal-memory-access", "shm-too-small", "native-crash"})
+# memory access, a /dev/shm too small for the DataLoader on a managed platform, a full disk, a
+# bare segfault.
+AMBIGUOUS_RULES = frozenset({"environment-mismatch", "illegal-memory-access", "shm-too-small", "disk-full", "native-crash"})
 # The same crashes as printed, for verdicts no rule (or only a generic exception rule) gave.
 _AMBIGUOUS = re.compile(
     "|".join((
@@ -98,7 +99,7 @@ def ambiguous_crash(verdict: Verdict, facts: Evidence) -> str | None:
         found = _AMBIGUOUS.search(verdict.reason)
         if found:
             return found.group(0)
-        return verdict.rule if verdict.rule in ("illegal-memory-access", "shm-too-small") else None
+        return verdict.rule if verdict.rule in ("illegal-memory-access", "shm-too-small", "disk-full") else None
     if verdict.kind == "user":
         return None  # a clear user error: OOM, bad config, an import error, a refused request...
     for rank in (facts, *facts.ranks):  # no rule decided: what did the ranks print?

@@ -24,11 +24,13 @@ SEGFAULT_USER = "ZQPei__deep_sort_pytorch-69"  # segfault, the thread found a us
 SEGFAULT_INFRA = "jladcr__Moses-for-Mere-Mortals-4"  # segfault, the thread found the machine's
 ILLEGAL_INSTRUCTION = "zylon-ai__private-gpt-326"  # SIGILL: the CPU lacks AVX2 (user by the thread)
 ILLEGAL_ACCESS_INFRA = "pytorch__examples-548"  # CUDA illegal memory access, infra by the thread
+DISK_FULL_USER = "bghira__SimpleTuner-2353"  # ENOSPC: the run's own checkpoints filled the disk
+DISK_FULL_INFRA = "OpenNeuroOrg__openneuro-117"  # ENOSPC: the machine's disk, not the job's data
 
 
 def test_the_scenarios_are_real_corpus_cases_with_the_labels_they_test():
-    assert [CASES[c].label for c in (SEGFAULT_USER, SEGFAULT_INFRA, ILLEGAL_INSTRUCTION, ILLEGAL_ACCESS_INFRA)] == [
-        "user", "infra", "user", "infra"]  # fmt: skip
+    cases = (SEGFAULT_USER, SEGFAULT_INFRA, ILLEGAL_INSTRUCTION, ILLEGAL_ACCESS_INFRA, DISK_FULL_USER, DISK_FULL_INFRA)
+    assert [CASES[c].label for c in cases] == ["user", "infra", "user", "infra", "user", "infra"]
 
 
 def test_a_failure_at_a_step_the_same_configuration_passed_before_leans_infra():
@@ -62,6 +64,16 @@ def test_an_ambiguous_crash_without_context_is_retried_once_a_clear_user_error_n
     assert (clear.kind, clear.retryable, clear.context) == ("user", False, ())
     module = classify({"exit_code": 1, "log_tail": "ModuleNotFoundError: No module named 'flash_attn'"}, precedents=False)
     assert (module.kind, module.retryable) == ("user", False)  # environment-mismatch, but not a crash
+
+
+def test_a_full_disk_is_retried_once_and_its_recurrence_is_not():
+    # The base's ENOSPC cases: the job's own output 10 times in 15, a disk others filled 5 times.
+    for case_id in (DISK_FULL_USER, DISK_FULL_INFRA):
+        verdict = classify(case(case_id), precedents=False)
+        assert (verdict.kind, verdict.retryable, verdict.rule) == ("user", True, "disk-full"), verdict.reason
+        assert "ambiguous crash" in verdict.reason and any(w in verdict.context[0] for w in ("No space left", "Errno 28"))
+    again = classify(case(DISK_FULL_USER, context={"recurrences": 1}), precedents=False)
+    assert (again.kind, again.retryable) == ("user", False) and "recurred" in again.reason
 
 
 def test_a_clear_user_error_stays_user_whatever_the_history():
