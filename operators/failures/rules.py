@@ -162,7 +162,9 @@ _PROGRAM_ERROR = _rx(
 _DISK_FULL = _rx(r"No space left on device", r"\bENOSPC\b", r"\[Errno 28\]")
 # The launch itself is misconfigured: ports, ssh between nodes, a wrong endpoint or region.
 _LAUNCH_CONFIG = _rx(
-    r"Address already in use", r"\bEADDRINUSE\b", r"but another process is utilizing it",  # Accelerate's port check r"Permission denied \(publickey", r"Host key verification failed",
+    r"Address already in use", r"\bEADDRINUSE\b",
+    r"but another process is utilizing it",  # Accelerate's check of its port
+    r"Permission denied \(publickey", r"Host key verification failed",
     r"PasswordAuthentication=no[^\n]*returned non-zero exit status 255", r"Too many open files", r"\bEMFILE\b",
     r"\bncclInvalidUsage\b", r"\bncclInvalidArgument\b", r"NCCL WARN Could not find", r"mismatch in collective sizes",
     # a write where the job's configuration points, on a file system mounted read-only there
@@ -796,6 +798,9 @@ _SHELL_KILLED = re.compile(
     r"^[^\n]{0,200}\bline \d+:[ \t]+\d+[ \t]+Killed\b[^\n]*$|^[ \t]*(?:\*\*)?Killed(?:\*\*)?[ \t]*$|^zsh: killed\b[^\n]*$|已杀死",
     re.MULTILINE,
 )
+# Nextflow found no exit status for the task: its executor (Slurm, Kubernetes, AWS Batch) killed it,
+# as a shell's "Killed" says (memory, preemption, a node lost).
+_NEXTFLOW_KILLED = _rx(r"terminated for an unknown reason[\s-]{0,12}Likely it has been terminated by the external system")
 
 
 def _sigkill(f: Evidence) -> Hit | None:
@@ -804,6 +809,10 @@ def _sigkill(f: Evidence) -> Hit | None:
         found = _first(_SHELL_KILLED, [f.log_tail])
         if found:
             return Hit(f"SIGKILL (the shell says Killed){KILLED_FROM_OUTSIDE}", found[0], _line_rank(found[0]), focus=found[1])
+        found = _first(_NEXTFLOW_KILLED, [f.log_tail])
+        if found:
+            return Hit(f"a kill (Nextflow: the executor ended the task, no exit status){KILLED_FROM_OUTSIDE}", found[0],
+                       _line_rank(found[0]), focus=found[1])
     return hit
 
 
@@ -884,6 +893,6 @@ RULES: tuple[Rule, ...] = (
     Rule("native-crash", "user", 6, _native_crash, summary="Segmentation fault / SIGSEGV, nothing else in view (retried once)"),  # fmt: skip
     # 6. The exit code or signal alone.
     Rule("sigterm", "infra", 6, _sigterm, secondary=True, summary="SIGTERM / exit code 143"),
-    Rule("killed-from-outside", "infra", 6, _sigkill, summary="SIGKILL / exit code 137 / a shell's Killed, without OOMKilled"),
+    Rule("killed-from-outside", "infra", 6, _sigkill, summary="SIGKILL / exit code 137 / a shell's Killed / Nextflow's terminated by the external system, without OOMKilled"),  # fmt: skip
 )
 RULE_INDEX = {rule.name: i for i, rule in enumerate(RULES)}

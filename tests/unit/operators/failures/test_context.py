@@ -76,6 +76,18 @@ def test_a_full_disk_is_retried_once_and_its_recurrence_is_not():
     assert (again.kind, again.retryable) == ("user", False) and "recurred" in again.reason
 
 
+def test_a_nextflow_task_its_executor_killed_is_an_unexplained_kill_retried_once():
+    # Nextflow found no exit status: the scheduler killed the task (memory, preemption, a node lost).
+    log = ("ERROR ~ Error executing process > 'ALIGN (sample_7)'\n\nCaused by:\n  Process `ALIGN (sample_7)` terminated for an "
+           "unknown reason\n  -- Likely it has been terminated by the external system\n")  # fmt: skip
+    verdict = classify({"log_tail": log}, precedents=False)
+    assert (verdict.kind, verdict.retryable, verdict.rule) == ("user", True, "killed-from-outside"), verdict.reason
+    again = classify({"log_tail": log, "context": {"recurrences": 1}}, precedents=False)
+    assert (again.kind, again.retryable) == ("user", False)
+    counted = classify({"log_tail": log, "context": {"oom_kills": 0}}, precedents=False)
+    assert (counted.kind, counted.retryable) == ("infra", True)
+
+
 def test_a_clear_user_error_stays_user_whatever_the_history():
     log = ('Traceback (most recent call last):\n  File "/app/train.py", line 7, in main\n    raise ValueError(msg)\n'
            "ValueError: label 11 out of range\n")  # fmt: skip

@@ -237,6 +237,10 @@ SPENT_SPLIT_WORDINGS = [
     ("google.api_core.exceptions.InternalServerError: 500 An internal error occurred and the request could not be completed.",
      "infra", "remote-service-unavailable"),
     ("google.api_core.exceptions.BadGateway: 502 Received an invalid reply from the model backend.", "infra", "remote-service-unavailable"),
+    # ssh between the nodes of a launch refused (the keys are the launch's to set up)
+    ("mpirun: node02: Permission denied (publickey,password).\nORTE was unable to reliably start one or more daemons.",
+     "user", "launch-config-error"),
+    ("Host key verification failed.\r\nssh: connect to host worker-1 failed", "user", "launch-config-error"),
     # holdout25+26's look: requests' repr of a 401/403 response is a refusal (a W&B entity the user may
     # not write to), unless it says it is throttling
     ("wandb: ERROR Error while calling W&B API: permission denied (<Response [403]>)", "user", "request-refused"),
