@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from operators.failures.evidence import Evidence, integer, text
-from operators.failures.rules import KILLED_FROM_OUTSIDE
+from operators.failures.rules import DISK_FULL, KILLED_FROM_OUTSIDE
 from operators.failures.verdict import Verdict, clip
 
 __all__ = ["AMBIGUOUS_NOTE", "AMBIGUOUS_RULES", "Context", "ambiguous_crash", "weigh"]
@@ -25,6 +25,8 @@ __all__ = ["AMBIGUOUS_NOTE", "AMBIGUOUS_RULES", "Context", "ambiguous_crash", "w
 # memory access, a /dev/shm too small for the DataLoader on a managed platform, a full disk, a
 # bare segfault.
 AMBIGUOUS_RULES = frozenset({"environment-mismatch", "illegal-memory-access", "shm-too-small", "disk-full", "native-crash"})
+# Of those, the ones that are ambiguous by the rule alone, when its quoted line does not show the crash's words.
+_CRASH_ONLY_RULES = frozenset({"illegal-memory-access", "shm-too-small", "disk-full"})
 # The same crashes as printed, for verdicts no rule (or only a generic exception rule) gave.
 _AMBIGUOUS = re.compile(
     "|".join((
@@ -34,7 +36,7 @@ _AMBIGUOUS = re.compile(
         r"CUDA error: (?:an illegal memory access|unspecified launch failure|misaligned address|an illegal instruction"
         r"|uncorrectable ECC|the launch timed out|unknown error|initialization error)",
         r"CUDA driver version is insufficient", r"Driver/library version mismatch", r"Failed to initialize NVML",
-        r"No space left on device", r"\[Errno 28\]", r"\bENOSPC\b", r"/dev/shm",
+        DISK_FULL.pattern, r"/dev/shm",
     )),
     re.IGNORECASE,
 )
@@ -99,7 +101,7 @@ def ambiguous_crash(verdict: Verdict, facts: Evidence) -> str | None:
         found = _AMBIGUOUS.search(verdict.reason)
         if found:
             return found.group(0)
-        return verdict.rule if verdict.rule in ("illegal-memory-access", "shm-too-small", "disk-full") else None
+        return verdict.rule if verdict.rule in _CRASH_ONLY_RULES else None
     if verdict.kind == "user":
         return None  # a clear user error: OOM, bad config, an import error, a refused request...
     for rank in (facts, *facts.ranks):  # no rule decided: what did the ranks print?

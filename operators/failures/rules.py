@@ -158,8 +158,8 @@ _PROGRAM_ERROR = _rx(
     r"Assertion `[^`'\n]{1,200}[`'] failed",  # a C/CUDA assert (a label outside the classes, an index)
 )  # fmt: skip
 # A disk the job writes to is full: its own checkpoints or caches (user, 10 of the base's 15) or a
-# node's or runner's disk that others filled (infra, 5 of 15): retried once (context.py).
-_DISK_FULL = _rx(r"No space left on device", r"\bENOSPC\b", r"\[Errno 28\]")
+# node's or runner's disk that others filled (infra, 5 of 15): retried once (context.py reads it too).
+DISK_FULL = _rx(r"No space left on device", r"\bENOSPC\b", r"\[Errno 28\]")
 # The launch itself is misconfigured: ports, ssh between nodes, a wrong endpoint or region.
 _LAUNCH_CONFIG = _rx(
     r"Address already in use", r"\bEADDRINUSE\b",
@@ -861,7 +861,7 @@ RULES: tuple[Rule, ...] = (
     Rule("config-invalid", "user", 4, _text_rule(_CONFIG_INVALID, "the job's config or command line is invalid"), summary="pydantic validation error, argparse error"),  # fmt: skip
     Rule("server-certificate-expired", "infra", 4, _text_rule(_CERT_EXPIRED, "the server's TLS certificate has expired (its owner renews it)"), summary="certificate has expired"),  # fmt: skip
     Rule("tls-certificate", "user", 4, _text_rule(_TLS_CERTIFICATE, "the client does not trust the server's TLS certificate (CA bundle, proxy)"), summary="certificate verify failed, self-signed certificate"),  # fmt: skip
-    Rule("disk-full", "user", 4, _text_rule(_DISK_FULL, "a disk the job writes to is full (its own output, or a node's disk others filled)"), summary="No space left on device, ENOSPC (retried once)"),  # fmt: skip
+    Rule("disk-full", "user", 4, _text_rule(DISK_FULL, "a disk the job writes to is full (its own output, or a node's disk others filled)"), summary="No space left on device, ENOSPC (retried once)"),  # fmt: skip
     Rule("launch-config-error", "user", 4, _text_rule(_LAUNCH_CONFIG, "the launch is misconfigured"), summary="address already in use, ssh between nodes"),  # fmt: skip
     Rule("request-refused", "user", 4, _request_refused, summary="AccessDenied, 403, NoSuchBucket (not a throttling 403)"),
     Rule("bad-data", "user", 4, _text_rule(_BAD_DATA, "the data is broken"), summary="corrupt images, checksum mismatch, truncated torch.load file"),  # fmt: skip
