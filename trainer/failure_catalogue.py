@@ -214,6 +214,9 @@ NETWORK = _rx(
     r"\bECONNABORTED\b", r"no route to host", r"TLS handshake timeout", r"\bdial tcp [^\n]{0,80}(?:timeout|refused|reset)",
     r"\bConnectTimeoutError\b", r"\(connect timeout=[\d.]+\)",
     r"Socket timed out on send/recv operation",  # Slurm's controller did not answer (overloaded): not the request's fault
+    # curl's connect failure, partial file, timeout, empty reply and receive failure, as curl prints them
+    # or as Python's subprocess reports curl's exit status
+    r"\bcurl: \((?:7|18|28|52|56)\)", r"Command '\s*curl\b[^'\n]{0,2000}' returned non-zero exit status (?:7|18|28|52|56)\b",
 )  # fmt: skip
 # A download quota that clears by itself: Google Drive's per-file limit (gdown prints it under "Access denied").
 DOWNLOAD_QUOTA = _rx(r"Too many users have viewed or downloaded this file recently")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from operators.failures.evidence import Evidence, integer, text
-from operators.failures.rules import DISK_FULL, KILLED_FROM_OUTSIDE
+from operators.failures.rules import DISK_FULL, KILLED_FROM_OUTSIDE, NATIVE_CRASH
 from operators.failures.verdict import Verdict, clip
 
 __all__ = ["AMBIGUOUS_NOTE", "AMBIGUOUS_RULES", "Context", "ambiguous_crash", "weigh"]
@@ -30,7 +30,7 @@ _CRASH_ONLY_RULES = frozenset({"illegal-memory-access", "shm-too-small", "disk-f
 # The same crashes as printed, for verdicts no rule (or only a generic exception rule) gave.
 _AMBIGUOUS = re.compile(
     "|".join((
-        r"Segmentation fault", r"\bSIGSEGV\b", r"signal 11\b", r"exitcode: -11\b",
+        NATIVE_CRASH.pattern, r"signal 11\b", r"exitcode: -11\b",
         r"Illegal instruction", r"\bSIGILL\b", r"exitcode: -4\b",
         r"Bus error", r"\bSIGBUS\b",
         r"CUDA error: (?:an illegal memory access|unspecified launch failure|misaligned address|an illegal instruction"

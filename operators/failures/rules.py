@@ -75,6 +75,7 @@ _QUOTA = _rx(
     r"[Qq]uota '?[\w.-]+'? exceeded", r"\bservice limit\b", r"(?:Found )?no quota for", r"out of quota",
     r"exceeds? (?:your|the) (?:current )?(?:\w+ )?(?:quota|limit)", r"limit of \d+ \w+ allows",
     r"Disk quota exceeded", r"\[Errno 122\]", r"\bEDQUOT\b",  # the user's (or group's) file-system quota
+    r"Not enough quota available for",  # Azure ML's deployment of a VM size the subscription has no quota for
 )  # fmt: skip
 # A cloud provider took the machine back (spot/preemptible capacity, maintenance).
 _CLOUD_PREEMPTION = _rx(
@@ -128,6 +129,7 @@ _ENVIRONMENT = _rx(
     # GPU code built for other devices: a PTX newer than the driver's, ROCm without this GPU's target
     r"Unsupported \.version [\d.]+; current version is", r"Unable to find code object for all current devices",
     r"\bhipErrorNoBinaryForGpu\b", r"only supports Ampere GPUs or newer",
+    r"TensileLibrary\w{0,64}\.dat: No such file or directory for GPU arch",  # rocBLAS without kernels for this GPU
 )  # fmt: skip
 # The runtime loaded and found no device (cudaErrorNoDevice, hipErrorNoDevice): the node's GPUs are gone or
 # its driver is broken. "No CUDA GPUs are available" (nothing allocated, a CPU-only build) is _NO_GPU_VISIBLE's.
@@ -242,6 +244,10 @@ _HOST_OOM = _rx(
     r"\bObjectStoreFullError\b",
     # Slurm's cgroup: the job step used more memory than it requested (--mem, --mem-per-cpu)
     r"Detected \d+ oom[-_ ]kill events?", r"Exceeded job memory limit",
+    # YARN's container limit (Spark on EMR, Glue, Dataproc); a Hugging Face Space's memory limit
+    r"Container killed by YARN for exceeding memory limits", r"Memory limit exceeded \(\d+(?:\.\d+)?\s?[KMGT]i?B?\)",
+    # C++'s allocation failure, as the runtime prints it when nothing catches it: the host's memory ran out
+    r"terminate called after throwing an instance of 'std::bad_alloc'",
 )  # fmt: skip
 _IMPORT_ERROR = re.compile(r"^(?:\[\w*\d+\]:\s*)?(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|TabError)\b:?(.*)$", re.MULTILINE)  # fmt: skip
 _ILLEGAL_ACCESS = _rx(
@@ -268,7 +274,12 @@ _NO_GPU_VISIBLE = _rx(r"No CUDA GPUs are available", r"\bno GPUs found\b")
 # NCCL (RCCL) could not set up its transport here: /dev/shm, sockets, InfiniBand libraries.
 _NCCL_SYSTEM = _rx(r"\bunhandled system error\b")
 # A native crash with nothing else in view (the node can cause one too: retried once, context.py).
-_NATIVE_CRASH = _rx(r"Segmentation fault", r"\bSIGSEGV\b")
+NATIVE_CRASH = _rx(
+    r"Segmentation fault", r"\bSIGSEGV\b",
+    # glibc's heap-corruption aborts: memory corrupted in compiled code, as a segfault is
+    r"double free or corruption", r"free\(\): invalid (?:pointer|size|next size)", r"corrupted size vs\. prev_size",
+    r"malloc\(\): (?:memory corruption|corrupted top size|unaligned tcache chunk detected)",
+)  # fmt: skip
 # The service itself says the failure is temporary.
 _CONTAINER_LIMIT = _rx(
     r"exceeds the total limit of containers",
@@ -778,7 +789,7 @@ def _signal_hit(f: Evidence, number: int, what: str) -> Hit | None:
 
 
 def _native_crash(f: Evidence) -> Hit | None:
-    hit = _first(_NATIVE_CRASH, f.log_texts)
+    hit = _first(NATIVE_CRASH, f.log_texts)
     if hit:
         return Hit("native crash (a bug in compiled code, or the node's memory or GPU)", hit[0], _line_rank(hit[0]), focus=hit[1])
     return _signal_hit(f, 11, "")
@@ -890,7 +901,7 @@ RULES: tuple[Rule, ...] = (
     Rule("infra-exception", "infra", 5, _infra_exception, summary="an exception whose type only infrastructure raises"),
     Rule("failed-scheduling", "infra", 5, _failed_scheduling, summary="event FailedScheduling"),
     Rule("service-says-retry", "infra", 5, _text_rule(catalogue.RETRY_LATER, "the service says the failure is temporary"), summary="try again later"),  # fmt: skip
-    Rule("native-crash", "user", 6, _native_crash, summary="Segmentation fault / SIGSEGV, nothing else in view (retried once)"),  # fmt: skip
+    Rule("native-crash", "user", 6, _native_crash, summary="Segmentation fault / SIGSEGV, glibc heap corruption, nothing else in view (retried once)"),  # fmt: skip
     # 6. The exit code or signal alone.
     Rule("sigterm", "infra", 6, _sigterm, secondary=True, summary="SIGTERM / exit code 143"),
     Rule("killed-from-outside", "infra", 6, _sigkill, summary="SIGKILL / exit code 137 / a shell's Killed / Nextflow's terminated by the external system, without OOMKilled"),  # fmt: skip

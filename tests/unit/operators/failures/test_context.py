@@ -88,6 +88,17 @@ def test_a_nextflow_task_its_executor_killed_is_an_unexplained_kill_retried_once
     assert (counted.kind, counted.retryable) == ("infra", True)
 
 
+def test_glibc_heap_corruption_is_a_native_crash_retried_once():
+    # memory corrupted in compiled code, as a segfault is: a bug, or the node's memory or GPU
+    for log in ("RuntimeError: Engine core initialization failed.\ndouble free or corruption (!prev)\nAborted (core dumped)",
+                "free(): invalid pointer\nFatal Python error: Aborted", "malloc(): corrupted top size"):
+        verdict = classify({"log_tail": log}, precedents=False)
+        assert (verdict.kind, verdict.retryable, verdict.rule) == ("user", True, "native-crash"), verdict.reason
+        assert "ambiguous crash" in verdict.reason
+        again = classify({"log_tail": log, "context": {"recurrences": 1}}, precedents=False)
+        assert (again.kind, again.retryable) == ("user", False)
+
+
 def test_a_clear_user_error_stays_user_whatever_the_history():
     log = ('Traceback (most recent call last):\n  File "/app/train.py", line 7, in main\n    raise ValueError(msg)\n'
            "ValueError: label 11 out of range\n")  # fmt: skip

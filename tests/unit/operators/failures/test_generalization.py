@@ -237,6 +237,23 @@ SPENT_SPLIT_WORDINGS = [
     ("google.api_core.exceptions.InternalServerError: 500 An internal error occurred and the request could not be completed.",
      "infra", "remote-service-unavailable"),
     ("google.api_core.exceptions.BadGateway: 502 Received an invalid reply from the model backend.", "infra", "remote-service-unavailable"),
+    # holdout33+34+35's look: Azure ML's "not enough quota" for a VM size is the subscription's quota;
+    # rocBLAS without kernels for this GPU is the build's; YARN's container limit, a Space's memory limit
+    # and C++'s uncaught bad_alloc are the job's memory; curl's network exit codes are the network's
+    ('ResourceNotReady: {"errors":{"VmSize":["Not enough quota available for Standard_NC6s_v3 in SubscriptionId 0000. '
+     'Current usage/limit: 4/6. Additional needed: 6"]}}', "user", "quota-exceeded"),
+    ("rocBLAS error: Cannot read /opt/rocm/lib/rocblas/library/TensileLibrary_lazy_gfx1151.dat: No such file or directory "
+     "for GPU arch : gfx1151", "user", "environment-mismatch"),
+    ("ExecutorLostFailure (executor 7 exited caused by one of the running tasks) Reason: Container killed by YARN for "
+     "exceeding memory limits. 12.1 GB of 12 GB physical memory used.", "user", "host-oom"),
+    ("Build failed\nRuntime error: Memory limit exceeded (32Gi)", "user", "host-oom"),
+    ("loading 48 shards\nterminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc\nAborted (core dumped)",
+     "user", "host-oom"),
+    ("  % Total    % Received\ncurl: (28) Operation timed out after 300000 milliseconds with 0 bytes received", "infra", "transient-network"),
+    ("subprocess.CalledProcessError: Command 'curl -sSL -o weights.tar https://data.example.org/w.tar' returned non-zero "
+     "exit status 18.", "infra", "transient-network"),
+    ("subprocess.CalledProcessError: Command 'curl -sSL -o weights.tar https://data.example.org/w.tar' returned non-zero "
+     "exit status 22.", "unknown", ""),
     # ssh between the nodes of a launch refused (the keys are the launch's to set up)
     ("mpirun: node02: Permission denied (publickey,password).\nORTE was unable to reliably start one or more daemons.",
      "user", "launch-config-error"),
