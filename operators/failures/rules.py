@@ -157,6 +157,7 @@ _PROGRAM_ERROR = _rx(
     r"missing \d+ required positional argument", r"object has no attribute", r"is not subscriptable", r"unsupported operand type",
     r"Input type \(\S+\) and weight type \(\S+\) should be the same", r"expected scalar type \w+ but found \w+",
     r"stack expects each tensor to be equal size",  # a batch of samples with different shapes (collate)
+    r"Placeholder storage has not been allocated on MPS device", r"is on (?:CPU|GPU|cuda(?::\d+)?|mps), but expected it to be on",
     r"Assertion `[^`'\n]{1,200}[`'] failed",  # a C/CUDA assert (a label outside the classes, an index)
 )  # fmt: skip
 # A disk the job writes to is full: its own checkpoints or caches (user, 10 of the base's 15) or a
@@ -166,6 +167,7 @@ DISK_FULL = _rx(r"No space left on device", r"\bENOSPC\b", r"\[Errno 28\]")
 _LAUNCH_CONFIG = _rx(
     r"Address already in use", r"\bEADDRINUSE\b",
     r"but another process is utilizing it",  # Accelerate's check of its port
+    r"Duplicate GPU detected : rank \d+ and rank \d+ both on CUDA device",  # two ranks given one GPU (NCCL)
     r"Permission denied \(publickey", r"Host key verification failed",
     r"PasswordAuthentication=no[^\n]*returned non-zero exit status 255", r"Too many open files", r"\bEMFILE\b",
     r"\bncclInvalidUsage\b", r"\bncclInvalidArgument\b", r"NCCL WARN Could not find", r"mismatch in collective sizes",
@@ -207,6 +209,8 @@ _REQUEST_REFUSED = _rx(
     catalogue.USER_REQUEST_MESSAGE.pattern,
     r"do not have permission to access the requested resource",  # W&B: an entity or project the user named
     r"<Response \[40[13]\]>",  # requests' repr of a refused response (W&B's "permission denied (<Response [403]>)")
+    r"api_key not configured",  # W&B run without a key (no wandb.login, no WANDB_API_KEY)
+    r"You are trying to access a gated repo",  # the Hub: the account has not been granted the model
 )  # fmt: skip
 # The data is broken: it fails the same way on every read.
 _BAD_DATA = _rx(
@@ -214,6 +218,7 @@ _BAD_DATA = _rx(
     r"cannot identify image file", r"\bUnidentifiedImageError\b", r"\bDecompressionBombError\b",
     # torch.load on a truncated or half-written file (a checkpoint, downloaded weights): replace the file
     r"unexpected EOF, expected \d+ more bytes\. The file might be corrupted",
+    r"DataLossError: corrupted record at \d+",  # a TFRecord file damaged where it was written
     r"PytorchStreamReader failed reading (?:zip archive|file \S+): (?:failed finding central directory|invalid header or archive is corrupted|file read failed)",
 )  # fmt: skip
 # Work on one rank (tokenizing, mapping, evaluating: a progress bar) before a collective timeout.
@@ -248,6 +253,7 @@ _HOST_OOM = _rx(
     r"Container killed by YARN for exceeding memory limits", r"Memory limit exceeded \(\d+(?:\.\d+)?\s?[KMGT]i?B?\)",
     # C++'s allocation failure, as the runtime prints it when nothing catches it: the host's memory ran out
     r"terminate called after throwing an instance of 'std::bad_alloc'",
+    r"Unable to allocate [\d.]+ [KMGTP]i?B for an array with shape",  # numpy's MemoryError
 )  # fmt: skip
 _IMPORT_ERROR = re.compile(r"^(?:\[\w*\d+\]:\s*)?(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|TabError)\b:?(.*)$", re.MULTILINE)  # fmt: skip
 _ILLEGAL_ACCESS = _rx(

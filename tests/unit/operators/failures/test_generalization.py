@@ -254,6 +254,19 @@ SPENT_SPLIT_WORDINGS = [
      "exit status 18.", "infra", "transient-network"),
     ("subprocess.CalledProcessError: Command 'curl -sSL -o weights.tar https://data.example.org/w.tar' returned non-zero "
      "exit status 22.", "unknown", ""),
+    # families the spent splits hold several times, all user, that no rule decided: a tensor on the
+    # wrong device, two ranks on one GPU, W&B without a key, a gated model, numpy out of host memory,
+    # a damaged TFRecord
+    ("RuntimeError: Placeholder storage has not been allocated on MPS device!", "user", "program-error"),
+    ("RuntimeError: Tensor for argument #1 'input' is on CPU, but expected it to be on GPU (while checking arguments for conv2d)",
+     "user", "program-error"),
+    ("[rank1]: Duplicate GPU detected : rank 1 and rank 3 both on CUDA device 81000", "user", "launch-config-error"),
+    ("wandb.errors.UsageError: api_key not configured (no-tty). call wandb.login(key=[your_api_key])", "user", "request-refused"),
+    ("OSError: You are trying to access a gated repo.\nMake sure to request access at https://huggingface.co/org/model and pass "
+     "a token having permission to this repo.", "user", "request-refused"),
+    ("numpy.core._exceptions._ArrayMemoryError: Unable to allocate 37.3 GiB for an array with shape (100000, 50000) and data type "
+     "float64", "user", "host-oom"),
+    ("tensorflow.python.framework.errors_impl.DataLossError: corrupted record at 1048576 [Op:IteratorGetNext]", "user", "bad-data"),
     # ssh between the nodes of a launch refused (the keys are the launch's to set up)
     ("mpirun: node02: Permission denied (publickey,password).\nORTE was unable to reliably start one or more daemons.",
      "user", "launch-config-error"),
