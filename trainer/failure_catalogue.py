@@ -219,7 +219,9 @@ NETWORK = _rx(
     r"\bcurl: \((?:7|18|28|52|56)\)", r"Command '\s*curl\b[^'\n]{0,2000}' returned non-zero exit status (?:7|18|28|52|56)\b",
 )  # fmt: skip
 # A download quota that clears by itself: Google Drive's per-file limit (gdown prints it under "Access denied").
-DOWNLOAD_QUOTA = _rx(r"Too many users have viewed or downloaded this file recently")
+DOWNLOAD_QUOTA = _rx(
+    r"Too many users have viewed or downloaded this file recently", r"The download quota for this file has been exceeded",
+)  # fmt: skip
 # HTTP status classes: 5xx (but 501/505), 429 and 408 are transient; said by a remote service.
 HTTP_TRANSIENT = _rx(
     r"\b(?:HTTP(?:/\d(?:\.\d)?)?(?: Error)?|[Ss]tatus(?: [Cc]ode)?|response code|error code|returned)[ :=]*(?:429|408|50[02346789]|5[1-9]\d)\b",

@@ -52,6 +52,7 @@ _NODE_GONE = _rx(
     r"launch failed requeued held", r"Prolog failure on node", r"PrologSlurmctld failed", r"did not answer ping",
     r"\bVMRecreatedDuringExecution\b",  # GCP Batch recreated the task's VM under it
     r"hosted runner(?::[^\n]{1,200})? lost communication with the server",  # GitHub Actions lost the job's machine
+    r"The runner has received a shutdown signal",  # GitHub Actions: the runner's machine went away under the job
     # the kubelet lost the node's container runtime: every pod on the node goes with it
     r"container runtime is down", r"PLEG is not healthy", r"container runtime (?:network )?(?:is )?not ready",
 )  # fmt: skip
@@ -68,6 +69,9 @@ _NO_CAPACITY = _rx(
     # Azure ML and SageMaker's CapacityError; Colab's "no backends available"
     r"Unable to provision requested ML compute capacity", r"\bCapacityError\b", r"no backends available",
     r"provisioning additional capacity", r"\bout of capacity\b", r"Resources are insufficient in region",
+    # Colab has no GPU for the account now (its words in English, Portuguese, Spanish); a Hugging Face Space's hardware
+    r"Colab's usage limits", r"limites de uso do Colab", r"l[ií]mites de uso de Colab",
+    r"Scheduling failure: (?:not enough hardware capacity|unable to schedule)",
 )  # fmt: skip
 # An account or namespace quota/limit: the request must shrink or the limit grow.
 _QUOTA = _rx(
