@@ -102,7 +102,7 @@ _ADMISSION_REJECTED = _rx(
 )  # fmt: skip
 _INVALID_DEVICE = _rx(
     r"invalid device ordinal", r"CUDA error: invalid device (?:ordinal|function)", r"\bcudaErrorInvalidDevice\b",
-    r"Invalid device id", r"device (?:index|ordinal) \S+ (?:is )?out of range",
+    r"Invalid device id", r"device (?:index|ordinal) \S+ (?:is )?out of range", r"HIP error: invalid device function",
 )  # fmt: skip
 _CHECKPOINT_MISMATCH = _rx(
     r"Error\(s\) in loading state_dict", r"Missing key\(s\) in state_dict", r"Unexpected key\(s\) in state_dict",
@@ -134,6 +134,10 @@ _ENVIRONMENT = _rx(
     r"Unsupported \.version [\d.]+; current version is", r"Unable to find code object for all current devices",
     r"\bhipErrorNoBinaryForGpu\b", r"only supports Ampere GPUs or newer",
     r"TensileLibrary\w{0,64}\.dat: No such file or directory for GPU arch",  # rocBLAS without kernels for this GPU
+    # a feature this GPU generation lacks (bf16, large FlashAttention heads, a newer compute capability)
+    r"requires \.target sm_\d+ or higher", r"only supported on GPUs with compute capability of at least",
+    r"requires A100 or H100", r"is not compatible with compile time compute cap",
+    r"Distributed package doesn't have NCCL built in",  # a torch build without NCCL (Windows, macOS)
 )  # fmt: skip
 # The runtime loaded and found no device (cudaErrorNoDevice, hipErrorNoDevice): the node's GPUs are gone or
 # its driver is broken. "No CUDA GPUs are available" (nothing allocated, a CPU-only build) is _NO_GPU_VISIBLE's.
@@ -162,6 +166,9 @@ _PROGRAM_ERROR = _rx(
     r"Input type \(\S+\) and weight type \(\S+\) should be the same", r"expected scalar type \w+ but found \w+",
     r"stack expects each tensor to be equal size",  # a batch of samples with different shapes (collate)
     r"Placeholder storage has not been allocated on MPS device", r"is on (?:CPU|GPU|cuda(?::\d+)?|mps), but expected it to be on",
+    r"Target -?\d+ is out of bounds", r"so expected input\[[^\]\n]{1,80}\] to have \d+ channels",
+    r"Expected to have finished reduction in the prior iteration", r"expected a non-empty list of Tensors",
+    r"Default process group has not been initialized",
     r"Assertion `[^`'\n]{1,200}[`'] failed",  # a C/CUDA assert (a label outside the classes, an index)
 )  # fmt: skip
 # A disk the job writes to is full: its own checkpoints or caches (user, 10 of the base's 15) or a
@@ -172,6 +179,7 @@ _LAUNCH_CONFIG = _rx(
     r"Address already in use", r"\bEADDRINUSE\b",
     r"but another process is utilizing it",  # Accelerate's check of its port
     r"Duplicate GPU detected : rank \d+ and rank \d+ both on CUDA device",  # two ranks given one GPU (NCCL)
+    r"Either request fewer slots for your application",  # Open MPI: more processes than the hosts' slots
     r"Permission denied \(publickey", r"Host key verification failed",
     r"PasswordAuthentication=no[^\n]*returned non-zero exit status 255", r"Too many open files", r"\bEMFILE\b",
     r"\bncclInvalidUsage\b", r"\bncclInvalidArgument\b", r"NCCL WARN Could not find", r"mismatch in collective sizes",
@@ -187,6 +195,10 @@ _CONFIG_INVALID = _rx(
     # Slurm refuses the submission: the request names nodes, GPUs or options this cluster lacks
     r"Requested node configuration is not available", r"no longer acceptable, please",
     r"Batch job submission failed(?!: Socket timed out)",  # a timeout is the controller's (catalogue NETWORK)
+    r"Invalid generic resource \(gres\) specification", r"Requested time limit is invalid", r"is not a valid node count",
+    r"line must start with #! followed by the path to an interpreter", r"cli_filter plugin terminated with error",
+    # a model id or folder the Hugging Face libraries cannot use as one
+    r"Repo id must be in the form 'repo_name' or 'namespace/repo_name'", r"does not appear to have a file named",
     r"resource requirement has exceeded the node size",  # an Azure ML instance type larger than its nodes
     # Ray's autoscaler: no node type of the cluster could ever hold the request (not a shortage)
     r"No available node types can fulfill resource request",
@@ -237,6 +249,7 @@ _CUDA_OOM = _rx(
     r"Cuda failure '?out of memory", r"Resource exhausted: Out\s+of\s+memory", r"RESOURCE_EXHAUSTED: Out\s+of\s+memory",
     r"Out of memory while trying to allocate", r"Can't allocate \d+ bytes on device", r"\bOOM when allocating tensor",
     r"failed to allocate [\d.]+[KMG]? \(\d+ bytes\) from device",
+    r"MPS backend out of memory", r"\bkIOGPUCommandBufferCallbackErrorOutOfMemory\b",  # Apple's GPU (MPS, Metal)
     # XLA on a TPU: the program does not fit the chip's memory (HBM); XLA's RESOURCE_EXHAUSTED
     # names memory then, where the same status from a cloud API is a quota or throttling
     r"Ran out of memory in memory space (?:hbm|vmem)\b", r"RESOURCE_EXHAUSTED: XLA:TPU compile permanent error",
@@ -258,6 +271,7 @@ _HOST_OOM = _rx(
     # C++'s allocation failure, as the runtime prints it when nothing catches it: the host's memory ran out
     r"terminate called after throwing an instance of 'std::bad_alloc'",
     r"Unable to allocate [\d.]+ [KMGTP]i?B for an array with shape",  # numpy's MemoryError
+    r"DefaultCPUAllocator: not enough memory", r"killed by the cgroup out-of-memory handler",
 )  # fmt: skip
 _IMPORT_ERROR = re.compile(r"^(?:\[\w*\d+\]:\s*)?(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|TabError)\b:?(.*)$", re.MULTILINE)  # fmt: skip
 _ILLEGAL_ACCESS = _rx(

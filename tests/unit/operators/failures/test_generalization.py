@@ -272,6 +272,40 @@ SPENT_SPLIT_WORDINGS = [
     ("Build succeeded\nruntime error\nScheduling failure: not enough hardware capacity", "infra", "no-capacity"),
     ("Run pytest -x tests/gpu\n##[error]The runner has received a shutdown signal. This can happen when the runner service is "
      "stopped.", "infra", "node-gone"),
+    # more families of the spent splits, every time user: Open MPI's slots, Slurm refusing a submission,
+    # a Hub id that is a path, the program's own tensor contracts, host and Apple GPU memory, HIP code
+    # built for another GPU, a feature this GPU generation lacks, a torch build without NCCL
+    ("There are not enough slots available in the system to satisfy the 8\nslots that were requested by the application:\n"
+     "  python\n\nEither request fewer slots for your application, or make more slots available\nfor use.", "user", "launch-config-error"),
+    ("srun: error: Unable to create step for job 4411: Invalid generic resource (gres) specification", "user", "config-invalid"),
+    ("srun: error: Unable to allocate resources: Requested time limit is invalid (missing or exceeds some limit)", "user", "config-invalid"),
+    ("sbatch: error: lua: --gpus is not allowed on this partition\nsbatch: error: cli_filter plugin terminated with error",
+     "user", "config-invalid"),
+    ("sbatch: error: line must start with #! followed by the path to an interpreter.", "user", "config-invalid"),
+    ("[train] loading tokenizer failed: Repo id must be in the form 'repo_name' or 'namespace/repo_name': "
+     "'/data/ckpt/final'. Use `repo_type` argument if needed.", "user", "config-invalid"),
+    ("OSError: /models/llava does not appear to have a file named preprocessor_config.json.", "user", "config-invalid"),
+    ("step 3: loss computation failed: Target 12 is out of bounds.", "user", "program-error"),
+    ("RuntimeError: Given groups=1, weight of size [32, 3, 3, 3], expected input[4, 1, 64, 64] to have 3 channels, but got 1", "unknown", ""),
+    ("RuntimeError: Given groups=1, weight[32, 3, 3, 3], so expected input[4, 1, 64, 64] to have 3 channels, but got 1 channels instead",
+     "user", "program-error"),
+    ("RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one.", "user", "program-error"),
+    ("RuntimeError: torch.cat(): expected a non-empty list of Tensors", "user", "program-error"),
+    ("[rank0] barrier skipped: Default process group has not been initialized, please make sure to call init_process_group.",
+     "user", "program-error"),
+    ("RuntimeError: [enforce fail at alloc_cpu.cpp:83] DefaultCPUAllocator: not enough memory: you tried to allocate 8589934592 bytes.",
+     "user", "host-oom"),
+    ("slurmstepd: error: Detected an oom-kill in StepId=81.0. Some of your processes may have been killed by the cgroup "
+     "out-of-memory handler.", "user", "host-oom"),
+    ("RuntimeError: MPS backend out of memory (MPS allocated: 17.9 GB, other allocations: 1.2 GB, max allowed: 18.1 GB).",
+     "user", "cuda-oom"),
+    ("libc++abi: terminating due to uncaught exception of type std::runtime_error: [METAL] Command buffer execution failed: "
+     "Insufficient Memory (00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)", "user", "cuda-oom"),
+    ("RuntimeError: HIP error: invalid device function\nHIP kernel errors might be asynchronously reported", "user", "invalid-device"),
+    ("ptxas /tmp/k.ptx, line 88; error   : Feature '.bf16' requires .target sm_80 or higher", "user", "environment-mismatch"),
+    ("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Tesla T4 GPU has compute "
+     "capability 7.5.", "user", "environment-mismatch"),
+    ("RuntimeError: Distributed package doesn't have NCCL built in", "user", "environment-mismatch"),
     # ssh between the nodes of a launch refused (the keys are the launch's to set up)
     ("mpirun: node02: Permission denied (publickey,password).\nORTE was unable to reliably start one or more daemons.",
      "user", "launch-config-error"),
