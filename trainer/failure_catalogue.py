@@ -216,7 +216,7 @@ NETWORK = _rx(
     r"Socket timed out on send/recv operation",  # Slurm's controller did not answer (overloaded): not the request's fault
     # curl's connect failure, partial file, timeout, empty reply and receive failure, as curl prints them
     # or as Python's subprocess reports curl's exit status
-    r"\bcurl: \((?:7|18|28|52|56)\)", r"Command '\s*curl\b[^'\n]{0,2000}' returned non-zero exit status (?:7|18|28|52|56)\b",
+    r"\bcurl: \((?:7|18|28|52|56)\)", r"Server returned nothing \(no headers, no data\)", r"Command '\s*curl\b[^'\n]{0,2000}' returned non-zero exit status (?:7|18|28|52|56)\b",
 )  # fmt: skip
 # A download quota that clears by itself: Google Drive's per-file limit (gdown prints it under "Access denied").
 DOWNLOAD_QUOTA = _rx(
@@ -229,6 +229,8 @@ HTTP_TRANSIENT = _rx(
     r"\bError (?:50[02346789]|5[1-9]\d): ",  # Google's API clients ("googleapi: Error 503: Backend Error")
     # google-api-core's exceptions ("google.api_core.exceptions.InternalServerError: 500 Job failed ...")
     r"\b(?:InternalServerError|BadGateway|ServiceUnavailable|GatewayTimeout|TooManyRequests):? (?:429|50[02346789]|5[1-9]\d)\b",
+    # google-cloud's clients without the exception's name: "503 GET https://bigquery.googleapis.com/..."
+    r"\b(?:429|408|50[02346789]|5[1-9]\d) (?:GET|POST|PUT|PATCH|DELETE|HEAD) https?://",
     r"\b(?:Internal Server Error|Bad Gateway|Service Unavailable|Service Temporarily Unavailable|Gateway Time-?out|Too Many Requests)\b",
     r"\b(?:TEMPORARILY_UNAVAILABLE|REQUEST_LIMIT_EXCEEDED|RESOURCE_EXHAUSTED)\b",
     # requests' repr of a response, clients' "<status> response ...", a registry's 429 code

@@ -306,6 +306,11 @@ SPENT_SPLIT_WORDINGS = [
     ("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Tesla T4 GPU has compute "
      "capability 7.5.", "user", "environment-mismatch"),
     ("RuntimeError: Distributed package doesn't have NCCL built in", "user", "environment-mismatch"),
+    # google-cloud's clients print a 5xx as "<status> <method> <url>"; curl's empty reply as R's curl says it
+    ("google.api_core.exceptions.RetryError: 503 GET https://bigquery.googleapis.com/bigquery/v2/projects/p/jobs/j: Backend "
+     "unavailable", "infra", "remote-service-unavailable"),
+    ("Error in curl::curl_fetch_memory(url, handle = handle) :\n  Server returned nothing (no headers, no data)", "infra",
+     "transient-network"),
     # ssh between the nodes of a launch refused (the keys are the launch's to set up)
     ("mpirun: node02: Permission denied (publickey,password).\nORTE was unable to reliably start one or more daemons.",
      "user", "launch-config-error"),
