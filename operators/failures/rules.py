@@ -115,6 +115,8 @@ _SHM_TOO_SMALL = _rx(
     r"insufficient shared memory \(shm\)", r"workers are out of shared memory", r"Unexpected bus error encountered in worker",
     r"No space left on device[^\n]{0,40}/dev/shm|/dev/shm[^\n]{0,80}No space left on device",
     r"NCCL[^\n]{0,80}(?:shm|shared memory)[^\n]{0,80}(?:No space left|failed)",
+    # UCX (and Open MPI over it) touching a /dev/shm page the container's small shm cannot back
+    r"Bus error: nonexistent physical address",
 )  # fmt: skip
 
 # The software in the image does not fit the node or itself: versions, builds, architectures.
@@ -138,6 +140,7 @@ _ENVIRONMENT = _rx(
     r"requires \.target sm_\d+ or higher", r"only supported on GPUs with compute capability of at least",
     r"requires A100 or H100", r"is not compatible with compile time compute cap",
     r"Distributed package doesn't have NCCL built in",  # a torch build without NCCL (Windows, macOS)
+    r"The NVIDIA driver on your system is too old",  # torch built for a newer CUDA than the driver
 )  # fmt: skip
 # The runtime loaded and found no device (cudaErrorNoDevice, hipErrorNoDevice): the node's GPUs are gone or
 # its driver is broken. "No CUDA GPUs are available" (nothing allocated, a CPU-only build) is _NO_GPU_VISIBLE's.
@@ -294,7 +297,7 @@ _IMAGE_MISSING = _rx(
     r"InvalidImageName",
 )
 # The job sees no GPU: the resource request, CUDA_VISIBLE_DEVICES or a CPU-only build.
-_NO_GPU_VISIBLE = _rx(r"No CUDA GPUs are available", r"\bno GPUs found\b")
+_NO_GPU_VISIBLE = _rx(r"No CUDA GPUs are available", r"\bno GPUs found\b", r"Found no NVIDIA driver on your system")
 # NCCL (RCCL) could not set up its transport here: /dev/shm, sockets, InfiniBand libraries.
 _NCCL_SYSTEM = _rx(r"\bunhandled system error\b")
 # A native crash with nothing else in view (the node can cause one too: retried once, context.py).

@@ -306,6 +306,13 @@ SPENT_SPLIT_WORDINGS = [
     ("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Tesla T4 GPU has compute "
      "capability 7.5.", "user", "environment-mismatch"),
     ("RuntimeError: Distributed package doesn't have NCCL built in", "user", "environment-mismatch"),
+    # a container's small /dev/shm under UCX; a machine with no NVIDIA driver; a driver older than torch's CUDA
+    ("[node3:412 :0:412] Caught signal 7 (Bus error: nonexistent physical address)\n==== backtrace (tid:    412) ====",
+     "user", "shm-too-small"),
+    ("RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and installed a driver",
+     "user", "no-gpu-visible"),
+    ("UserWarning: CUDA initialization: The NVIDIA driver on your system is too old (found version 11040).", "user",
+     "environment-mismatch"),
     # google-cloud's clients print a 5xx as "<status> <method> <url>"; curl's empty reply as R's curl says it
     ("google.api_core.exceptions.RetryError: 503 GET https://bigquery.googleapis.com/bigquery/v2/projects/p/jobs/j: Backend "
      "unavailable", "infra", "remote-service-unavailable"),
