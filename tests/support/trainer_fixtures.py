@@ -79,6 +79,19 @@ def newest_committed_step(run_dir: Path) -> int:
     return max(steps, default=0)
 
 
+def mid_loop_kill(reference: Path, rank: int = 1, fraction: float = 0.5) -> str:
+    """A `kill@time` fault that lands mid-loop on this machine now: the timer is a fraction of the
+    reference run's own training time (its metrics' final `train_s`), not a fixed number of seconds,
+    which a quiet machine outran (a fixed 1.5 s against a 600-step loop that took 1.46 s)."""
+    train_s = [m for m in metrics(reference) if m.get("event") == "final"][-1]["train_s"]
+    return f"kill@time={max(0.3, round(fraction * train_s, 2)):g},rank={rank}"
+
+
+def fault_marker(run_dir: Path, fault: str) -> Path:
+    """The marker a fired fault leaves in the run dir (trainer/faults.py names it after the spec)."""
+    return run_dir / "faults" / (fault.replace(",", "_") + ".fired")
+
+
 def torchrun_exitcodes(output: str) -> list[int]:
     """Child exit codes torchrun reported in its failure summary."""
     return [int(m) for m in re.findall(r"^\s+exitcode\s+:\s+(-?\d+)", output, re.MULTILINE)]
@@ -120,6 +133,8 @@ class Helpers:
     check_ok = staticmethod(check_ok)
     metrics = staticmethod(metrics)
     torchrun_exitcodes = staticmethod(torchrun_exitcodes)
+    mid_loop_kill = staticmethod(mid_loop_kill)
+    fault_marker = staticmethod(fault_marker)
     newest_committed_step = staticmethod(newest_committed_step)
     root_cause_exitcode = staticmethod(root_cause_exitcode)
     trainer_env = staticmethod(trainer_env)

@@ -26,7 +26,6 @@ from operators.failures import classify
 
 DRILL = ("train.max_steps=600", "checkpoint.every_steps=50", "train.log_every_steps=10")
 INTERVAL = 50
-FAULT = "kill@time=1,rank=1"
 
 
 @pytest.fixture(scope="module")
@@ -73,12 +72,12 @@ def reference(h, tmp_path_factory) -> Path:
     return run_dir
 
 
-def _spec(h, run_dir: Path, attempt: int) -> GangSpec:
+def _spec(h, run_dir: Path, attempt: int, fault: str) -> GangSpec:
     from trainer_fixtures import DATA
 
     sets = (f"data.train_path={DATA['train']}", f"data.test_path={DATA['test']}", *DRILL)
     return GangSpec(name="ray-drill", run_dir=str(run_dir), world_size=2, config_path=str(h.ROOT / "params.yaml"),
-                    overrides=sets, attempt=attempt, env={"GANGFLOW_FAULT": FAULT, "GANGFLOW_ALLOW_FAULTS": "1"})  # fmt: skip
+                    overrides=sets, attempt=attempt, env={"GANGFLOW_FAULT": fault, "GANGFLOW_ALLOW_FAULTS": "1"})  # fmt: skip
 
 
 @pytest.mark.slow
@@ -90,11 +89,11 @@ def test_ray_kill_at_time_on_rank_1_is_infra_resumes_and_matches_torchrun(h, ray
     ray_address, token = ray_cluster
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     monkeypatch.setenv("RAY_AUTH_TOKEN", token)
-    run_dir, lines = tmp_path / "run", []
-    first = RayBackend(address=ray_address).run(_spec(h, run_dir, 1), lines.append)
+    run_dir, lines, fault = tmp_path / "run", [], h.mid_loop_kill(reference)
+    first = RayBackend(address=ray_address).run(_spec(h, run_dir, 1, fault), lines.append)
     output = "\n".join(lines)
     assert not first.succeeded, output[-4000:]
-    marker = run_dir / "faults" / "kill@time=1_rank=1.fired"
+    marker = h.fault_marker(run_dir, fault)
     assert marker.is_file(), "the loop ended before the timer: make the drill longer\n" + output[-3000:]
     fired = json.loads(marker.read_text())
     assert fired["rank"] == 1 and 0 < fired["step"] < 600
@@ -106,7 +105,7 @@ def test_ray_kill_at_time_on_rank_1_is_infra_resumes_and_matches_torchrun(h, ray
 
     committed = h.newest_committed_step(run_dir)
     lines.clear()
-    second = RayBackend(address=ray_address).run(_spec(h, run_dir, 2), lines.append)
+    second = RayBackend(address=ray_address).run(_spec(h, run_dir, 2, fault), lines.append)
     output = "\n".join(lines)
     assert second.succeeded, output[-4000:]
     resumed = second.resumed_from_step

@@ -57,19 +57,20 @@ def test_kill_at_save_drill_resumes_from_the_last_committed_checkpoint(h, drill_
 
 @pytest.mark.slow
 def test_kill_at_time_drill_on_rank_1_resumes_and_matches(h, drill_reference, tmp_path):
-    """kill@time=1.5,rank=1 (unsynchronised): rank 1 is SIGKILLed by a timer mid-loop, with no
-    barrier and no drain (rank 0 may be mid-step or mid-write). The retry resumes from the last
-    committed checkpoint, loses <= 2 intervals, and ends bitwise equal to an uninterrupted run."""
-    run_dir = tmp_path / "run"
-    first = h.run(run_dir, DRILL, GANGFLOW_FAULT="kill@time=1.5,rank=1")
+    """kill@time=T,rank=1 (unsynchronised; T half the reference run's own loop time): rank 1 is
+    SIGKILLed by a timer mid-loop, with no barrier and no drain (rank 0 may be mid-step or
+    mid-write). The retry resumes from the last committed checkpoint, loses <= 2 intervals, and
+    ends bitwise equal to an uninterrupted run."""
+    run_dir, fault = tmp_path / "run", h.mid_loop_kill(drill_reference)
+    first = h.run(run_dir, DRILL, GANGFLOW_FAULT=fault)
     assert first.returncode != 0, first.stdout[-3000:]
-    marker = run_dir / "faults" / "kill@time=1.5_rank=1.fired"
+    marker = h.fault_marker(run_dir, fault)
     assert marker.is_file(), "the loop ended before the timer: make the drill longer\n" + first.stdout[-3000:]
     fired = json.loads(marker.read_text())
     assert fired["rank"] == 1 and 0 < fired["step"] < 600
     assert -9 in h.torchrun_exitcodes(first.stdout), first.stdout[-3000:]
     committed = h.newest_committed_step(run_dir)
-    second = h.check_ok(h.run(run_dir, DRILL, GANGFLOW_FAULT="kill@time=1.5,rank=1"))
+    second = h.check_ok(h.run(run_dir, DRILL, GANGFLOW_FAULT=fault))
     match = RESUME.search(second)
     resumed = int(match.group(1)) if match else 0
     # The marker's step is the loop's when the timer fired; the loop runs on while the marker is
