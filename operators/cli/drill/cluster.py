@@ -965,4 +965,16 @@ class EmulatedCluster(ReconcileLoop):
             }  # fmt: skip
             if run.deadline_exceeded:  # the kubelet's words (pkg/kubelet/active_deadline.go)
                 pod["status"].update(reason="DeadlineExceeded", message="Pod was active on the node longer than the specified deadline")
-        self._note(f"pod {run.name} {phase} (exit code {run.exit_code})")
+            self._note(f"pod {run.name} {phase} (exit code {run.exit_code})")
+            self._settle(pod)
+
+    def _settle(self, pod: dict[str, Any]) -> None:
+        """The pod's JobSet and the gang object owning it (TrainJob, MPIJob, RayJob) see its end now,
+        under the API's lock: watch-driven controllers react within milliseconds, and the drill's
+        reconcile period would otherwise show gangflow a failed rank whose gang has not failed yet."""
+        name = (pod["metadata"].get("labels") or {}).get(JOBSET_NAME_LABEL)
+        jobset = self.api.get(*JS, pod["metadata"]["namespace"], name) if name else None
+        if jobset is not None:
+            self._job_controller(jobset)
+        for controller in self.controllers:
+            controller.reconcile(self._note)

@@ -256,3 +256,25 @@ def test_a_trainjob_past_its_active_deadline_fails_and_its_ranks_get_sigterm(tmp
         _wait(lambda: (marks / "stopped-0").exists() and (marks / "stopped-1").exists(), "SIGTERM to both ranks", emu)
         _wait(lambda: not [p for p in api.items("", "pods", ns) if p["metadata"]["name"].startswith(name)], "the pods to go", emu)
         assert any("past its activeDeadlineSeconds=2" in e for e in emu.events), emu.events
+
+
+def test_no_one_sees_a_failed_rank_before_its_trainjob_failed(tmp_path, runtime, registry):
+    """Watch-driven controllers mark the JobSet and then the TrainJob Failed within milliseconds of a
+    rank's end; the drill's reconcile period must not leave gangflow a window in which the pod has
+    failed and the TrainJob not yet (CI once saw gangflow fail and delete the TrainJob in it, so the
+    mirrored condition never came)."""
+    script = "import os, sys, time; time.sleep(0.3); sys.exit(3 if os.environ['PET_NODE_RANK'] == '1' else 0)"
+    with trainjob_running(tmp_path, runtime, registry, "test-trainer-failed", script) as (api, emu, trainjob):
+        name, ns = trainjob["metadata"]["name"], trainjob["metadata"]["namespace"]
+        seen, deadline = [], time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with api._lock:  # one observation: what one list of pods and one GET of the TrainJob could return together
+                failed_pod = any((p.get("status") or {}).get("phase") == "Failed" for p in api.items("", "pods", ns))
+                state = st.gang_state("TrainJob", api.get(*TRAINJOBS, ns, name)).state
+            if failed_pod:
+                seen.append(state)
+            if state == "failed":
+                break
+            time.sleep(0.001)
+        assert seen and set(seen) == {"failed"}, (seen[:5], emu.events)
+        assert any(f"TrainJob {ns}/{name} Failed" in e for e in emu.events), emu.events
