@@ -109,6 +109,11 @@ def fault_from_env(environ=None, *, rank: int = 0) -> Fault | None:
     return fault
 
 
+def marker_name(spec: str) -> str:
+    """Where, relative to the run dir, a fired fault leaves its marker (one name a spec)."""
+    return f"faults/{spec.replace(',', '_')}.fired"
+
+
 class FaultInjector:
     """Decides, per rank, whether the configured fault fires, and fires it.
 
@@ -126,7 +131,7 @@ class FaultInjector:
         if fault is not None and fault.rank is not None and fault.rank >= world_size:
             raise ConfigError(f"{ENV}={fault.spec!r} is invalid: rank={fault.rank} but the world size is {world_size}")
         self.store = Storage(run_dir)
-        self.marker_rel = f"faults/{fault.spec.replace(',', '_')}.fired" if fault else None
+        self.marker_rel = marker_name(fault.spec) if fault else None
         self.marker = (self.store.local_path(self.marker_rel) if self.store.local else self.store.uri(self.marker_rel)) if fault else None
         # Decided once, at start, on every rank: whether this attempt may fire a once-only fault.
         self.armed = fault is not None and (fault.action == "raise" or not self.store.exists(self.marker_rel))

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from trainer.faults import marker_name
+
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -88,8 +90,8 @@ def mid_loop_kill(reference: Path, rank: int = 1, fraction: float = 0.5) -> str:
 
 
 def fault_marker(run_dir: Path, fault: str) -> Path:
-    """The marker a fired fault leaves in the run dir (trainer/faults.py names it after the spec)."""
-    return run_dir / "faults" / (fault.replace(",", "_") + ".fired")
+    """The marker a fired fault leaves in the run dir."""
+    return run_dir / marker_name(fault)
 
 
 def torchrun_exitcodes(output: str) -> list[int]:
