@@ -169,6 +169,30 @@ class S3Server:
         return f"s3://{name}"
 
 
+# The unsynchronised kill drills (torchrun, mpirun, Ray): 600 steps, a checkpoint every 50.
+DRILL = ("train.max_steps=600", "checkpoint.every_steps=50", "train.log_every_steps=10")
+DRILL_INTERVAL = 50
+
+
+@pytest.fixture(scope="session")
+def drill_reference(h, tmp_path_factory) -> Path:
+    """The kill drills' uninterrupted run (torchrun, 2 ranks), made once a worker: each drill ends
+    bitwise equal to it and times its kill from its loop time."""
+    run_dir = tmp_path_factory.mktemp("drill-reference") / "reference"
+    h.check_ok(h.run(run_dir, DRILL))
+    return run_dir
+
+
+def drill_spec(name: str, run_dir: Path, attempt: int, fault: str, **spec):
+    """The GangSpec of one try of a kill drill run through a backend (mpirun, Ray): `DRILL` on the
+    digits data, 2 ranks, `fault` armed."""
+    from operators.backends.base import GangSpec
+
+    sets = (f"data.train_path={DATA['train']}", f"data.test_path={DATA['test']}", *DRILL)
+    return GangSpec(name=name, run_dir=str(run_dir), world_size=2, config_path=str(ROOT / "params.yaml"), overrides=sets,
+                    attempt=attempt, env={"GANGFLOW_FAULT": fault, "GANGFLOW_ALLOW_FAULTS": "1"}, **spec)  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A moto S3 server for this session (started once), as the cluster drill starts it."""

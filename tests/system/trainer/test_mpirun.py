@@ -11,32 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from operators.backends.base import GangSpec
 from operators.backends.local import LocalBackend, mpirun_path
 from operators.failures import classify
-
-DRILL = ("train.max_steps=600", "checkpoint.every_steps=50", "train.log_every_steps=10")
-INTERVAL = 50
-
-
-@pytest.fixture(scope="module")
-def reference(h, tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("mpirun") / "reference"
-    h.check_ok(h.run(run_dir, DRILL))  # torchrun, 2 ranks
-    return run_dir
+from trainer_fixtures import DRILL_INTERVAL as INTERVAL
+from trainer_fixtures import drill_spec
 
 
-def _spec(h, run_dir: Path, attempt: int, fault: str) -> GangSpec:
-    from trainer_fixtures import DATA
 
-    sets = (f"data.train_path={DATA['train']}", f"data.test_path={DATA['test']}", *DRILL)
-    return GangSpec(name="mpirun-drill", run_dir=str(run_dir), world_size=2, config_path=str(h.ROOT / "params.yaml"),
-                    overrides=sets, attempt=attempt, launcher="mpirun",
-                    env={"GANGFLOW_FAULT": fault, "GANGFLOW_ALLOW_FAULTS": "1"})  # fmt: skip
 
 
 @pytest.mark.slow
-def test_mpirun_kill_at_time_on_rank_1_is_infra_resumes_and_matches_torchrun(h, reference, tmp_path, monkeypatch):
+def test_mpirun_kill_at_time_on_rank_1_is_infra_resumes_and_matches_torchrun(h, drill_reference, tmp_path, monkeypatch):
     try:
         mpirun_path()
     except Exception as exc:  # noqa: BLE001
@@ -44,8 +29,8 @@ def test_mpirun_kill_at_time_on_rank_1_is_infra_resumes_and_matches_torchrun(h, 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GANGFLOW_FAULT", "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    run_dir, lines, fault = tmp_path / "run", [], h.mid_loop_kill(reference)
-    first = LocalBackend(nproc_limit=2).run(_spec(h, run_dir, 1, fault), lines.append)
+    run_dir, lines, fault = tmp_path / "run", [], h.mid_loop_kill(drill_reference)
+    first = LocalBackend(nproc_limit=2).run(drill_spec("mpirun-drill", run_dir, 1, fault, launcher="mpirun"), lines.append)
     output = "\n".join(lines)
     assert not first.succeeded and first.exit_code != 0, output[-4000:]
     marker = h.fault_marker(run_dir, fault)
@@ -61,7 +46,7 @@ def test_mpirun_kill_at_time_on_rank_1_is_infra_resumes_and_matches_torchrun(h, 
 
     committed = h.newest_committed_step(run_dir)
     lines.clear()
-    second = LocalBackend(nproc_limit=2).run(_spec(h, run_dir, 2, fault), lines.append)
+    second = LocalBackend(nproc_limit=2).run(drill_spec("mpirun-drill", run_dir, 2, fault, launcher="mpirun"), lines.append)
     output = "\n".join(lines)
     assert second.succeeded, output[-4000:]
     assert "already fired in an earlier attempt" in output
@@ -71,4 +56,4 @@ def test_mpirun_kill_at_time_on_rank_1_is_infra_resumes_and_matches_torchrun(h, 
     # the resume is checked against the first attempt's newest committed checkpoint
     assert resumed == committed and resumed % INTERVAL == 0 and fired["step"] - resumed <= 2 * INTERVAL, (fired, committed, resumed)
     final = (run_dir / "final" / "model.safetensors").read_bytes()
-    assert final == (reference / "final" / "model.safetensors").read_bytes()
+    assert final == (drill_reference / "final" / "model.safetensors").read_bytes()

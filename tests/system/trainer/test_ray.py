@@ -23,9 +23,9 @@ import pytest
 
 from operators.backends.base import GangSpec
 from operators.failures import classify
+from trainer_fixtures import DRILL_INTERVAL as INTERVAL
+from trainer_fixtures import drill_spec
 
-DRILL = ("train.max_steps=600", "checkpoint.every_steps=50", "train.log_every_steps=10")
-INTERVAL = 50
 
 
 @pytest.fixture(scope="module")
@@ -65,23 +65,10 @@ def ray_cluster(tmp_path_factory):
         log.close()
 
 
-@pytest.fixture(scope="module")
-def reference(h, tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("ray-reference") / "reference"
-    h.check_ok(h.run(run_dir, DRILL))  # torchrun, 2 ranks
-    return run_dir
-
-
-def _spec(h, run_dir: Path, attempt: int, fault: str) -> GangSpec:
-    from trainer_fixtures import DATA
-
-    sets = (f"data.train_path={DATA['train']}", f"data.test_path={DATA['test']}", *DRILL)
-    return GangSpec(name="ray-drill", run_dir=str(run_dir), world_size=2, config_path=str(h.ROOT / "params.yaml"),
-                    overrides=sets, attempt=attempt, env={"GANGFLOW_FAULT": fault, "GANGFLOW_ALLOW_FAULTS": "1"})  # fmt: skip
 
 
 @pytest.mark.slow
-def test_ray_kill_at_time_on_rank_1_is_infra_resumes_and_matches_torchrun(h, ray_cluster, reference, tmp_path, monkeypatch):
+def test_ray_kill_at_time_on_rank_1_is_infra_resumes_and_matches_torchrun(h, ray_cluster, drill_reference, tmp_path, monkeypatch):
     from operators.backends.ray import RayBackend
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GANGFLOW_FAULT", "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "RAY_ADDRESS"):
@@ -89,8 +76,8 @@ def test_ray_kill_at_time_on_rank_1_is_infra_resumes_and_matches_torchrun(h, ray
     ray_address, token = ray_cluster
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     monkeypatch.setenv("RAY_AUTH_TOKEN", token)
-    run_dir, lines, fault = tmp_path / "run", [], h.mid_loop_kill(reference)
-    first = RayBackend(address=ray_address).run(_spec(h, run_dir, 1, fault), lines.append)
+    run_dir, lines, fault = tmp_path / "run", [], h.mid_loop_kill(drill_reference)
+    first = RayBackend(address=ray_address).run(drill_spec("ray-drill", run_dir, 1, fault), lines.append)
     output = "\n".join(lines)
     assert not first.succeeded, output[-4000:]
     marker = h.fault_marker(run_dir, fault)
@@ -105,7 +92,7 @@ def test_ray_kill_at_time_on_rank_1_is_infra_resumes_and_matches_torchrun(h, ray
 
     committed = h.newest_committed_step(run_dir)
     lines.clear()
-    second = RayBackend(address=ray_address).run(_spec(h, run_dir, 2, fault), lines.append)
+    second = RayBackend(address=ray_address).run(drill_spec("ray-drill", run_dir, 2, fault), lines.append)
     output = "\n".join(lines)
     assert second.succeeded, output[-4000:]
     resumed = second.resumed_from_step
@@ -113,7 +100,7 @@ def test_ray_kill_at_time_on_rank_1_is_infra_resumes_and_matches_torchrun(h, ray
     # the resume is the first try's newest committed checkpoint, the loss at most two intervals.
     assert resumed and resumed == committed and resumed % INTERVAL == 0 and fired["step"] - resumed <= 2 * INTERVAL, (fired, committed, resumed)
     final = (run_dir / "final" / "model.safetensors").read_bytes()
-    assert final == (reference / "final" / "model.safetensors").read_bytes()
+    assert final == (drill_reference / "final" / "model.safetensors").read_bytes()
 
 
 @pytest.mark.slow

@@ -12,20 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from trainer_fixtures import RESUME
-
-
-DRILL = ("train.max_steps=600", "checkpoint.every_steps=50", "train.log_every_steps=10")
-
-
-INTERVAL = 50
-
-
-@pytest.fixture(scope="module")
-def drill_reference(h, tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("unsync") / "reference"
-    h.check_ok(h.run(run_dir, DRILL))
-    return run_dir
+from trainer_fixtures import DRILL, RESUME
+from trainer_fixtures import DRILL_INTERVAL as INTERVAL
 
 
 def _final(run_dir: Path) -> bytes:
