@@ -7,7 +7,6 @@ torchrun run (tests/system/trainer/test_unsync_faults.py is the same drill under
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -15,9 +14,6 @@ from operators.backends.local import LocalBackend, mpirun_path
 from operators.failures import classify
 from trainer_fixtures import DRILL_INTERVAL as INTERVAL
 from trainer_fixtures import drill_spec
-
-
-
 
 
 @pytest.mark.slow

@@ -27,7 +27,6 @@ from trainer_fixtures import DRILL_INTERVAL as INTERVAL
 from trainer_fixtures import drill_spec
 
 
-
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
     """A Ray head on this machine (2 CPUs, no dashboard, a temp dir of its own), stopped by its
@@ -63,8 +62,6 @@ def ray_cluster(tmp_path_factory):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         log.close()
-
-
 
 
 @pytest.mark.slow
