@@ -80,6 +80,8 @@ _QUOTA = _rx(
     r"exceeds? (?:your|the) (?:current )?(?:\w+ )?(?:quota|limit)", r"limit of \d+ \w+ allows",
     r"Disk quota exceeded", r"\[Errno 122\]", r"\bEDQUOT\b",  # the user's (or group's) file-system quota
     r"Not enough quota available for",  # Azure ML's deployment of a VM size the subscription has no quota for
+    # Google's APIs refusing a request past the project's quota (status RESOURCE_EXHAUSTED, as throttling is)
+    r"Quota failure for project", r"quota metrics exceed quota limits",
 )  # fmt: skip
 # A cloud provider took the machine back (spot/preemptible capacity, maintenance).
 _CLOUD_PREEMPTION = _rx(
@@ -220,7 +222,8 @@ _TLS_CERTIFICATE = _rx(
 _REQUEST_REFUSED = _rx(
     r"The specified bucket does not exist", r"\bNoSuchBucket\b", r"\bInvalidAccessKeyId\b", r"\bSignatureDoesNotMatch\b",
     r"\bExpiredToken\b", r"\bforbidden: User\b", r"cannot (?:get|list|create|watch|patch|delete) resource", r"\b403 Forbidden\b",
-    r"\(403\)\s*Reason: Forbidden", r"\bUnauthorized\b", r"\bAccessDenied\b", r"Access Denied", r"\bInvalid Credentials\b",
+    r"\(403\)\s*Reason: Forbidden", r"\bUnauthorized\b", r"\bAccessDenied(?:Exception)?\b", r"Access Denied", r"\bInvalid Credentials\b",
+    r"is not authorized to perform:",  # AWS IAM: the role lacks the action (or a policy denies it)
     r"An error occurred \((?:InvalidArgument|InvalidRequest|InvalidBucketName|NoSuchKey|InvalidObjectState)\)",
     # botocore/AWS: no usable credentials, region or endpoint for this bucket (configuration)
     r"\b(?:NoCredentialsError|PartialCredentialsError|NoRegionError|ProfileNotFound)\b", r"Unable to locate credentials",
@@ -256,6 +259,7 @@ _CUDA_OOM = _rx(
     # XLA on a TPU: the program does not fit the chip's memory (HBM); XLA's RESOURCE_EXHAUSTED
     # names memory then, where the same status from a cloud API is a quota or throttling
     r"Ran out of memory in memory space (?:hbm|vmem)\b", r"RESOURCE_EXHAUSTED: XLA:TPU compile permanent error",
+    r"RESOURCE_EXHAUSTED: Failed to allocate request for",  # the TPU runtime, allocating a buffer on the device
 )  # fmt: skip
 # The kernel's OOM killer (a cgroup limit or the host's memory): the job asks for more than it has.
 _HOST_OOM = _rx(
@@ -658,7 +662,7 @@ def _cuda_oom(f: Evidence) -> Hit | None:
 
 
 def _device_oom_words(text: str) -> str:
-    if "XLA:TPU" in text or "memory space hbm" in text or "memory space vmem" in text:
+    if any(word in text for word in ("XLA:TPU", "memory space hbm", "memory space vmem", "Failed to allocate request for")):
         return "TPU out of memory (batch or model too large for the TPU)"
     return "CUDA out of memory (batch or model too large for the GPU)"
 
@@ -831,9 +835,11 @@ KILLED_FROM_OUTSIDE = " without OOMKilled: killed from outside"
 
 
 # A shell's report of a child it lost to SIGKILL: bash's "line 27: 318 Killed  python ...", a line
-# that is only "Killed", zsh's "killed", the Chinese locale's; the log's only trace of the signal.
+# that is only "Killed" (or ends a progress bar's line: the bar redraws with \r, no newline), zsh's
+# "killed", the Chinese locale's; the log's only trace of the signal.
 _SHELL_KILLED = re.compile(
-    r"^[^\n]{0,200}\bline \d+:[ \t]+\d+[ \t]+Killed\b[^\n]*$|^[ \t]*(?:\*\*)?Killed(?:\*\*)?[ \t]*$|^zsh: killed\b[^\n]*$|已杀死",
+    r"^[^\n]{0,200}\bline \d+:[ \t]+\d+[ \t]+Killed\b[^\n]*$|^[ \t]*(?:\*\*)?Killed(?:\*\*)?[ \t]*$|^[^\n]*[\]\d]Killed[ \t]*$"
+    r"|^zsh: killed\b[^\n]*$|已杀死",
     re.MULTILINE,
 )
 # Nextflow found no exit status for the task: its executor (Slurm, Kubernetes, AWS Batch) killed it,

@@ -313,6 +313,23 @@ SPENT_SPLIT_WORDINGS = [
      "user", "no-gpu-visible"),
     ("UserWarning: CUDA initialization: The NVIDIA driver on your system is too old (found version 11040).", "user",
      "environment-mismatch"),
+    # holdout36+37+38+39's look: Google's quota refusals under RESOURCE_EXHAUSTED are the project's
+    # quota; XLA failing to allocate on the device is device memory; an IAM refusal that names itself
+    # AccessDeniedException (gsutil, AWS's JSON APIs); a shell's Killed after a progress bar's last update
+    ('"error": {\n    "code": 429,\n    "message": "Quota failure for project my-proj. The request for 8 V100 accelerators '
+     'exceeds the allowed maximum of 0 A100, 0 V100 accelerators.",\n    "status": "RESOURCE_EXHAUSTED"', "user", "quota-exceeded"),
+    ('"message": "The following quota metrics exceed quota limits: aiplatform.googleapis.com/custom_model_training_nvidia_a100_gpus",'
+     '\n    "status": "RESOURCE_EXHAUSTED"', "user", "quota-exceeded"),
+    ("jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Failed to allocate request for 64.00MiB (67108864B) on device "
+     "ordinal 3", "user", "cuda-oom"),
+    ("+ gsutil -m cp -r gs://team-data/shards ./data\nAccessDeniedException: 403 svc@proj.iam.gserviceaccount.com does not have "
+     "storage.objects.list access to the Google Cloud Storage bucket.", "user", "request-refused"),
+    ("botocore.exceptions.ClientError: An error occurred (AccessDeniedException) when calling the CreateTrainingJob operation: "
+     "User: arn:aws:sts::123456789012:assumed-role/Runner/s is not authorized to perform: sagemaker:CreateTrainingJob", "user",
+     "request-refused"),
+    ("Building the graph\n 31%|###       | 331/1063 [01:06<03:59,  3.06it/s]Killed", "user", "killed-from-outside"),
+    ("Downloading https://example.org/aliases.txt.gz\n100% [..........................] 450734725 / 450734725Killed", "user",
+     "killed-from-outside"),
     # google-cloud's clients print a 5xx as "<status> <method> <url>"; curl's empty reply as R's curl says it
     ("google.api_core.exceptions.RetryError: 503 GET https://bigquery.googleapis.com/bigquery/v2/projects/p/jobs/j: Backend "
      "unavailable", "infra", "remote-service-unavailable"),
