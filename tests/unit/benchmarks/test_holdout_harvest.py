@@ -3,7 +3,6 @@ prints counts and the hash only."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -14,30 +13,13 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import holdout_harvest as harvest  # noqa: E402
+from holdout_corpus import SECRET_LOG, case, small_corpus  # noqa: E402
 from operators.failures.cases import load_split, load_split_cases  # noqa: E402
-
-SECRET_LOG = "Xid 79: GPU has fallen off the bus (only in the case file)"
-
-
-def case(project: str, number: int = 7, **change) -> dict:
-    row = {"id": f"{project.replace('/', '__')}-{number}", "project": project,
-           "url": f"https://github.com/{project}/issues/{number}", "label": "infra", "hard": False,
-           "why": "the node's GPU was replaced", "evidence": {"log_tail": SECRET_LOG, "exit_code": 1}}  # fmt: skip
-    return row | change
 
 
 @pytest.fixture
 def corpus(tmp_path) -> Path:
-    folder = tmp_path / "corpus"
-    folder.mkdir()
-    for project in ("own/train", "own/dev", "own/test"):
-        base = case(project) | {"label": "user"}
-        (folder / f"{project.replace('/', '__')}.jsonl").write_text(json.dumps(base) + "\n")
-    test_hash = hashlib.sha256((folder / "own__test.jsonl").read_bytes()).hexdigest()
-    split = {"seed": 1, "train": ["own/train"], "dev": ["own/dev"], "test": ["own/test"], "test_sha256": test_hash,
-             "holdout3": ["Old/Holdout"], "holdout3_sha256": "0" * 64}  # fmt: skip
-    (folder / "split.json").write_text(json.dumps(split, indent=2) + "\n")
-    return folder
+    return small_corpus(tmp_path / "corpus")
 
 
 def test_start_excludes_every_project_of_the_corpus_and_the_split(corpus, tmp_path):
