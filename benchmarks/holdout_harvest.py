@@ -5,7 +5,8 @@
     python benchmarks/holdout_harvest.py freeze holdout27 --workspace /tmp/holdout27
 
 `start` writes the workspace: excluded.txt (every project of the corpus files and split.json),
-an empty claimed.txt, and the harvesters' and the blind reader's briefs (brief.md, READER.md).
+an empty claimed.txt, the harvesters' brief (brief.md), each helper's prompt (promptN.md: the brief
+and its part's theme), the helpers' project check (chk.sh) and the blind reader's brief (READER.md).
 Helpers that never open the repository write part*.jsonl there. `prepare` checks their lines,
 keeps those of the brief's shape, and writes the reader's input under shuffled keys. `freeze`
 writes the kept cases, each with the reader's label, into the corpus and records the set and its
@@ -130,6 +131,34 @@ nothing else, not even in general words (no remarks about any case).
 """
 
 
+# One helper per theme (holdout24's pairs): each helper's prompt is the brief and its part below.
+THEMES = (
+    "GPU hardware and drivers; AMD ROCm/HIP and other accelerators",
+    "HPC batch schedulers; MPI codes and launchers",
+    "cloud storage and networking; dataset and model downloads",
+    "experiment trackers and registries; LLM fine-tuning",
+    "distributed PyTorch; large-model frameworks (DeepSpeed, Megatron/NeMo, Colossal-AI, Accelerate)",
+    "containers and Kubernetes; Ray",
+    "managed ML platforms (SageMaker, Vertex AI, Azure ML, Databricks, Colab, Kaggle); TPU/JAX/XLA",
+    "workflow engines and data pipelines; batch inference and serving jobs",
+)
+PART = """
+
+#### Your task
+
+Your theme: **{theme}**. Your file: {workspace}/part{part}.jsonl (create it). To check projects before claiming, you may run `{workspace}/chk.sh owner/repo ...` (prints ok / EXCLUDED / CLAIMED).
+"""
+# The helpers' project check, in the workspace (they never open the repository).
+CHECK = """\
+#!/bin/bash
+rc=0
+for p in "$@"; do
+ if grep -qixF -- "$p" {workspace}/excluded.txt; then echo "$p EXCLUDED"; rc=1; elif grep -qixF -- "$p" {workspace}/claimed.txt; then echo "$p CLAIMED"; rc=1; else echo "$p ok"; fi
+done
+exit $rc
+"""
+
+
 class HarvestError(ValueError):
     """The workspace, the reader's output or the corpus is not as the procedure needs it."""
 
@@ -148,14 +177,21 @@ def used_projects(corpus: Path) -> set[str]:
 
 
 def start(name: str, workspace: Path, corpus: Path, *, cases: int = 8, lookups: int = 70) -> str:
+    """The workspace: the excluded projects, the brief, each helper's prompt (promptN.md: the brief
+    and its part), the helpers' project check (chk.sh) and the reader's brief."""
     workspace.mkdir(parents=True, exist_ok=True)
     excluded = sorted(used_projects(corpus))
     (workspace / "excluded.txt").write_text("\n".join(excluded) + "\n")
     (workspace / "claimed.txt").touch()
     values = {"name": name, "workspace": workspace, "repo": ROOT, "cases": cases, "lookups": lookups}
-    (workspace / "brief.md").write_text(HARVESTER_BRIEF.format(**values))
+    brief = HARVESTER_BRIEF.format(**values)
+    (workspace / "brief.md").write_text(brief)
+    for part, theme in enumerate(THEMES, 1):
+        (workspace / f"prompt{part}.md").write_text(brief + PART.format(theme=theme, workspace=workspace, part=part))
+    (workspace / "chk.sh").write_text(CHECK.format(workspace=workspace))
+    (workspace / "chk.sh").chmod(0o755)
     (workspace / "READER.md").write_text(READER_BRIEF.format(**values))
-    return f"{name}: {len(excluded)} projects excluded; briefs in {workspace}"
+    return f"{name}: {len(excluded)} projects excluded; briefs in {workspace} (one helper's prompt per part: prompt1.md ... prompt{len(THEMES)}.md)"
 
 
 def check_line(row: object, excluded: set[str]) -> str | None:

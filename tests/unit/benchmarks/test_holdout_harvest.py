@@ -4,6 +4,7 @@ prints counts and the hash only."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,6 +32,22 @@ def test_start_excludes_every_project_of_the_corpus_and_the_split(corpus, tmp_pa
     assert f"{workspace}/claimed.txt" in brief and "(holdout9)" in brief
     assert "never cut lines at the end" in brief and "not even in general words" in brief
     assert f"{workspace}/reader-input.jsonl" in (workspace / "READER.md").read_text()
+
+
+def test_start_writes_each_helpers_prompt_and_a_project_check_that_reads_names_literally(corpus, tmp_path):
+    workspace = tmp_path / "ws"
+    harvest.start("holdout9", workspace, corpus)
+    brief = (workspace / "brief.md").read_text()
+    prompts = sorted(workspace.glob("prompt*.md"))
+    assert [p.name for p in prompts] == [f"prompt{i}.md" for i in range(1, 9)]
+    third = (workspace / "prompt3.md").read_text()
+    assert third.startswith(brief) and "**cloud storage and networking; dataset and model downloads**" in third
+    assert f"{workspace}/part3.jsonl" in third and f"{workspace}/chk.sh owner/repo" in third
+    (workspace / "claimed.txt").write_text("new/one\n")
+    check = subprocess.run(["bash", str(workspace / "chk.sh"), "OWN/train", "new/one", "new/two", "own/tra.n", "-x"],
+                           capture_output=True, text=True)  # fmt: skip
+    assert check.stdout.split("\n")[:5] == ["OWN/train EXCLUDED", "new/one CLAIMED", "new/two ok", "own/tra.n ok", "-x ok"]
+    assert check.returncode == 1
 
 
 def test_prepare_keeps_the_briefs_shape_and_shows_the_reader_evidence_only(corpus, tmp_path):
