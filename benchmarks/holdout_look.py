@@ -16,6 +16,7 @@ docs/design/classifier-evaluation.md has the procedure.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import subprocess
 import sys
@@ -73,9 +74,7 @@ def archive(commit: str, into: Path) -> Path:
     folder = into / commit
     folder.mkdir(parents=True)
     tar = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit], capture_output=True, check=True).stdout
-    archive_path = into / f"{commit}.tar"
-    archive_path.write_bytes(tar)
-    with tarfile.open(archive_path) as files:
+    with tarfile.open(fileobj=io.BytesIO(tar)) as files:
         files.extractall(folder, filter="data")
     return folder
 
