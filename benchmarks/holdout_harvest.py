@@ -310,10 +310,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workspace", type=Path, required=True, help="the folder the helpers and the reader share")
     parser.add_argument("--seed", type=int, help="prepare: the seed that shuffles the reader's keys")
     parser.add_argument("--corpus", type=Path, default=CORPUS_DIR, help="corpus folder (default: the package's)")
+    parser.add_argument("--lookups", type=int, default=70,
+                        help="start: each helper's most look-ups, as the plan names it (default 70)")
     args = parser.parse_args(argv)
     try:
         if args.command == "start":
-            print(start(args.name, args.workspace, args.corpus))
+            if args.lookups < 1:
+                parser.error(f"--lookups must be a positive number of look-ups, not {args.lookups}")
+            print(start(args.name, args.workspace, args.corpus, lookups=args.lookups))
         elif args.command == "prepare":
             if args.seed is None:
                 parser.error("prepare needs --seed (the plan names it before the harvest)")

@@ -50,6 +50,16 @@ def test_start_writes_each_helpers_prompt_and_a_project_check_that_reads_names_l
     assert check.returncode == 1
 
 
+def test_start_gives_the_helpers_the_look_up_cap_the_plan_names(corpus, tmp_path, capsys):
+    assert harvest.main(["start", "holdout9", "--workspace", str(tmp_path / "ws"), "--corpus", str(corpus),
+                         "--lookups", "50"]) == 0  # fmt: skip
+    brief = (tmp_path / "ws" / "brief.md").read_text()
+    assert "no more than 50 look-ups" in brief and "70" not in brief
+    with pytest.raises(SystemExit):
+        harvest.main(["start", "holdout9", "--workspace", str(tmp_path / "ws"), "--lookups", "0"])
+    assert "--lookups must be a positive number" in capsys.readouterr().err
+
+
 def test_prepare_keeps_the_briefs_shape_and_shows_the_reader_evidence_only(corpus, tmp_path):
     workspace = tmp_path / "ws"
     harvest.start("holdout9", workspace, corpus)
