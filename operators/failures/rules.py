@@ -137,6 +137,9 @@ _ENVIRONMENT = _rx(
     # GPU code built for other devices: a PTX newer than the driver's, ROCm without this GPU's target
     r"Unsupported \.version [\d.]+; current version is", r"Unable to find code object for all current devices",
     r"\bhipErrorNoBinaryForGpu\b", r"only supports Ampere GPUs or newer",
+    # the CUDA runtime in the image does not fit the host's driver (803, 804), as torch reports it at start
+    r"system has unsupported display driver / cuda driver combination", r"forward compatibility was attempted on non supported HW",
+    r"Unexpected error from cudaGetDeviceCount\(\)[^\n]{0,200}Error 500: named symbol not found",
     r"TensileLibrary\w{0,64}\.dat: No such file or directory for GPU arch",  # rocBLAS without kernels for this GPU
     # a feature this GPU generation lacks (bf16, large FlashAttention heads, a newer compute capability)
     r"requires \.target sm_\d+ or higher", r"only supported on GPUs with compute capability of at least",
@@ -233,6 +236,7 @@ _REQUEST_REFUSED = _rx(
     r"<Response \[40[13]\]>",  # requests' repr of a refused response (W&B's "permission denied (<Response [403]>)")
     r"api_key not configured",  # W&B run without a key (no wandb.login, no WANDB_API_KEY)
     r"You are trying to access a gated repo",  # the Hub: the account has not been granted the model
+    r'\{"code": ?40[13], ?"message": ?"',  # an API's one-line JSON refusal (Kaggle: "You must accept this competition's rules")
 )  # fmt: skip
 # The data is broken: it fails the same way on every read.
 _BAD_DATA = _rx(
@@ -279,6 +283,7 @@ _HOST_OOM = _rx(
     r"terminate called after throwing an instance of 'std::bad_alloc'",
     r"Unable to allocate [\d.]+ [KMGTP]i?B for an array with shape",  # numpy's MemoryError
     r"DefaultCPUAllocator: not enough memory", r"killed by the cgroup out-of-memory handler",
+    r"Your session crashed after using all available RAM",  # Colab: the notebook outgrew the runtime it chose
 )  # fmt: skip
 _IMPORT_ERROR = re.compile(r"^(?:\[\w*\d+\]:\s*)?(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|TabError)\b:?(.*)$", re.MULTILINE)  # fmt: skip
 _ILLEGAL_ACCESS = _rx(

@@ -330,6 +330,20 @@ SPENT_SPLIT_WORDINGS = [
     ("Building the graph\n 31%|###       | 331/1063 [01:06<03:59,  3.06it/s]Killed", "user", "killed-from-outside"),
     ("Downloading https://example.org/aliases.txt.gz\n100% [..........................] 450734725 / 450734725Killed", "user",
      "killed-from-outside"),
+    # holdout40+41+42's look: the image's CUDA runtime that the host's driver cannot run, as torch and
+    # CuPy report it at start; a Colab runtime the notebook outgrew; an API's one-line JSON refusal
+    ("torch/cuda/__init__.py:118: UserWarning: CUDA initialization: Unexpected error from cudaGetDeviceCount(). Did you run "
+     "some cuda functions before calling NumCudaDevices() that might have already set an error? Error 500: named symbol not "
+     "found (Triggered internally at ../c10/cuda/CUDAFunctions.cpp:108.)", "user", "environment-mismatch"),
+    ("cupy_backends.cuda.api.runtime.CUDARuntimeError: cudaErrorSystemDriverMismatch: system has unsupported display driver / "
+     "cuda driver combination", "user", "environment-mismatch"),
+    ("RuntimeError: Unexpected error from cudaGetDeviceCount(). Error 804: forward compatibility was attempted on non "
+     "supported HW", "user", "environment-mismatch"),
+    ("Epoch 1/3: 12%|#2        | 120/1000\nYour session crashed after using all available RAM. If you are interested in "
+     "access to high-RAM runtimes, you may want to check out Colab Pro.", "user", "host-oom"),
+    ("kaggle.rest.ApiException: (403)\nHTTP response body: b'{\"code\": 403, \"message\": \"Permission 'datasets.get' was "
+     "denied\"}'", "user", "request-refused"),
+    ('HTTP response body: {"code":429,"message":"Too many requests, try again later"}', "infra", "remote-service-unavailable"),
     # google-cloud's clients print a 5xx as "<status> <method> <url>"; curl's empty reply as R's curl says it
     ("google.api_core.exceptions.RetryError: 503 GET https://bigquery.googleapis.com/bigquery/v2/projects/p/jobs/j: Backend "
      "unavailable", "infra", "remote-service-unavailable"),
