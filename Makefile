@@ -63,6 +63,11 @@ images: install podman-deps
 podman-deps:
 	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null && command -v runc >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman buildah mmdebstrap runc >/dev/null; } || echo "podman, mmdebstrap or runc missing: make images cannot build and the image tests (tests/system/images) skip; install Debian's podman buildah mmdebstrap runc"
 
+# The tests start hundreds of Python processes that import the project: they keep its compiled
+# modules (git-ignored __pycache__) even where the environment turns that off, which saved about a
+# tenth of `make test-fast` (docs/design/test-times.md).
+test test-fast: export PYTHONDONTWRITEBYTECODE =
+
 # Every test on 2 pytest-xdist workers; tests that share a session fixture (a prepared state dir)
 # stay on one worker (tests/conftest.py).
 test: install browser-deps prometheus-deps podman-deps

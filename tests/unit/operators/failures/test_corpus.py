@@ -6,7 +6,9 @@ dev files (the test split's cases are never read by tests).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import subprocess
 import sys
@@ -20,6 +22,9 @@ from operators.failures.evidence import Evidence
 from operators.failures.precedent import PrecedentBase
 
 PROJECT_ROOT = Path(__file__).resolve().parents[4]
+sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
+
+import classifier as classifier_benchmark  # noqa: E402
 
 
 def case(i: int, label: str, log: str, project: str = "acme/train", hard: bool = False) -> dict:
@@ -137,9 +142,15 @@ def test_the_model_decides_the_kind_and_the_nearest_case_of_that_kind_is_cited(t
 
 
 def run_benchmark(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "benchmarks/classifier.py", *args], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=300
-    )
+    """benchmarks/classifier.py's command line, run in this process (an interpreter and its imports
+    for each run cost more than the runs): exit status, stdout and stderr as the shell sees them."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = classifier_benchmark.main(list(args))
+        except SystemExit as exc:  # argparse's refusals
+            code = exc.code if isinstance(exc.code, int) else 2
+    return subprocess.CompletedProcess(["benchmarks/classifier.py", *args], code, out.getvalue(), err.getvalue())
 
 
 def test_benchmark_reports_each_split_and_refuses_a_changed_test_split(synthetic):
@@ -330,22 +341,35 @@ def test_benchmark_scores_two_holdouts_as_one_set_each_checked_by_its_own_hash(s
 
 
 @needs_split
-def test_the_blind_reader_saw_train_and_dev_cases_only_and_is_scored_beside_the_classifier():
+def test_the_blind_reader_saw_train_and_dev_cases_only():
     """The blind reader's labels (benchmarks/data/classifier_blind_reader.jsonl) cover train and
-    dev cases, never a test or hold-out one; --blind-reader scores them on the same cases as the
-    classifier, hard and not hard apart."""
+    dev cases, never a test or hold-out one, each line of the shape --blind-reader reads."""
     split = load_split()
-    seen = {json.loads(line)["id"] for line in (PROJECT_ROOT / "benchmarks/data/classifier_blind_reader.jsonl").open()}
+    seen = set(classifier_benchmark.load_blind_reader(classifier_benchmark.BLIND_READER))
     train_dev = {c.id for name in ("train", "dev") for c in load_split_cases(split, name)}
     assert seen and seen <= train_dev
-    proc = run_benchmark("--blind-reader")
+
+
+def test_benchmark_scores_the_blind_reader_beside_the_classifier_on_the_same_cases(synthetic, tmp_path, monkeypatch):
+    """--blind-reader: the reader's label and the classifier's verdict on each labelled train and
+    dev case, hard and not hard apart; an unlabelled case is left out, a malformed line refused."""
+    reader = tmp_path / "reader.jsonl"
+    reader.write_text("".join(json.dumps({"id": i, "label": label, "confidence": 0.8, "signal": "s"}) + "\n" for i, label in (
+        ("acme__train-1", "user"), ("acme__train-2", "user"), ("acme__dev-1", "infra"))))  # fmt: skip
+    monkeypatch.setattr(classifier_benchmark, "BLIND_READER", reader)
+    proc = run_benchmark("--corpus", str(synthetic), "--blind-reader")
     assert proc.returncode == 0, proc.stderr
-    reader = json.loads(proc.stdout.strip().splitlines()[-1])["blind_reader"]
-    assert set(reader) == {"train", "dev"} and sum(r["n"] for r in reader.values()) == len(seen)
-    for r in reader.values():
+    result = json.loads(proc.stdout.strip().splitlines()[-1])["blind_reader"]
+    assert set(result) == {"train", "dev"} and (result["train"]["n"], result["dev"]["n"]) == (2, 1)
+    assert result["train"]["reader"]["accuracy"] == 0.5 and result["dev"]["reader"]["accuracy"] == 1.0
+    for r in result.values():
         assert sum(r["agreement"].values()) == r["n"]
         for who in ("reader", "classifier"):
             assert r[who]["hard"]["n"] + r[who]["not_hard"]["n"] == r["n"]
+    assert result["train"]["reader"]["user_bugs_retried"] == 0
+    reader.write_text('{"id": "acme__train-1", "label": "maybe"}\n')
+    proc = run_benchmark("--corpus", str(synthetic), "--blind-reader")
+    assert proc.returncode == 2 and "expected {id, label: infra|user" in proc.stderr
 
 
 def test_benchmark_fallback_scores_each_spent_holdout_without_itself_on_the_cases_no_rule_decides(synthetic):
