@@ -60,7 +60,7 @@ def _race(client, make, home, monkeypatch, name, tracking_uri=None):
         procs.append(ctx.Process(target=promotion_race.promote, args=(args, barrier, out)))
     for p in procs:
         p.start()
-    results = dict(out.get(timeout=600) for _ in procs)
+    results = _collect(out, procs, timeout_s=600)
     for p in procs:
         p.join(timeout=60)
     results = {k: json.loads(v) for k, v in results.items()}
@@ -76,3 +76,20 @@ def _race(client, make, home, monkeypatch, name, tracking_uri=None):
     assert f"does not beat champion v{better['model_version']}" in worse["reason"]
     tags = client.get_model_version(name, worse["model_version"]).tags
     assert tags["gangflow.decision"] == "rejected" and tags["gangflow.champion_version"] == better["model_version"]
+
+
+def _collect(out, procs, *, timeout_s: float) -> dict:
+    """Each racer's (label, result); a racer that dies first fails the test at once, not at the timeout."""
+    import queue
+    import time
+
+    results, deadline = {}, time.monotonic() + timeout_s
+    while len(results) < len(procs):
+        try:
+            label, value = out.get(timeout=1)
+            results[label] = value
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            assert not dead, f"a promoting process died (exit codes {dead}); its traceback is in the captured stderr"
+            assert time.monotonic() < deadline, f"the promotions did not finish in {timeout_s} s"
+    return results

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.append(str(ROOT / "benchmarks"))  # after the project: benchmarks/trainer.py must not shadow trainer/
 
 import holdout_harvest as harvest  # noqa: E402
 import holdout_look  # noqa: E402

@@ -22,7 +22,7 @@ from operators.failures.evidence import Evidence
 from operators.failures.precedent import PrecedentBase
 
 PROJECT_ROOT = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
+sys.path.append(str(PROJECT_ROOT / "benchmarks"))  # after the project: benchmarks/trainer.py must not shadow trainer/
 
 import classifier as classifier_benchmark  # noqa: E402
 
