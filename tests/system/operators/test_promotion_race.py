@@ -6,6 +6,8 @@ in a spawned process."""
 from __future__ import annotations
 
 import json
+import queue
+import time
 
 import pytest
 from promotion_candidates import make, manifest, weights  # noqa: F401 (fixtures)
@@ -80,9 +82,6 @@ def _race(client, make, home, monkeypatch, name, tracking_uri=None):
 
 def _collect(out, procs, *, timeout_s: float) -> dict:
     """Each racer's (label, result); a racer that dies first fails the test at once, not at the timeout."""
-    import queue
-    import time
-
     results, deadline = {}, time.monotonic() + timeout_s
     while len(results) < len(procs):
         try:

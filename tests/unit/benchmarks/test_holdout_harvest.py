@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from benchmark_modules import benchmark_module
+from holdout_corpus import SECRET_LOG, case, small_corpus
+
+from operators.failures.cases import load_split, load_split_cases
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.append(str(ROOT / "benchmarks"))  # after the project: benchmarks/trainer.py must not shadow trainer/
-
-import holdout_harvest as harvest  # noqa: E402
-from holdout_corpus import SECRET_LOG, case, small_corpus  # noqa: E402
-from operators.failures.cases import load_split, load_split_cases  # noqa: E402
+harvest = benchmark_module("holdout_harvest")
 
 
 @pytest.fixture

@@ -4,18 +4,16 @@ until split.json records the look."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from benchmark_modules import benchmark_module
+from holdout_corpus import SECRET_LOG, case, small_corpus
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.append(str(ROOT / "benchmarks"))  # after the project: benchmarks/trainer.py must not shadow trainer/
-
-import holdout_harvest as harvest  # noqa: E402
-import holdout_look  # noqa: E402
-from holdout_corpus import SECRET_LOG, case, small_corpus  # noqa: E402
+harvest = benchmark_module("holdout_harvest")
+holdout_look = benchmark_module("holdout_look")
 
 
 @pytest.fixture

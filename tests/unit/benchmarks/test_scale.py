@@ -9,10 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.append(str(ROOT / "benchmarks"))  # after the project: benchmarks/trainer.py must not shadow trainer/
+from benchmark_modules import benchmark_module
 
-from scale import growth  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
+growth = benchmark_module("scale").growth
 
 
 def test_growth_names_constant_linear_and_worse():

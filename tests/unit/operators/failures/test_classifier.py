@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from benchmark_modules import benchmark_module
 
 from operators.failures import RULES, Verdict, classify
 
@@ -340,11 +341,7 @@ def test_cli_rejects_bad_input(stdin, message):
 
 
 def test_the_docs_rule_table_is_current():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gangflow_bench_classifier", PROJECT_ROOT / "benchmarks" / "classifier.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = benchmark_module("classifier")
     docs = (PROJECT_ROOT / "docs" / "failures.md").read_text()
     assert module.rule_table() in docs, "regenerate it: python benchmarks/classifier.py --rule-table"
 

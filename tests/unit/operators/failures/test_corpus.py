@@ -11,10 +11,10 @@ import hashlib
 import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from benchmark_modules import benchmark_module
 
 from operators.failures import cases as corpus
 from operators.failures.cases import CorpusError, load_cases, load_split, load_split_cases, test_sha256
@@ -22,9 +22,7 @@ from operators.failures.evidence import Evidence
 from operators.failures.precedent import PrecedentBase
 
 PROJECT_ROOT = Path(__file__).resolve().parents[4]
-sys.path.append(str(PROJECT_ROOT / "benchmarks"))  # after the project: benchmarks/trainer.py must not shadow trainer/
-
-import classifier as classifier_benchmark  # noqa: E402
+classifier_benchmark = benchmark_module("classifier")
 
 
 def case(i: int, label: str, log: str, project: str = "acme/train", hard: bool = False) -> dict:
