@@ -17,7 +17,7 @@ from operators.config import settings
 from operators.evaluation import EvaluateModelOperator
 from operators.config.pipelines import (
     DEFAULT_PIPELINE, LAUNCHERS, NOT_NAN, BrokenPipeline, PipelineConfig, PipelineConfigError, add_package_roots,
-    check_params, dataset_version_of_run, pipeline_files, pipeline_tag,
+    check_form_defaults, check_params, dataset_version_of_run, pipeline_files, pipeline_tag,
 )  # fmt: skip
 from operators.promotion import PromoteModelOperator
 from operators.retry import ClassifiedRetryPolicy
@@ -199,6 +199,7 @@ def build_pipeline_dag(p: PipelineConfig):
         else asset
     )
     params = build_params(p)
+    check_form_defaults(p, params)  # before Airflow refuses the DAG, and with it the whole DAG file
     schemas = {name: param.schema for name, param in params.items()}
     doc = DOC.format(name=p.name, description=p.description, out=p.dataset_out, suite=p.suite, task=p.task,
                      model=p.model_name, metric=p.metric.name, direction=p.metric.direction, asset=p.dataset_asset,
@@ -328,7 +329,9 @@ for _bad in FILES.broken.values():
 for _config in PIPELINES.values():
     try:
         _dag, _params, _schemas = build_pipeline_dag(_config)
-    except PipelineConfigError as _exc:  # e.g. an operator class that is not the stage's: this pipeline only
+    except Exception as _exc:  # noqa: BLE001 - e.g. an operator class that is not the stage's: this pipeline only
+        if not isinstance(_exc, PipelineConfigError):  # a user module failing at import, Airflow refusing the DAG
+            _exc = PipelineConfigError(f"{_config.source}: {type(_exc).__name__}: {_exc}")
         _bad = BrokenPipeline(_config.name, _config.source, _config.dag_id, _exc)
         globals()[_bad.dag_id] = build_error_dag(_bad)
         continue

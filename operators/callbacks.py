@@ -12,7 +12,7 @@ log = logging.getLogger("gangflow.callbacks")
 
 
 def failure_record_path(dag_id: str, run_id: str):
-    return settings.state_dir() / "failures" / dag_id / f"{settings.run_key(dag_id, run_id)}.json"
+    return settings.state_dir() / "failures" / settings.dag_id_folder(dag_id) / f"{settings.run_key(dag_id, run_id)}.json"
 
 
 def read_failure(dag_id: str, run_id: str) -> dict[str, Any]:

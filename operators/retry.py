@@ -40,10 +40,14 @@ def _ledger(context: Any) -> Path | None:
     dag_id, task_id = getattr(ti, "dag_id", None), getattr(ti, "task_id", None)
     if not (isinstance(dag_id, str) and isinstance(task_id, str) and isinstance(run_id, str) and dag_id and run_id):
         return None
+    try:  # a DAG id such as '..' would put the ledger outside retries/ (pipeline files refuse it)
+        folder = settings.dag_id_folder(dag_id)
+    except ValueError:
+        return None
     map_index = getattr(ti, "map_index", -1)
     name = task_id if map_index in (None, -1) else f"{task_id}.{map_index}"
     # Task ids are Airflow keys ([\w.-]+), safe as file names; the run needs its identity.
-    return settings.state_dir() / "retries" / dag_id / settings.run_key(dag_id, run_id) / f"{name}.json"
+    return settings.state_dir() / "retries" / folder / settings.run_key(dag_id, run_id) / f"{name}.json"
 
 
 def _record_try(context: Any, try_number: int, kind: str, signature: str | None) -> tuple[int, int | None]:

@@ -237,6 +237,7 @@ class Config:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Config:
+        check_section_names(raw)
         built: dict[str, Any] = {}
         for name, section_cls in SECTIONS.items():
             section = raw.get(name) or {}
@@ -333,6 +334,19 @@ def _field_type(section: str, name: str) -> str | None:
     return next((f.type for f in fields(cls) if f.name == name), None)
 
 
+def check_section_names(names: Iterable[Any]) -> None:
+    """Refuse a section that looks like a misspelt trainer section. Others are other stages' (a DVC
+    params.yaml holds them all) and are ignored, so a typo would silently keep the defaults."""
+    import difflib
+
+    for name in names:
+        if isinstance(name, str) and name not in SECTIONS:
+            near = difflib.get_close_matches(name.lower(), SECTIONS, n=1, cutoff=0.8)
+            if near:
+                raise ConfigError(f"section {name!r} is not the trainer's; did you mean {near[0]!r}? (the trainer's "
+                                  f"sections: {', '.join(SECTIONS)}; other stages' sections are ignored)")
+
+
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
     """Read `path` (None: built-in defaults), apply `--set` overrides, validate."""
     raw: dict[str, dict[str, Any]] = {}
@@ -348,6 +362,7 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"--config {str(path)!r}: must be a mapping of sections")
+        check_section_names(loaded)
         for name in SECTIONS:
             section = loaded.get(name)
             if section is None:

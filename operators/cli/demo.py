@@ -169,6 +169,8 @@ def parse_with_conf(parser: argparse.ArgumentParser, argv: list[str] | None) -> 
         conf = json.loads(args.conf)
     except ValueError as exc:
         parser.error(f"--conf: not valid JSON ({exc})")
+    if not isinstance(conf, dict):  # the run's Params by name; a list or a string would fail later, unexplained
+        parser.error(f"--conf: must be a JSON object of Params, e.g. '{{\"world_size\": 2}}' (got {args.conf!r})")
     return args, conf
 
 

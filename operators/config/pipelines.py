@@ -47,7 +47,9 @@ LAUNCHERS = ("torchrun", "mpirun")
 NOT_NAN = {"not": {"description": "NaN (not a number)", "minimum": 1, "maximum": 0}}
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
-_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+# A DAG id that can name a folder of the state dir (settings.DAG_ID_RE: not '.' or '..'), at most 200 characters
+_ID_RE = re.compile(rf"(?=.{{1,200}}$){settings.DAG_ID_RE.pattern}")
+_ID_ACCEPTED = "an Airflow DAG id that can name a folder: letters, digits, '_', '.', '-' (not only dots, at most 200)"
 
 
 class PipelineConfigError(UserError, ValueError):
@@ -219,7 +221,8 @@ def _number(where: str, value: Any, *, integer: bool = False) -> Any:
 
 
 def _string(where: str, value: Any, pattern: re.Pattern | None = None, accepted: str = "") -> str:
-    if not isinstance(value, str) or not value or (pattern is not None and not pattern.match(value)):
+    # fullmatch: `$` alone also matches before a final newline
+    if not isinstance(value, str) or not value or (pattern is not None and not pattern.fullmatch(value)):
         raise PipelineConfigError(f"{where}={value!r}: must be {accepted or 'a non-empty string'}")
     return value
 
@@ -421,6 +424,15 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
     sizes = raw.get("local_world_sizes", [1, 2, 4, 8])
     if not isinstance(sizes, list) or not sizes:
         raise PipelineConfigError(f"{source}: local_world_sizes={sizes!r}: must be a non-empty list of integers >= 1")
+    for i, size in enumerate(sizes):  # a gang task of 0 ranks takes no pool slot and trains nothing
+        if not is_count(size, 1):
+            raise PipelineConfigError(f"{source}: local_world_sizes[{i}]={size!r}: accepted values: integers >= 1 "
+                                      "(one local gang task per size)")
+    # checked even where GANGFLOW_RETRY_BASE_DELAY overrides it: the file is wrong either way
+    retry_base_delay = _number(f"{source}: retry_base_delay_seconds", raw.get("retry_base_delay_seconds", 5))
+    if retry_base_delay < 0:
+        raise PipelineConfigError(f"{source}: retry_base_delay_seconds={retry_base_delay!r}: accepted values: "
+                                  "seconds >= 0 (the first retry's delay; later ones grow from it)")
     default_backend = raw.get("default_backend", "local")
     training = raw.get("training") or {}
     if not isinstance(training, Mapping):
@@ -446,9 +458,9 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
                                       "or leave it out for no limit")
     config = PipelineConfig(
         name=pname,
-        dag_id=_string(f"{source}: dag_id", raw.get("dag_id", f"train_{pname}"), _ID_RE, "an Airflow DAG id"),
+        dag_id=_string(f"{source}: dag_id", raw.get("dag_id", f"train_{pname}"), _ID_RE, _ID_ACCEPTED),
         publish_dag_id=_string(f"{source}: publish_dag_id", raw.get("publish_dag_id", f"publish_{pname}"), _ID_RE,
-                               "an Airflow DAG id"),
+                               _ID_ACCEPTED),
         description=str(raw.get("description", "")),
         source=source,
         schedule=None if schedule in (None, "", "none", "None") else str(schedule),
@@ -468,10 +480,9 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         default_backend=default_backend,
         launcher=launcher,
         world_size=_number(f"{source}: world_size", raw.get("world_size", 2), integer=True),
-        local_world_sizes=tuple(_number(f"{source}: local_world_sizes[]", n, integer=True) for n in sizes),
+        local_world_sizes=tuple(sizes),
         retries=_number(f"{source}: retries", raw.get("retries", 3), integer=True),
-        retry_base_delay_s=float(os.environ.get("GANGFLOW_RETRY_BASE_DELAY") or _number(
-            f"{source}: retry_base_delay_seconds", raw.get("retry_base_delay_seconds", 5))),
+        retry_base_delay_s=float(os.environ.get("GANGFLOW_RETRY_BASE_DELAY") or retry_base_delay),
         allowed_models=tuple(allowed),
         max_steps=trainer.train.max_steps,
         learning_rate=trainer.train.lr,
@@ -569,7 +580,7 @@ def _safe_id(text: str) -> str:
 def _broken_dag_id(raw: Any, stem: str) -> str:
     """The training DAG id the file meant to have when it says one, else `train_<stem>`."""
     dag_id = raw.get("dag_id") if isinstance(raw, Mapping) else None
-    return dag_id if isinstance(dag_id, str) and _ID_RE.match(dag_id) else f"train_{_safe_id(stem)}"
+    return dag_id if isinstance(dag_id, str) and _ID_RE.fullmatch(dag_id) else f"train_{_safe_id(stem)}"
 
 
 @functools.cache
@@ -641,7 +652,53 @@ def check_params(values: Mapping[str, Any], schemas: Mapping[str, Mapping[str, A
         raise InvalidParams("; ".join(problems))
 
 
+#: Where each trigger-form field's default comes from: a key of the pipeline file, or (train.*, checkpoint.*)
+#: of its trainer config (see `parse_pipeline`, `_gate`).
+FORM_FIELD_KEYS = {
+    "dataset_version": "dvc.lock's version of dataset.out", "world_size": "world_size", "backend": "default_backend",
+    "launcher": "training.launcher", "max_steps": "train.max_steps", "learning_rate": "train.lr",
+    "batch_size": "train.batch_size", "checkpoint_every_steps": "checkpoint.every_steps",
+    "max_run_time_seconds": "training.max_run_time_seconds", "max_queue_wait_seconds": "training.max_queue_wait_seconds",
+    "promotion_floor": "gate.threshold", "min_improvement": "gate.min_improvement",
+}  # fmt: skip
+
+
+def check_form_defaults(config: PipelineConfig, params: Mapping[str, Any]) -> None:
+    """Refuse a pipeline whose own values its trigger form (`params`, the DAG's Airflow Params) or
+    admission (`check_params`) refuses: Airflow would refuse to build its DAG (a schedule needs valid
+    defaults), taking the DAG file down, or admission every run. PipelineConfigError naming the file
+    (the trainer config for train.* and checkpoint.*), the key and what is accepted."""
+    for name, param in params.items():
+        key = FORM_FIELD_KEYS.get(name, name)
+        problem = _value_problem(param.value, param.schema)
+        if problem is None:
+            try:  # the schema as Airflow checks it (enum, NaN, ...)
+                param.resolve(suppress_exception=False)
+            except Exception as exc:  # noqa: BLE001 - ParamValidationError, reported under the file's key
+                problem = f"{exc} ({_accepted(param.schema)})"
+        if problem:
+            where = (f"{config.trainer_config} (trainer_config of {config.source})"
+                     if key.startswith(("train.", "checkpoint.")) else config.source)
+            raise PipelineConfigError(f"{where}: {key}={param.value!r}: the trigger form's {name} refuses it: {problem}")
+    try:  # what relates two fields (batch_size, a multiple of world_size)
+        check_params({name: param.value for name, param in params.items()},
+                     {name: param.schema for name, param in params.items()})
+    except InvalidParams as exc:
+        named = ", ".join(
+            f"{name} from {key}" + (f" in {config.trainer_config}" if key.startswith(("train.", "checkpoint.")) else "")
+            for name, key in FORM_FIELD_KEYS.items() if f"{name}=" in str(exc))
+        raise PipelineConfigError(f"{config.source}: every run would be refused at admission: {exc} "
+                                  f"(the form's defaults: {named})") from None
+
+
 def _check_value(name: str, value: Any, schema: Mapping[str, Any]) -> str | None:
+    problem = _value_problem(value, schema)
+    return problem and f"{name}={value!r}: {problem}"
+
+
+def _value_problem(value: Any, schema: Mapping[str, Any]) -> str | None:
+    """Why one value fails what its Param schema cannot say (NaN, 2.0, a pattern matched before a final
+    newline) or says (its range), or None."""
     kind = schema.get("type")
     if isinstance(kind, list):  # ["null", "integer"]: a field the form may leave empty
         if value is None and "null" in kind:
@@ -649,10 +706,14 @@ def _check_value(name: str, value: Any, schema: Mapping[str, Any]) -> str | None
         kind = next((k for k in kind if k != "null"), None)
     if kind == "integer":
         if not is_integer(value):
-            return f"{name}={value!r}: must be an integer, written without a decimal point ({_accepted(schema)})"
+            return f"must be an integer, written without a decimal point ({_accepted(schema)})"
     elif kind == "number":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return f"{name}={value!r}: must be a finite number ({_accepted(schema)})"
+            return f"must be a finite number ({_accepted(schema)})"
+    elif kind == "string" and schema.get("pattern") and isinstance(value, str):
+        # JSON Schema searches the pattern, and Python's `$` matches before a final newline ("auto\n"):
+        # the whole value must match (the schema's pattern stays ECMA-262 for the form).
+        return None if re.fullmatch(schema["pattern"], value) else f"does not match the whole pattern ({_accepted(schema)})"
     else:
         return None
     low, high = schema.get("minimum"), schema.get("maximum")
@@ -660,11 +721,15 @@ def _check_value(name: str, value: Any, schema: Mapping[str, Any]) -> str | None
     if (low is not None and value < low) or (high is not None and value > high) or (
         (xlow is not None and value <= xlow) or (xhigh is not None and value >= xhigh)
     ):
-        return f"{name}={value!r}: out of range ({_accepted(schema)})"
+        return f"out of range ({_accepted(schema)})"
     return None
 
 
 def _accepted(schema: Mapping[str, Any]) -> str:
+    if schema.get("enum") is not None:
+        return f"accepted values: {', '.join(map(str, schema['enum']))}"
+    if schema.get("pattern") is not None:
+        return f"accepted: strings matching {schema['pattern']}"
     bounds = []
     if schema.get("minimum") is not None:
         bounds.append(f">= {schema['minimum']}")

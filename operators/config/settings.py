@@ -102,11 +102,22 @@ def run_stem(run_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)[:60].strip("._-") or "run"
 
 
+#: A DAG id that can name a folder of the state dir (runs/, failures/, retries/): Airflow's characters,
+#: and not only dots ('.' and '..' name this folder or its parent). Pipeline files are checked with it.
+DAG_ID_RE = re.compile(r"(?!\.+$)[A-Za-z0-9_.-]+")
+
+
+def dag_id_folder(dag_id: str) -> str:
+    """`dag_id` as a folder name under the state dir; ValueError when it cannot name one."""
+    if not isinstance(dag_id, str) or not DAG_ID_RE.fullmatch(dag_id):
+        raise ValueError(f"dag_id={dag_id!r} cannot name a folder (accepted: letters, digits, '_', '.', '-', "
+                         "not only dots)")
+    return dag_id
+
+
 def run_dir(dag_id: str, run_id: str) -> Path:
     """The training run dir of one DAG run: the same for all its tries, so a retry resumes."""
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", dag_id or "") or not dag_id.strip("."):
-        raise ValueError(f"dag_id={dag_id!r} cannot name a folder (Airflow allows letters, digits, '_', '.', '-')")
-    return runs_dir() / dag_id / run_key(dag_id, run_id)
+    return runs_dir() / dag_id_folder(dag_id) / run_key(dag_id, run_id)
 
 
 def reports_dir() -> Path:

@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 
-from operators.config.pipelines import PipelineConfigError, parse_pipeline
+from operators.config.pipelines import PipelineConfigError, check_params, parse_pipeline
 
 from pipeline_runs import PROJECT_ROOT
 
@@ -49,3 +49,18 @@ def test_training_code_of_ones_own_refuses_auto_when_the_pipeline_is_read(tmp_pa
         parse_pipeline(CNN | {"trainer_config": _auto_trainer(tmp_path), "package_roots": roots}, source="pipelines/x.yaml")
     message = str(caught.value)
     assert "checkpoint.every_steps='auto'" in message and "pipelines/x.yaml" in message and "training code of one's own" in message
+
+
+@pytest.mark.parametrize("value", ["auto\n", "200\n"])
+def test_admission_refuses_what_the_forms_pattern_lets_through_before_a_final_newline(tmp_path, dag_module, value):
+    """JSON Schema's `pattern` is searched (Python's `$` matches before a final newline): admission
+    matches the whole value, so the ranks never get a value the trainer refuses."""
+    from operators.exceptions import InvalidParams
+
+    params = dag_module.build_params(parse_pipeline(DIGITS | {"trainer_config": _auto_trainer(tmp_path)}, source="x.yaml"))
+    schemas = {name: param.schema for name, param in params.items()}
+    values = {name: param.value for name, param in params.items()}
+    check_params(values | {"checkpoint_every_steps": "200"}, schemas)
+    with pytest.raises(InvalidParams) as caught:
+        check_params(values | {"checkpoint_every_steps": value}, schemas)
+    assert f"checkpoint_every_steps={value!r}" in str(caught.value) and "auto" in str(caught.value)

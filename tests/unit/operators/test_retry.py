@@ -131,6 +131,17 @@ def test_a_reevaluated_try_is_counted_once(tmp_path, monkeypatch):
         assert POLICY.evaluate(unknown, try_number=1, max_tries=5, context=_context(1)).action is RetryAction.RETRY
 
 
+@pytest.mark.parametrize("dag_id", [".", ".."])
+def test_a_dag_id_that_cannot_name_a_folder_keeps_no_ledger_outside_the_retries_folder(tmp_path, monkeypatch, dag_id):
+    monkeypatch.setenv("GANGFLOW_HOME", str(tmp_path))
+    ti = _Ti(1)
+    ti.dag_id = dag_id
+    unknown = UnknownFailure(classify({"exit_code": 1}))
+    assert POLICY.evaluate(unknown, try_number=1, max_tries=5, context={"ti": ti, "run_id": "manual__1"}).action is RetryAction.RETRY
+    assert not [p for p in tmp_path.rglob("*.json") if not p.resolve().is_relative_to((tmp_path / "retries").resolve())]
+    assert not (tmp_path / "retries").exists()
+
+
 def test_unknown_retries_is_configurable():
     exc = UnknownFailure(classify({}))
     assert decide(exc, 1, policy=ClassifiedRetryPolicy(unknown_retries=0)).action is RetryAction.FAIL

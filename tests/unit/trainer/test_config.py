@@ -48,6 +48,16 @@ def test_other_stages_sections_are_ignored(tmp_path):
     assert load_config(path).train.max_steps == 5
 
 
+@pytest.mark.parametrize(("section", "meant"), [("chekpoint", "checkpoint"), ("trian", "train"), ("modle", "model"),
+                                                ("Data", "data")])
+def test_a_misspelt_section_is_refused_not_ignored_as_another_stages(tmp_path, section, meant):
+    """`chekpoint: {every_steps: 10}` used to leave every_steps at its default: ten times the work lost to a retry."""
+    path = tmp_path / "p.yaml"
+    path.write_text(f"{section}: {{}}\nprepare: {{seed: 1}}\ntraining: {{epochs: 3}}\n")
+    with pytest.raises(ConfigError, match=f"section {section!r} is not the trainer's; did you mean {meant!r}"):
+        load_config(path)
+
+
 @pytest.mark.parametrize(
     "override, expected",
     [

@@ -49,6 +49,21 @@ def test_a_dag_id_that_cannot_be_a_folder_is_refused(dag_id):
         settings.run_dir(dag_id, "manual__1")
 
 
+@pytest.mark.parametrize("dag_id", ["", ".", "..", "...", "a/b", "train\n", None])
+def test_one_rule_says_which_dag_ids_can_name_a_folder(dag_id):
+    """The run dir, the failure record and the retry ledger all put the DAG id in a path."""
+    with pytest.raises(ValueError, match="dag_id"):
+        settings.dag_id_folder(dag_id)
+    with pytest.raises(ValueError, match="dag_id"):
+        callbacks.failure_record_path(dag_id, "manual__1")
+
+
+@pytest.mark.parametrize("dag_id", ["train_pipeline", "a.b", ".hidden", "x..", "-", "_"])
+def test_a_dag_id_with_other_characters_than_dots_names_a_folder(dag_id):
+    assert settings.dag_id_folder(dag_id) == dag_id
+    assert settings.run_dir(dag_id, "manual__1").parent == settings.runs_dir() / dag_id
+
+
 def test_empty_run_id_is_refused():
     with pytest.raises(ValueError, match="run_id"):
         settings.run_key("train_pipeline", "")
