@@ -23,7 +23,7 @@ from trainer.errors import DataError
 from trainer.storage import UnsafePath, inside, plain_name, replacing
 
 DATASET_FILES = ("train.parquet", "test.parquet")
-_MD5 = re.compile(r"^[0-9a-f]{32}$")
+_MD5 = re.compile(r"[0-9a-f]{32}")  # fullmatch: `$` would let a final newline through
 _CHUNK = 1 << 20
 _COPY_CHUNK = 32 << 20  # copied in the kernel while the chunk before it is hashed
 _NO_KERNEL_COPY = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSOCK}  # sendfile cannot copy between these files
@@ -42,7 +42,7 @@ class ChecksumMismatch(DataError):
 
 
 def _check_version(version: str) -> str:
-    if not isinstance(version, str) or not _MD5.match(version):
+    if not isinstance(version, str) or not _MD5.fullmatch(version):
         raise DataError(f"data.version={version!r} is invalid: must be 32 lowercase hex digits "
                         "(the md5 of the DVC directory object, as in dvc.lock without '.dir')")
     return version
@@ -75,16 +75,20 @@ def dir_listing(remote: str, version: str) -> list[dict[str, str]]:
     fs, root = _fs(remote)
     path = object_path(root, version, ".dir")
     try:
-        raw = fs.cat_file(path)
+        with _open_object(fs, path) as fh:
+            raw = fh.read(MAX_LISTING_BYTES + 1)
     except FileNotFoundError:
         raise DatasetNotFound(f"dataset version {version} is not on the remote {remote} (no object {path}); "
                               "was it pushed (dvc push)?") from None
+    if len(raw) > MAX_LISTING_BYTES:
+        raise DataError(f"dataset version {version}: {path} is larger than {MAX_LISTING_BYTES} bytes: not a DVC "
+                        "directory listing")
     try:
         entries = json.loads(raw)
     except ValueError as exc:
         raise DataError(f"dataset version {version}: {path} is not a DVC directory listing ({exc})") from None
     if not isinstance(entries, list) or not all(
-        isinstance(e, dict) and isinstance(e.get("relpath"), str) and isinstance(e.get("md5"), str) and _MD5.match(e["md5"])
+        isinstance(e, dict) and isinstance(e.get("relpath"), str) and isinstance(e.get("md5"), str) and _MD5.fullmatch(e["md5"])
         for e in entries
     ):
         raise DataError(f"dataset version {version}: {path} is not a DVC directory listing "
@@ -152,16 +156,35 @@ def _copy_through(source: Any, out: Any) -> str:
     return digest.hexdigest()
 
 
+#: The most a `.dir` listing may hold (DVC's listings of gangflow's datasets are a few hundred bytes).
+MAX_LISTING_BYTES = 64 << 20
+
+
+def _open_object(fs, path: str):
+    """The remote's object `path` opened for reading. On a local remote only a regular file: a FIFO
+    (a read that never ends) or a device (/dev/zero: one that fills the disk) is refused unread."""
+    from fsspec.implementations.local import LocalFileSystem  # noqa: PLC0415 - fsspec is imported by _fs already
+
+    if not isinstance(fs, LocalFileSystem):
+        return fs.open(path, "rb")
+    fd = os.open(fs._strip_protocol(path), os.O_RDONLY | os.O_NONBLOCK)  # a FIFO's open waits for a writer
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DataError(f"the remote's object {path} is not a regular file; refusing to read it")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def _copy(fs, src: str, tmp: Path) -> str:
     """Copy the object `src` to the new file `tmp`; returns the md5 of the copy. From a local
     remote the kernel copies (sendfile) and the copy is hashed, so reading the object costs no
     pass of its own."""
     from fsspec.implementations.local import LocalFileSystem  # noqa: PLC0415 - fsspec is imported by _fs already
 
-    with fs.open(src, "rb") as source, open(tmp, "w+b") as out:
+    with _open_object(fs, src) as source, open(tmp, "w+b") as out:
         if isinstance(fs, LocalFileSystem):
             st = os.fstat(source.fileno())
-            if stat.S_ISREG(st.st_mode) and st.st_size:  # a FIFO or a device is read as it comes
+            if st.st_size:
                 try:
                     return _copy_in_kernel(source.fileno(), out.fileno(), st.st_size)
                 except OSError as exc:

@@ -8,6 +8,8 @@ only (trainer.allowlist). `final/` is written aside and renamed into place.
 from __future__ import annotations
 
 import json
+import math
+import os
 import shutil
 import tempfile
 import uuid
@@ -85,11 +87,20 @@ def build_model(factory: str, kwargs: dict[str, Any], *, allowed_models: Iterabl
 MAX_HEADER_BYTES = 100_000_000
 
 
+#: Bytes per value of each safetensors dtype.
+SAFETENSORS_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "I16": 2, "F16": 2,
+                           "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}
+
+
 def weights_numel(path: str | Path) -> int:
-    """How many values a safetensors file holds, from its header alone (nothing is loaded)."""
+    """How many values a safetensors file holds, from its header alone (nothing is loaded).
+
+    The header is data: each tensor's shape must fit its byte range, and the ranges the file's
+    bytes, or a small file could claim billions of values and size a model by them."""
     import struct
 
     with open(path, "rb") as fh:
+        file_bytes = os.fstat(fh.fileno()).st_size
         head = fh.read(8)
         if len(head) != 8:
             raise ModelNotAllowed(f"{path}: not a safetensors file (no header)")
@@ -98,15 +109,22 @@ def weights_numel(path: str | Path) -> int:
             raise ModelNotAllowed(f"{path}: safetensors header of {size} bytes (limit {MAX_HEADER_BYTES})")
         try:
             header = json.loads(fh.read(size))
-            total = 0
+            total, data_end = 0, 0
             for key, entry in header.items():
-                if key != "__metadata__":
-                    n = 1
-                    for dim in entry["shape"]:
-                        n *= int(dim)
-                    total += n
+                if key == "__metadata__":
+                    continue
+                n = math.prod(int(dim) for dim in entry["shape"])
+                begin, end = (int(offset) for offset in entry["data_offsets"])
+                width = SAFETENSORS_DTYPE_BYTES.get(entry["dtype"])
+                if width is None or n < 0 or not 0 <= begin <= end or end - begin != n * width:
+                    raise ValueError(f"tensor {key!r}: dtype {entry['dtype']!r}, shape {entry['shape']} and "
+                                     f"data_offsets {entry['data_offsets']} disagree")
+                total, data_end = total + n, max(data_end, end)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ModelNotAllowed(f"{path}: unreadable safetensors header ({exc})") from None
+    if 8 + size + data_end != file_bytes:
+        raise ModelNotAllowed(f"{path}: the safetensors header describes {8 + size + data_end} bytes, the file holds "
+                              f"{file_bytes}; nothing was built")
     return total
 
 

@@ -438,17 +438,28 @@ def _dtype_name(arrow_type: Any) -> str:
 
 
 def _read_dir_manifest(path: Path, version: str) -> list[dict[str, str]]:
+    """The listing of `version`, checked before any path is built from it: each md5 names a cache
+    path and each relpath a file under the version's folder."""
+    from trainer.datastore import file_md5
+
     try:
         entries = json.loads(path.read_bytes())
-        if not all(isinstance(e, dict) and "md5" in e and "relpath" in e for e in entries):
+        if not isinstance(entries, list) or not all(isinstance(e, dict) and "md5" in e and "relpath" in e for e in entries):
             raise ValueError("entries lack md5/relpath")
-        for entry in entries:  # names become keys of files a caller may join to a folder
+        for entry in entries:
+            if not isinstance(entry["md5"], str) or not _VERSION_RE.fullmatch(entry["md5"]):
+                raise ValueError(f"md5 {entry['md5']!r} is not 32 hexadecimal digits")
             plain_name(entry["relpath"], "relpath")
-    except ValueError as exc:  # UnsafePath is one
+    except (ValueError, TypeError) as exc:  # UnsafePath is a ValueError
         raise DatasetHashMismatch(
             f"dataset version {version}: the cached manifest {path} is not a DVC .dir manifest ({exc}); "
             "delete it to fetch it again from the DVC remote"
         ) from exc
+    if (actual := file_md5(path)) != version:
+        raise DatasetHashMismatch(
+            f"dataset version {version}: the cached manifest {path} has md5 {actual}, not the version's: it was "
+            "changed after the version was published; nothing was fetched. Delete it to fetch it again from the DVC remote"
+        )
     return entries
 
 

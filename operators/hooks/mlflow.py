@@ -56,7 +56,9 @@ def mlflow_errors(tracking_uri: str | None, what: str) -> Iterator[None]:
     except Exception as exc:
         if transient_exception(exc):  # connection errors, timeouts, 5xx/429, busy database: the one catalogue
             uri = redact_url(tracking_uri or settings.tracking_uri())
-            raise RegistryUnavailable(f"MLflow at {uri} unavailable while trying to {what}: {exc}") from exc
+            # MLflow's text repeats the URL it called, password included: only a redacted copy goes on
+            cause = f"{type(exc).__name__}: {redact_url(str(exc))}"
+            raise RegistryUnavailable(f"MLflow at {uri} unavailable while trying to {what}: {cause}") from None
         raise
 
 

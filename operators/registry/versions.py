@@ -25,6 +25,7 @@ from operators.hooks.mlflow import client_uri, mlflow_errors, use_tracking_uri
 from operators.registry.gate import Decision, PromotionGate
 from operators.registry.lineage import run_lineage
 from trainer.model_card import WEIGHTS, card_classes, card_factory, card_task, read_card
+from trainer.urls import redact_url
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -59,6 +60,11 @@ class ChampionChanged(InfraError):
 class ChampionEvaluationFailed(UserError):
     """The current champion could not be loaded or evaluated on the candidate's test split;
     a person must decide (retrying would not help)."""
+
+
+class VersionNotTheCandidates(UserError):
+    """A version registered from the candidate's run holds another model: someone registered it
+    there; nothing is promoted."""
 
 
 class SchemaMismatch(UserError):
@@ -387,11 +393,12 @@ def register_version(
         tags[TAG_INPUT_SCHEMA] = json.dumps(dict(schema))[:5000]
     ensure_registered_model(client, name)
     existing = find_version_for_run(client, name, run_id)
+    source = str(source_dir_or_artifact_path)
     if existing is not None:
+        _check_reused(client, existing, source, run_id)
         log.info("model %s v%s is already registered from run %s: reusing it", name, existing.version, run_id)
         return existing
     uri = client_uri(client)
-    source = str(source_dir_or_artifact_path)
     model_id = None
     if "://" not in source and Path(source).is_dir():
         model_id = log_final_model(client, run_id, source, schema=schema, input_example=input_example,
@@ -429,6 +436,26 @@ def current_champion(client: MlflowClient, name: str) -> ModelVersion | None:
         return client.get_model_version(name, str(version))
 
 
+def _check_reused(client: MlflowClient, existing: ModelVersion, source: str, run_id: str) -> None:
+    """Refuse (VersionNotTheCandidates) to reuse a version of the candidate's run that holds another
+    model: the one it was asked to register (`models:/<id>`), or one this run logged (a `final/` dir)."""
+    # The source is what a download of the version reads (search results may leave model_id out).
+    held_source = str(existing.source or "")
+    held = held_source.removeprefix("models:/") if held_source.startswith("models:/") else getattr(existing, "model_id", None)
+    where = f"{existing.name} v{existing.version}, registered from run {run_id},"
+    if source.startswith("models:/m-"):
+        if held != source.removeprefix("models:/"):
+            raise VersionNotTheCandidates(f"{where} holds models:/{held}, not {source}: it was registered by someone "
+                                          "else; nothing was promoted. Delete that version, then retry the task")
+    elif held is not None:
+        with mlflow_errors(client_uri(client), f"read the logged model {held}"):
+            logged_by = client.get_logged_model(held).source_run_id
+        if logged_by != run_id:
+            raise VersionNotTheCandidates(f"{where} holds models:/{held}, logged by run {logged_by}, not by this run: "
+                                          "it was registered by someone else; nothing was promoted. Delete that "
+                                          "version, then retry the task")
+
+
 def holds_champion(client: MlflowClient, version: ModelVersion) -> bool:
     champion = current_champion(client, version.name)
     return champion is not None and str(champion.version) == str(version.version)
@@ -460,7 +487,7 @@ def check_source(source: str, what: str) -> None:
     source = str(source)
     parsed = urlparse(source)
     if ".." in unquote(parsed.path).split("/"):
-        raise ModelSourceRefused(f"{what}: source {source!r} has a '..' segment; nothing was downloaded")
+        raise ModelSourceRefused(f"{what}: source {redact_url(source)!r} has a '..' segment; nothing was downloaded")
     if parsed.scheme in ("", "file"):
         path = Path(unquote(parsed.path)).resolve()
         inside = any(path.is_relative_to(Path(unquote(urlparse(root).path)))
@@ -470,7 +497,8 @@ def check_source(source: str, what: str) -> None:
                      for root in artifact_roots() if not root.startswith("file:"))
     if not inside:
         raise ModelSourceRefused(
-            f"{what}: source {source!r} is outside the registry's artifact root ({', '.join(artifact_roots())}; "
+            f"{what}: source {redact_url(source)!r} is outside the registry's artifact root "
+            f"({', '.join(map(redact_url, artifact_roots()))}; "
             f"more with {ARTIFACT_ROOTS_ENV}); nothing was downloaded")
 
 
@@ -508,10 +536,10 @@ def download_source(client: MlflowClient, source: str, dst: str | Path, *, what:
                 files += 1
                 total += int(info.file_size or 0)
                 if total > limit:
-                    raise ModelSourceRefused(f"{what}: more than {limit} bytes at {source} ({MAX_MODEL_BYTES_ENV}="
+                    raise ModelSourceRefused(f"{what}: more than {limit} bytes at {redact_url(source)} ({MAX_MODEL_BYTES_ENV}="
                                              f"{limit}); nothing was downloaded")
         if not files:
-            raise ModelNotFound(f"no model at {what} (MLflow at {uri}): no files at {source}"
+            raise ModelNotFound(f"no model at {what} (MLflow at {uri}): no files at {redact_url(source)}"
                                 + (f"/{subpath}" if subpath else ""))
         Path(dst).mkdir(parents=True, exist_ok=True)
         local = Path(repo.download_artifacts(subpath or "", str(dst)))
@@ -597,7 +625,7 @@ def download_version(client: MlflowClient, version: ModelVersion, dst: str | Pat
                         for i in get_artifact_repository(source).list_artifacts())
     try:
         local = download_source(client, source, dst, what=what, subpath=MODEL_FINAL_PATH if has_final else None)
-        return _weights_dir(local, f"{what} ({source})")
+        return _weights_dir(local, f"{what} ({redact_url(source)})")
     except ModelNotFound as exc:
         raise ChampionEvaluationFailed(str(exc)) from None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -79,6 +80,8 @@ def test_missing_version_and_missing_file_are_clear(remote, tmp_path):
         fetch_dataset(str(root), version, tmp_path, relpaths=("train.parquet", "valid.parquet"))
     with pytest.raises(DataError, match="data.version='v1' is invalid"):
         dir_listing(str(root), "v1")
+    with pytest.raises(DataError, match=r"data.version='f{32}\\n' is invalid"):  # `$` matches before a final newline
+        dir_listing(str(root), "f" * 32 + "\n")
 
 
 def test_concurrent_fetches_into_one_scratch_do_not_corrupt(remote, tmp_path):
@@ -239,3 +242,30 @@ def test_scratch_refuses_a_planted_link_or_a_folder_others_can_write(tmp_path, m
     os.chmod(base, 0o777)
     with pytest.raises(DataError, match="not a private folder"):
         scratch_dir("/runs/a")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "listing-device"])
+def test_an_object_that_is_not_a_regular_file_on_a_local_remote_is_refused_not_read(tmp_path, kind):
+    """Whoever can write the remote's volume can put a FIFO (a read that never ends) or a link to
+    /dev/zero (one that fills the disk) where an object belongs: refused before a byte is read."""
+    root = tmp_path / "remote"
+    md5 = hashlib.md5(b"data").hexdigest()
+    entries = [{"md5": md5, "relpath": "train.parquet"}, {"md5": md5, "relpath": "test.parquet"}]
+    version = listing_digest(entries)
+    listing, obj = Path(object_path(str(root), version, ".dir")), Path(object_path(str(root), md5))
+    for path in (listing, obj):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    listing.write_text(json.dumps(entries))
+    if kind == "fifo":
+        os.mkfifo(obj)
+    elif kind == "device":
+        obj.symlink_to("/dev/zero")
+    else:
+        listing.unlink()
+        listing.symlink_to("/dev/zero")
+    code = ("import sys; from trainer.datastore import fetch_dataset\n"
+            "try:\n    fetch_dataset(sys.argv[1], sys.argv[2], sys.argv[3])\n"
+            "except Exception as exc:\n    print(type(exc).__name__, exc)")
+    done = subprocess.run([sys.executable, "-c", code, root.as_uri(), version, str(tmp_path / "scratch")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+    assert done.stdout.startswith("DataError") and "is not a regular file" in done.stdout, done.stdout + done.stderr[-2000:]

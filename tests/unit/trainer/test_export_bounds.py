@@ -41,3 +41,26 @@ def test_kwargs_within_the_bound_that_still_build_too_much_are_refused_on_the_me
 def test_a_card_matching_its_weights_loads(tmp_path):
     model = load_final_model(_final(tmp_path, {"hidden": 8}))
     assert isinstance(model, torch.nn.Module) and not model.training
+
+
+def _lying_weights(final, header: dict, data: bytes = b"") -> None:
+    raw = json.dumps(header).encode()
+    (final / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + data)
+
+
+@pytest.mark.parametrize(
+    ("header", "data"),
+    [
+        ({"w": {"dtype": "F32", "shape": [50000, 40000], "data_offsets": [0, 8000000000]}}, b""),  # the bytes are not there
+        ({"w": {"dtype": "F32", "shape": [50000, 40000], "data_offsets": [0, 16]}}, b"\0" * 16),  # shape beyond its bytes
+        ({"w": {"dtype": "Q9", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 16),  # no such dtype
+        ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [16, 0]}}, b"\0" * 16),
+    ],
+)
+def test_a_weights_header_that_claims_more_than_the_file_holds_is_refused_before_building(tmp_path, header, data):
+    """The bound is the bytes the file really holds: an 87-byte file claiming 2e9 values used to let
+    `mlp(hidden=20000)` build (14 GB) before safetensors noticed the file was short."""
+    final = _final(tmp_path, {"hidden": 2000, "depth": 2})  # 16 MB if it were built
+    _lying_weights(final, header, data)
+    with pytest.raises(ModelNotAllowed, match="safetensors"):
+        load_final_model(final)

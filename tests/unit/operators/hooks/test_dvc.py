@@ -222,3 +222,20 @@ def test_a_cached_listing_with_a_name_that_could_leave_its_folder_is_refused(tmp
     listing.write_text(json.dumps([{"md5": "0" * 32, "relpath": relpath}, {"md5": "1" * 32, "relpath": "train.parquet"}]))
     with pytest.raises(DatasetHashMismatch, match="is not a plain relative name"):
         dataset._read_dir_manifest(listing, "0" * 32)
+
+
+@pytest.mark.parametrize("md5", ["..md5/../../../airflow/dags/pwned.py", "xx/etc/passwd", "0" * 31, "A" * 32, 7])
+def test_a_cached_listing_whose_md5_is_not_32_hex_digits_is_refused_before_any_path_is_built(tmp_path, md5):
+    """A listing's md5 names a cache path (`oid_to_path`): `..md5/../../../airflow/dags/x.py` would
+    have DVC fetch a remote object into the scheduler's DAG folder."""
+    listing = tmp_path / "0123.dir"
+    listing.write_text(json.dumps([{"md5": md5, "relpath": "train.parquet"}]))
+    with pytest.raises(DatasetHashMismatch, match="32 hexadecimal digits"):
+        dataset._read_dir_manifest(listing, "0" * 32)
+
+
+def test_a_cached_listing_that_is_not_the_versions_is_refused_before_any_object_is_fetched(tmp_path):
+    listing = tmp_path / "0123.dir"
+    listing.write_text(json.dumps([{"md5": "1" * 32, "relpath": "train.parquet"}]))
+    with pytest.raises(DatasetHashMismatch, match=r"has md5 [0-9a-f]{32}, not the version's"):
+        dataset._read_dir_manifest(listing, "0" * 32)

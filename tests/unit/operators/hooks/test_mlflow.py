@@ -100,3 +100,17 @@ def test_operator_modules_import_no_heavy_libraries():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_registry_unavailable_shows_no_password_in_its_message_or_traceback():
+    """MLflow's own error text repeats the URL it called, password included."""
+    import traceback
+
+    import requests
+
+    password = "".join(reversed("terc3S"))  # not in this file's text, which a traceback quotes
+    with pytest.raises(RegistryUnavailable) as info:
+        with tracking.mlflow_errors(f"http://alice:{password}@127.0.0.1:9/", "read the champion"):
+            raise requests.ConnectionError(f"API request to http://alice:{password}@127.0.0.1:9/api/2.0/mlflow/x failed")
+    shown = "".join(traceback.format_exception(info.value))
+    assert password not in shown and "http://alice:***@127.0.0.1:9/api/2.0/mlflow/x failed" in shown

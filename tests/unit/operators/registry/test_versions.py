@@ -81,6 +81,30 @@ def test_register_version_is_idempotent_per_run(client, new_run, final_dir):
     assert str(other.version) == "2"
 
 
+def test_a_version_planted_under_the_candidates_run_is_refused_not_promoted(client, new_run, final_dir):
+    """Anyone who can reach MLflow can register a version of an older model under the candidate's run:
+    reusing it as "the retried task's version" would promote a model nobody scored."""
+    name, old_run, run_id = "digits-planted", new_run(), new_run()
+    weak = registry.log_final_model(client, old_run, final_dir)
+    candidate = registry.log_final_model(client, run_id, final_dir)
+    with registry.use_tracking_uri(tracking.client_uri(client)):
+        registry.ensure_registered_model(client, name)
+        client.create_model_version(name, source=f"models:/{weak}", run_id=run_id, model_id=weak)
+    with pytest.raises(registry.VersionNotTheCandidates, match=f"holds models:/{weak}, not models:/{candidate}"):
+        registry.register_version(client, name, run_id=run_id, source_dir_or_artifact_path=f"models:/{candidate}")
+    with pytest.raises(registry.VersionNotTheCandidates, match=f"logged by run {old_run}"):
+        registry.register_version(client, name, run_id=run_id, source_dir_or_artifact_path=final_dir)
+    assert registry.current_champion(client, name) is None
+
+
+def test_a_refused_source_names_the_artifact_roots_without_their_passwords(monkeypatch):
+    monkeypatch.setenv(registry.ARTIFACT_ROOTS_ENV, "https://bob:ArtT0ken@artifacts.example/mlflow")
+    with pytest.raises(registry.ModelSourceRefused) as info:
+        registry.check_source("https://carol:Other@elsewhere.example/model", "digits v3")
+    assert "ArtT0ken" not in str(info.value) and "Other" not in str(info.value)
+    assert "https://bob:***@artifacts.example/mlflow" in str(info.value)
+
+
 def test_registered_model_is_signed_data_with_the_installed_loader(client, new_run, final_dir, tmp_path, monkeypatch):
     """Issue 28.1: no loader code among the version's artifacts (no models-from-code file, no copy of
     `trainer`): the MLmodel names gangflow's installed loader and a signature covers every file."""
