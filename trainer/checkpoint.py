@@ -28,17 +28,22 @@ import torch
 from trainer.config import CheckpointConfig
 from trainer.errors import CheckpointError
 from trainer.checkpoint_commit import (FORMAT, MANIFEST, SPARE_PREFIX, WriterProcess, committed_steps, drop_spares, file_entry,
-                                      manifest_bytes, prune_local)
-from trainer.checkpoint_commit import STEP_DIR as _STEP_DIR
+                                      manifest_bytes, prune_local, step_of)
+from trainer.safetensors_header import described_values
 from trainer.storage import NotRegularFile, SizeMismatch, Storage, read_regular
 from trainer.checks import is_integer
 
-__all__ = ["FORMAT", "MANIFEST", "Checkpointer", "CorruptCheckpoint", "Loaded", "Snapshot", "cpu_copy", "encode", "file_entry",
-           "flatten_optimizer", "rng_state", "safetensors_parts", "set_rng_state", "unflatten_optimizer"]
+__all__ = ["FORMAT", "MANIFEST", "Checkpointer", "CorruptCheckpoint", "Loaded", "MalformedCheckpoint", "Snapshot", "cpu_copy",
+           "encode", "file_entry", "flatten_optimizer", "rng_state", "safetensors_parts", "set_rng_state", "unflatten_optimizer"]
 
 
 class CorruptCheckpoint(Exception):
     """A committed checkpoint that does not verify; the message says why."""
+
+
+class MalformedCheckpoint(CorruptCheckpoint):
+    """A checkpoint whose files verify but do not load (their content, not the store's I/O): the
+    same on every rank and every retry, so it is set aside like a corrupt one."""
 
 
 # --- state <-> (tensors, JSON) ------------------------------------------------------------------
@@ -184,26 +189,22 @@ def _read_verified(folder: Storage, name: str, entry: dict[str, Any], *, parse: 
     return data
 
 
+def _check_safetensors(data: bytes) -> None:
+    """ValueError unless `data` is what safetensors loads (its header describes its data exactly)."""
+    (length,) = struct.unpack("<Q", data[:8])
+    if length > len(data) - 8:
+        raise ValueError(f"its header length {length} exceeds the file")
+    if data[8:9] != b"{":
+        raise ValueError("its header is not a JSON object")
+    described_values(json.loads(data[8 : 8 + length]), len(data) - 8 - length)
+
+
 def _check_content(name: str, data: bytes) -> None:
-    """Bytes the manifest vouches for are still data: a safetensors header that describes its
-    file, a state.json that is a JSON object; CorruptCheckpoint otherwise (cheap: no tensor is built)."""
+    """Bytes the manifest vouches for are still data: a safetensors file safetensors loads, a
+    state.json that is a JSON object; CorruptCheckpoint otherwise (cheap: no tensor is built)."""
     if name.endswith(".safetensors"):
         try:
-            (length,) = struct.unpack("<Q", data[:8])
-            if length > len(data) - 8:
-                raise ValueError(f"its header length {length} exceeds the file")
-            header = json.loads(data[8 : 8 + length])
-            body = len(data) - 8 - length
-            if not isinstance(header, dict):
-                raise ValueError("its header is not a JSON object")
-            for key, info in header.items():
-                if key == "__metadata__":
-                    continue
-                offsets = info.get("data_offsets") if isinstance(info, dict) else None
-                if not (isinstance(info, dict) and isinstance(info.get("dtype"), str) and isinstance(info.get("shape"), list)
-                        and isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
-                        and 0 <= offsets[0] <= offsets[1] <= body):
-                    raise ValueError(f"tensor {key[:80]!r} is malformed")
+            _check_safetensors(data)
         except (struct.error, ValueError) as exc:
             raise CorruptCheckpoint(f"{name}: not a safetensors file ({str(exc)[:200]})") from None
     elif name == "state.json":
@@ -429,7 +430,7 @@ class Checkpointer:
         for name in self.store.listdir():
             if name.startswith((".tmp-", ".trash-", SPARE_PREFIX)):
                 self.store.remove(name)
-            elif not self.store.local and _STEP_DIR.match(name) and not self.store.exists(name, MANIFEST):
+            elif not self.store.local and step_of(name) is not None and not self.store.exists(name, MANIFEST):
                 self.store.remove(name)
 
     # --- loading --------------------------------------------------------------------------------
@@ -441,9 +442,9 @@ class Checkpointer:
             return [(step, self._location(f"step-{step}")) for step in committed_steps(self.store.local_path())]
         found = []
         for name in self.store.listdir():
-            m = _STEP_DIR.match(name)
-            if m and self.store.exists(name, MANIFEST):
-                found.append((int(m.group(1)), self._location(name)))
+            step = step_of(name)
+            if step is not None and self.store.exists(name, MANIFEST):
+                found.append((step, self._location(name)))
         return sorted(found, key=lambda item: item[0], reverse=True)
 
     @staticmethod
@@ -456,13 +457,17 @@ class Checkpointer:
             _read_verified(folder, name, entry, parse=parse)
         return manifest
 
-    def select(self) -> tuple[int, Path | str] | None:
-        """The newest checkpoint that verifies; logs and moves aside the corrupt ones (rank 0)."""
+    def select(self, load: Callable[[int], object] | None = None) -> tuple[int, Path | str] | None:
+        """The newest checkpoint that verifies; logs and moves aside the corrupt ones (rank 0).
+        `load(step)`: the caller's own load of the one chosen; a MalformedCheckpoint it raises sets
+        that one aside too (every rank and retry would fail it alike) and the one before is tried."""
         corrupt: list[tuple[int, Path | str, str]] = []
         chosen = None
         for step, path in self.committed():
             try:
                 self.verify(path, self.required, parse=True)
+                if load is not None:
+                    load(step)
             except CorruptCheckpoint as exc:
                 corrupt.append((step, path, str(exc)))
                 continue
@@ -483,7 +488,8 @@ class Checkpointer:
                 self.store.remove(f"step-{step}", MANIFEST)
 
     def read(self, step: int, path: Path | str | None = None) -> Loaded:
-        """Load checkpoint `step` (verifying it); CorruptCheckpoint if it does not verify."""
+        """Load checkpoint `step` (verifying it); CorruptCheckpoint if it does not verify,
+        MalformedCheckpoint if it verifies but does not load."""
         folder = Storage(path) if path is not None else self.store.child(f"step-{step}")
         files = _manifest(folder)["files"]
         tensors = {}
@@ -491,14 +497,17 @@ class Checkpointer:
             data = _read_verified(folder, name, files[name])
             try:
                 tensors[name] = safetensors.torch.load(data)
+            except MemoryError:
+                raise
             except Exception as exc:  # noqa: BLE001 - the library's own error type: the file is not what it says
-                raise CorruptCheckpoint(f"{name}: not loadable ({type(exc).__name__}: {str(exc)[:200]})") from None
+                raise MalformedCheckpoint(f"{name}: not loadable ({type(exc).__name__}: {str(exc)[:200]})") from None
         model, opt_tensors = tensors["model.safetensors"], tensors["optimizer.safetensors"]
+        data = _read_verified(folder, "state.json", files["state.json"])
         try:
-            state = json.loads(_read_verified(folder, "state.json", files["state.json"]))
+            state = json.loads(data)
             optimizer = unflatten_optimizer(opt_tensors, state["optimizer"])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CorruptCheckpoint(f"state.json is malformed ({type(exc).__name__}: {exc})") from None
+            raise MalformedCheckpoint(f"state.json is malformed ({type(exc).__name__}: {exc})") from None
         self.last_step = step
         return Loaded(step=step, path=path or self._location(f"step-{step}"), model=model, optimizer=optimizer, state=state)
 

@@ -31,7 +31,9 @@ from trainer.storage import Buffer, is_real_dir, mapped_regular, publish_folder,
 
 FORMAT = "gangflow-checkpoint/1"
 MANIFEST = "manifest.json"
-STEP_DIR = re.compile(r"^step-(\d+)$")
+# Only the canonical name: every action addresses a checkpoint as f"step-{step}", so a twin
+# (`step-007`, non-ASCII digits int() reads, a trailing newline) would be one it cannot reach.
+STEP_DIR = re.compile(r"step-(0|[1-9][0-9]*)", re.ASCII)
 SPARE_PREFIX = ".spare-"  # a pruned folder kept out of view for the next commit to overwrite
 _HEADER = struct.Struct("<I")
 _PARENT_POLL_S = 1.0
@@ -56,6 +58,12 @@ def manifest_bytes(step: int, files: dict[str, Buffer]) -> bytes:
     return json.dumps({"format": FORMAT, "step": step, "files": entries, "time": time.time()}, indent=1).encode()
 
 
+def step_of(name: str) -> int | None:
+    """The step of the checkpoint folder named `name`; None when that is not a checkpoint's name."""
+    m = STEP_DIR.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
 def new_folder(root: Path, step: int, names: Collection[str]) -> Path:
     """A temporary folder `root/.tmp-step-N-*` for a commit to write `names` into: the spare folder
     a prune left, when there is one, or a new one."""
@@ -65,10 +73,12 @@ def new_folder(root: Path, step: int, names: Collection[str]) -> Path:
         # Files the new checkpoint does not have go; the rest, its old manifest too, is overwritten
         # in place (deleting a file costs as much as writing it here). The old manifest cannot pass
         # for the new one (state.json's step differs, so its hash does) and nothing reads a .tmp-*.
-        # Anything but a regular file (a link planted in the run dir) goes too: never written through.
+        # Anything but a regular file of one name goes too (a link planted in the run dir, a hard
+        # link to a file elsewhere or a `cp -al` backup's): never written through, only unlinked.
         with os.scandir(tmp) as it:
             for entry in it:
-                if entry.name not in {*names, MANIFEST} or not entry.is_file(follow_symlinks=False):
+                if (entry.name not in {*names, MANIFEST} or not entry.is_file(follow_symlinks=False)
+                        or entry.stat(follow_symlinks=False).st_nlink != 1):
                     remove_local(entry.path)
     else:
         tmp.mkdir()
@@ -127,7 +137,7 @@ def committed_steps(root: Path, entries: list[os.DirEntry] | None = None) -> lis
     """Steps of the committed folders below `root`, newest first (not verified)."""
     entries = _entries(root) if entries is None else entries
     # A link named step-N is not a checkpoint of this run dir: never read, never pruned through.
-    steps = [int(m.group(1)) for e in entries if (m := STEP_DIR.match(e.name)) and e.is_dir(follow_symlinks=False)]
+    steps = [step for e in entries if (step := step_of(e.name)) is not None and e.is_dir(follow_symlinks=False)]
     return sorted(steps, reverse=True)
 
 

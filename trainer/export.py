@@ -8,7 +8,6 @@ only (trainer.allowlist). `final/` is written aside and renamed into place.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -23,6 +22,7 @@ import torch
 from trainer.checkpoint import cpu_copy, file_entry
 from trainer.storage import Storage, publish_folder, write_folder
 from trainer.allowlist import ModelNotAllowed, card_model, card_weights_file, factory_for_card
+from trainer.safetensors_header import described_values
 from trainer.checks import is_integer
 from trainer.model_card import CARD, CARD_FORMAT, FINAL, WEIGHTS
 
@@ -87,16 +87,11 @@ def build_model(factory: str, kwargs: dict[str, Any], *, allowed_models: Iterabl
 MAX_HEADER_BYTES = 100_000_000
 
 
-#: Bytes per value of each safetensors dtype.
-SAFETENSORS_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "I16": 2, "F16": 2,
-                           "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}
-
-
 def weights_numel(path: str | Path) -> int:
     """How many values a safetensors file holds, from its header alone (nothing is loaded).
 
-    The header is data: each tensor's shape must fit its byte range, and the ranges the file's
-    bytes, or a small file could claim billions of values and size a model by them."""
+    The header is data: its tensors must describe the file's bytes exactly, or a small file could
+    claim billions of values and size a model by them."""
     import struct
 
     with open(path, "rb") as fh:
@@ -105,27 +100,13 @@ def weights_numel(path: str | Path) -> int:
         if len(head) != 8:
             raise ModelNotAllowed(f"{path}: not a safetensors file (no header)")
         (size,) = struct.unpack("<Q", head)
-        if size > MAX_HEADER_BYTES:
-            raise ModelNotAllowed(f"{path}: safetensors header of {size} bytes (limit {MAX_HEADER_BYTES})")
+        if size > MAX_HEADER_BYTES or 8 + size > file_bytes:
+            raise ModelNotAllowed(f"{path}: safetensors header of {size} bytes (limit {MAX_HEADER_BYTES}, file "
+                                  f"{file_bytes} bytes)")
         try:
-            header = json.loads(fh.read(size))
-            total, data_end = 0, 0
-            for key, entry in header.items():
-                if key == "__metadata__":
-                    continue
-                n = math.prod(int(dim) for dim in entry["shape"])
-                begin, end = (int(offset) for offset in entry["data_offsets"])
-                width = SAFETENSORS_DTYPE_BYTES.get(entry["dtype"])
-                if width is None or n < 0 or not 0 <= begin <= end or end - begin != n * width:
-                    raise ValueError(f"tensor {key!r}: dtype {entry['dtype']!r}, shape {entry['shape']} and "
-                                     f"data_offsets {entry['data_offsets']} disagree")
-                total, data_end = total + n, max(data_end, end)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise ModelNotAllowed(f"{path}: unreadable safetensors header ({exc})") from None
-    if 8 + size + data_end != file_bytes:
-        raise ModelNotAllowed(f"{path}: the safetensors header describes {8 + size + data_end} bytes, the file holds "
-                              f"{file_bytes}; nothing was built")
-    return total
+            return described_values(json.loads(fh.read(size)), file_bytes - 8 - size)
+        except (ValueError, TypeError) as exc:
+            raise ModelNotAllowed(f"{path}: unreadable safetensors header ({exc}); nothing was built") from None
 
 
 def check_card_sizes(factory: str, kwargs: dict[str, Any], weights_values: int) -> None:

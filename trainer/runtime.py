@@ -50,7 +50,8 @@ import torch
 
 from trainer import EXIT_PREEMPTED, errors
 from trainer.checkpoint import REQUIRED as SNAPSHOT_FILES
-from trainer.checkpoint import Checkpointer, CorruptCheckpoint, Loaded, Snapshot
+from trainer.checkpoint import Checkpointer, CorruptCheckpoint, Loaded, MalformedCheckpoint, Snapshot
+from trainer.checks import is_integer
 from trainer.config import CheckpointConfig, TrackingConfig
 from trainer.console import say
 from trainer.distributed import Dist, Launch, StopAgreement, detect, pick_device, setup, teardown
@@ -80,6 +81,9 @@ FOLDER_FILE = "folder.tar"
 CHECKPOINT_KIND = "gangflow-runtime/1"
 #: What a runtime checkpoint's manifest must list (state.pt and folder.tar when saved).
 REQUIRED = (STATE_JSON,)
+#: What gangflow's loop reads from a checkpoint's state.json besides the optimizer (trainer.loop's resume).
+LOOP_STATE = {"step": is_integer, "epoch": is_integer, "batch_in_epoch": is_integer, "world_size": is_integer,
+              "scheduler": lambda v: isinstance(v, dict), "rng": lambda v: isinstance(v, list)}
 
 
 @dataclass
@@ -122,7 +126,7 @@ def _tar_folder(folder: Path) -> bytes:
 
 def _untar(data: bytes, dest: Path) -> None:
     """Extract a checkpoint's folder.tar into `dest`: regular files and folders inside it only."""
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:  # uncompressed, as _tar_folder writes it
         tar.extractall(dest, filter="data")  # refuses absolute paths, `..`, links out of `dest`, devices
 
 
@@ -168,6 +172,7 @@ class Session:
                                  global_batch=global_batch, start_step=0, committed_step=None)
         self.step = 0  # the last step done on this rank (step_done), or the step resumed from
         self.resumed_from: int | None = None
+        self._loaded: tuple[int, Any] | None = None  # rank 0: the checkpoint select() chose, loaded while choosing
         self._stop = StopAgreement(self.dist, lambda: self.preemption.requested)
         self._clock_started = False
         self._closed = False
@@ -190,13 +195,13 @@ class Session:
     # --- checkpoints (contract 2) -------------------------------------------------------------
 
     def newest_checkpoint(self) -> int | None:
-        """The step of the newest committed checkpoint that verifies (a corrupt newer one is set
-        aside), the same on every rank; None, logged as a start from step 0, when there is none.
-        Call it on every rank."""
+        """The step of the newest committed checkpoint that verifies and loads (rank 0 loads it; a
+        corrupt or malformed newer one is set aside), the same on every rank; None, logged as a
+        start from step 0, when there is none. Call it on every rank."""
         chosen = None
         if self.is_main:
             self.checkpoints.cleanup_stale()
-            chosen = self.checkpoints.select()
+            chosen = self.checkpoints.select(load=self._try_load)
         step = self.dist.broadcast_int(chosen[0] if chosen else None) if self._collectives else (chosen[0] if chosen else None)
         if step is None and not self.is_main and not self._collectives:
             picked = self.checkpoints.committed()  # no process group: each rank reads the listing
@@ -206,15 +211,41 @@ class Session:
             self.tracker.event("start", 0, world_size=self.world_size)
         return step
 
+    def _try_load(self, step: int) -> None:
+        """select()'s last check, on rank 0: the checkpoint it chose loads. Its content not loading
+        (MalformedCheckpoint) sets it aside before the step is broadcast, so every rank resumes from
+        the one before; any other failure (I/O, another run's) the read after the broadcast reports."""
+        last_step = self.checkpoints.last_step
+        try:
+            self._loaded = (step, self._load(step))
+        except MalformedCheckpoint:
+            self.checkpoints.last_step = last_step
+            raise
+        except Exception:  # noqa: BLE001 - reported by read_snapshot / load_checkpoint on every rank alike
+            self.checkpoints.last_step = last_step
+
+    def _chosen(self, step: int) -> Any:
+        """Checkpoint `step` loaded: the load select() made on this rank, else a load now."""
+        loaded, self._loaded = self._loaded, None
+        return loaded[1] if loaded is not None and loaded[0] == step else self._load(step)
+
+    def _load(self, step: int) -> Loaded:
+        """Checkpoint `step` in the Snapshot format (model and optimizer tensors, state.json: gangflow's
+        loop's); ResumeMismatch when it records another identity than this session's."""
+        loaded = self.checkpoints.read(step)
+        check_identity(f"checkpoint step-{step} ({loaded.path})", loaded.state.get("identity"), self.identity)
+        bad = [key for key, ok in LOOP_STATE.items() if not ok(loaded.state.get(key))]
+        if bad:
+            raise MalformedCheckpoint(f"state.json: {', '.join(bad)} missing or malformed")
+        return loaded
+
     def read_snapshot(self, step: int) -> Loaded:
         """Checkpoint `step` in the Snapshot format (model and optimizer tensors, state.json: gangflow's
         loop's), verified; ResumeMismatch when it records another identity than this session's."""
         try:
-            loaded = self.checkpoints.read(step)
+            return self._chosen(step)
         except CorruptCheckpoint as exc:
             raise self._unreadable(step, exc) from None
-        check_identity(f"checkpoint step-{step} ({loaded.path})", loaded.state.get("identity"), self.identity)
-        return loaded
 
     def _unreadable(self, step: int, exc: Exception) -> CheckpointError:
         return CheckpointError(f"rank {self.rank} cannot read checkpoint step-{step}: {exc}")
@@ -403,6 +434,13 @@ class Run(Session):
             if state is not None:
                 buf = io.BytesIO()
                 torch.save(state, buf)
+                # A state resume cannot read back would be set aside as malformed at every resume: say so now.
+                buf.seek(0)
+                if unsafe := torch.serialization.get_unsafe_globals_in_checkpoint(buf):
+                    raise TypeError(f"save_checkpoint: the state holds {', '.join(unsafe)}, which "
+                                    "torch.load(weights_only=True) will not rebuild at resume; save tensors, state dicts, "
+                                    "numbers, strings, lists and dicts, or allow the classes with "
+                                    "torch.serialization.add_safe_globals")
                 files[STATE_FILE] = buf.getvalue()
             if folder is not None:
                 if not Path(folder).is_dir():
@@ -414,28 +452,48 @@ class Run(Session):
         self.checkpoints.save(Snapshot(step, {}, {}, {}, files=files), block=True)
 
     def load_checkpoint(self) -> Checkpoint | None:
-        """The newest committed checkpoint that verifies (a corrupt newer one is set aside), or None;
-        call it on every rank. ResumeMismatch when it was made by other code, config or data."""
+        """The newest committed checkpoint that verifies and loads (a corrupt newer one is set aside),
+        or None; call it on every rank. ResumeMismatch when it was made by other code, config or data."""
         step = self.newest_checkpoint()
         if step is None:
             return None
         try:
-            files = self.checkpoints.read_files(step)
-            meta = json.loads(files[STATE_JSON])
-        except (CorruptCheckpoint, ValueError) as exc:
+            loaded, meta = self._chosen(step)
+        except CorruptCheckpoint as exc:
             raise self._unreadable(step, exc) from None
+        self.resumed(step, loaded.path, checkpoint_world_size=meta.get("world_size"))
+        return loaded
+
+    def _load(self, step: int) -> tuple[Checkpoint, dict[str, Any]]:  # type: ignore[override]
+        """Checkpoint `step` and its state.json; MalformedCheckpoint when its files verify but do not
+        load, ResumeMismatch when it was made by other code, config or data."""
+        files = self.checkpoints.read_files(step)
+        try:
+            meta = json.loads(files[STATE_JSON])
+        except ValueError as exc:
+            raise MalformedCheckpoint(f"{STATE_JSON}: not JSON ({exc})") from None
+        if not isinstance(meta, dict) or meta.get("kind") != CHECKPOINT_KIND:
+            raise MalformedCheckpoint(f"{STATE_JSON}: not a {CHECKPOINT_KIND} checkpoint's")
         where = self.checkpoints.store.uri(f"step-{step}")
         check_identity(f"checkpoint step-{step} ({where})", meta.get("identity"), self.identity, what="code/config/data")
         loaded = Checkpoint(step=step, path=where)
         if STATE_FILE in files:
-            loaded.state = torch.load(io.BytesIO(files[STATE_FILE]), map_location="cpu", weights_only=True)
+            try:
+                loaded.state = torch.load(io.BytesIO(files[STATE_FILE]), map_location="cpu", weights_only=True)
+            except MemoryError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - verified bytes in memory: whatever fails is their content
+                raise MalformedCheckpoint(f"{STATE_FILE}: not loadable ({type(exc).__name__}: {str(exc)[:200]})") from None
         if FOLDER_FILE in files:
             dest = Path(tempfile.mkdtemp(prefix=f"gangflow-ckpt-{step}-"))
-            self._scratch.append(dest)
-            _untar(files[FOLDER_FILE], dest)
+            self._scratch.append(dest)  # removed at close(), whoever takes this load
+            try:
+                _untar(files[FOLDER_FILE], dest)
+            except (tarfile.TarError, ValueError, EOFError) as exc:  # not OSError: a full disk is not the tar's fault
+                shutil.rmtree(dest, ignore_errors=True)
+                raise MalformedCheckpoint(f"{FOLDER_FILE}: not extractable ({type(exc).__name__}: {str(exc)[:200]})") from None
             loaded.folder = dest
-        self.resumed(step, where, checkpoint_world_size=meta.get("world_size"))
-        return loaded
+        return loaded, meta
 
     # --- the final model -----------------------------------------------------------------------
 

@@ -219,6 +219,19 @@ def write_all(fd: int, parts: Sequence[Buffer]) -> int:
 _fsync_pool: ThreadPoolExecutor | None = None
 
 
+def _own_file(name: str, dir_fd: int) -> int:
+    """`name` in the folder `dir_fd` opened for writing (no O_TRUNC: `write_folder` overwrites in
+    place), never through a link: a file there that has another name (a hard link to a file
+    elsewhere, a `cp -al` backup's) is unlinked and a new one created, so that one is never written."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
+    if os.fstat(fd).st_nlink == 1:
+        return fd
+    os.close(fd)
+    os.unlink(name, dir_fd=dir_fd)
+    # O_EXCL: a name linked in again since the unlink is an error, never written through.
+    return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
+
+
 def write_folder(folder: str | os.PathLike, files: Mapping[str, Buffer | Sequence[Buffer] | Callable[[], Buffer]], *,
                  before_last: Callable[[], None] | None = None, written: Sequence[str] = (), durable: bool = True) -> None:
     """Write `files` into an existing local `folder` in order and make the files and the folder
@@ -228,7 +241,8 @@ def write_folder(folder: str | os.PathLike, files: Mapping[str, Buffer | Sequenc
     renamed into place afterwards). A value is the file's bytes, a list of buffers to write in
     order, or a function returning the bytes: it is called when its turn comes, while the earlier
     files' fsyncs run (a manifest hashing the files). A file already there is overwritten in place
-    and cut to its new length (a recycled checkpoint folder: no blocks freed and allocated again).
+    and cut to its new length (a recycled checkpoint folder: no blocks freed and allocated again),
+    unless it has another name: then it is replaced by a new file.
     `before_last` runs after every file but the last is written. `written`: files another process
     wrote into the folder, made durable with these (their fsyncs first). `durable=False` only
     writes: the fsyncs are left to whoever commits the folder."""
@@ -254,8 +268,7 @@ def write_folder(folder: str | os.PathLike, files: Mapping[str, Buffer | Sequenc
                 before_last()
             data = files[name]
             data = data() if callable(data) else data
-            fd = os.open(plain_name(name, "write_folder"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644,
-                         dir_fd=dir_fd)  # no O_TRUNC: see above
+            fd = _own_file(plain_name(name, "write_folder"), dir_fd)
             fds.append(fd)
             size = write_all(fd, data if isinstance(data, (list, tuple)) else [data])
             if os.fstat(fd).st_size != size:

@@ -27,7 +27,7 @@ from trainer.checkpoint import (
     set_rng_state,
     unflatten_optimizer,
 )
-from trainer.checkpoint_commit import commit_local
+from trainer.checkpoint_commit import commit_local, committed_steps
 from trainer.config import CheckpointConfig
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -214,6 +214,26 @@ def test_s3_checkpoints_commit_with_manifest_last_prune_and_fall_back(s3, tmp_pa
     assert "checkpoint step-30 is corrupt (model.safetensors has 7 bytes" in logs[0]
     assert [s for s, _ in ck.committed()] == [20]
     assert any(p.rsplit("/", 1)[-1].startswith("corrupt-step-30") for p in fs.ls(root.removeprefix("s3://"), refresh=True))
+
+
+def test_s3_a_step_name_that_is_not_canonical_is_not_a_checkpoint(s3):
+    """As on local disk: `step-030/` with a manifest is not step 30 (nothing could address it by
+    that name); it is never listed, pruned or removed as a checkpoint."""
+    import fsspec
+
+    root = s3.bucket("gangflow-ckpt-unit") + "/runs/twins/checkpoints"
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    twin = root.removeprefix("s3://") + "/step-030/manifest.json"
+    fs.pipe_file(twin, b"{}")
+    ck = Checkpointer(root, CheckpointConfig(keep_last=1, async_save=False), log=print)
+    assert ck.committed() == []
+    for step in (10, 20):
+        ck.save(_state(step)[2])
+    ck.cleanup_stale()
+    ck.close()
+    assert [s for s, _ in ck.committed()] == [20]
+    fs.invalidate_cache()
+    assert fs.exists(twin)
 
 
 def test_commit_is_durable_before_the_rename_and_after_it(tmp_path, monkeypatch):
@@ -683,6 +703,29 @@ def test_a_checkpoint_folder_linked_outside_is_ignored_never_pruned_through(tmp_
     assert [s for s, _ in ck.committed()] == [3]
 
 
+@pytest.mark.parametrize("name", ["step-0999999999", "step-\uff19\uff19\uff19", "step-007", "step-1\n", "step-+5", "step- 5"])
+def test_a_step_name_that_is_not_canonical_is_not_a_checkpoint(tmp_path, name):
+    """Every action addresses a checkpoint as `step-{step}`: a twin name (a leading zero, non-ASCII
+    digits that int() reads) counted as one would hold a keep_last slot for ever, so every real
+    checkpoint got pruned. It is not a checkpoint: never counted, never pruned, never moved aside."""
+    root = tmp_path / "checkpoints"
+    (root / name).mkdir(parents=True)
+    logs: list[str] = []
+    ck = _ckpt(tmp_path, logs, keep_last=1, async_save=False)
+    assert ck.committed() == [] and ck.select() is None
+    for step in (10, 20, 30):
+        ck.save(_state(step)[2])
+    ck.close()
+    assert [s for s, _ in ck.committed()] == [30]
+    assert ck.select()[0] == 30 and logs == []
+    assert sorted(p.name for p in root.iterdir()) == sorted([name, "step-30"])
+
+
+def test_step_0_is_a_checkpoint_name(tmp_path):
+    commit_local(tmp_path, 0, {"state.json": b"{}"})
+    assert committed_steps(tmp_path) == [0]
+
+
 def test_a_file_linked_outside_inside_a_spare_is_not_written_through(tmp_path):
     outside = _outside(tmp_path)
     before = _snapshot_of(outside)
@@ -697,6 +740,45 @@ def test_a_file_linked_outside_inside_a_spare_is_not_written_through(tmp_path):
     folder = root / "step-2"
     assert not any(p.is_symlink() for p in folder.iterdir())
     assert Checkpointer.verify(folder)["step"] == 2
+
+
+def test_a_file_hard_linked_outside_inside_a_spare_is_not_written_through(tmp_path):
+    """A hard link is a regular file too: a recycled spare drops it (unlinks its own name) rather
+    than overwrite the inode it shares with a file outside the run dir."""
+    outside = _outside(tmp_path)
+    before = _snapshot_of(outside)
+    root = tmp_path / "checkpoints"
+    spare = root / ".spare-step-1-0000beef"
+    spare.mkdir(parents=True)
+    os.link(outside / "model.safetensors", spare / "model.safetensors")
+    os.link(outside / "keep.txt", spare / "manifest.json")
+    files = {"model.safetensors": b"m" * 1000, "optimizer.safetensors": b"o", "state.json": b'{"step": 2}'}
+    commit_local(root, 2, files)
+    assert _snapshot_of(outside) == before
+    folder = root / "step-2"
+    assert all(p.stat().st_nlink == 1 for p in folder.iterdir())
+    assert Checkpointer.verify(folder)["step"] == 2
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_hard_link_backup_of_a_checkpoint_survives_its_recycling(tmp_path, async_save):
+    """A backup made with hard links (`cp -al`, `rsync --link-dest`) shares the checkpoint's inodes:
+    pruned into the spare and recycled, that checkpoint must leave the backup's bytes as they were."""
+    root = tmp_path / "checkpoints"
+    ck = _ckpt(tmp_path, keep_last=1, async_save=async_save)
+    ck.save(_state(1)[2])
+    ck.wait()
+    backup = tmp_path / "backup-step-1"
+    backup.mkdir()
+    for p in (root / "step-1").iterdir():
+        os.link(p, backup / p.name)
+    before = _snapshot_of(backup)
+    for step in (2, 3):
+        ck.save(_state(step)[2])
+    ck.close()
+    assert _snapshot_of(backup) == before
+    assert Checkpointer.verify(backup)["step"] == 1
+    ck.verify(root / "step-3")
 
 
 def _hostile_entry(ck_dir, name, data):

@@ -163,3 +163,18 @@ def test_metrics_are_never_appended_through_a_link(tmp_path):
     with pytest.raises(OSError):
         Tracker(run, enabled=True).step(1, loss=1.0)
     assert (outside / "keep.txt").read_text() == "precious"
+
+
+def test_write_folder_never_writes_into_a_file_with_another_link(tmp_path):
+    """A file already in the folder is overwritten in place only when it has no other name: a hard
+    link's inode (a file outside, a backup made with `cp -al`) is left as it was and the name gets a new file."""
+    outside = _outside(tmp_path)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    os.link(outside / "keep.txt", folder / "keep.txt")
+    (folder / "own.bin").write_bytes(b"old bytes, longer")
+    own = (folder / "own.bin").stat().st_ino
+    storage.write_folder(folder, {"keep.txt": b"new", "own.bin": b"new"})
+    assert (outside / "keep.txt").read_text() == "precious" and (outside / "keep.txt").stat().st_nlink == 1
+    assert (folder / "keep.txt").read_bytes() == b"new" and (folder / "keep.txt").stat().st_nlink == 1
+    assert (folder / "own.bin").read_bytes() == b"new" and (folder / "own.bin").stat().st_ino == own  # reused in place
