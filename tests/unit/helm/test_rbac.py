@@ -144,6 +144,27 @@ def test_a_team_namespace_that_holds_the_platforms_secrets_is_refused(render, te
     assert "kueue.teams" in str(err.value) and where in str(err.value)
 
 
+@pytest.mark.parametrize("namespace, where", [("kueue-system", "Kueue's namespace"), ("kube-system", "system namespace"),
+                                              ("volcano-system", "system namespace")])
+def test_a_team_in_a_namespace_of_the_clusters_own_controllers_is_refused(render, namespace, where):
+    """Kueue's namespace holds MultiKueue's kubeconfig Secrets (every worker cluster's credentials):
+    a team there could mount them, or run a pod as Kueue's controller."""
+    on = {"kueue": {"teams": [{"name": "core", "namespace": namespace}], "multiKueue": {
+        "enabled": True, "clusters": [{"name": "w1", "kubeconfigSecret": "w1-kubeconfig"}]}}}
+    with pytest.raises(helm_python.HelmRenderError) as err:
+        render(on)
+    assert "kueue.teams" in str(err.value) and where in str(err.value)
+
+
+def test_a_team_in_the_release_namespace_is_told_how_to_label_it(notes):
+    """The chart never creates (or labels) the release namespace: with createNamespaces on, a team
+    there got the workers' Role and neither the labels nor the command that sets them."""
+    text = notes({"mlflow": {"enabled": False}, "podSecurity": {"createNamespaces": True},
+                  "kueue": {"teams": [{"name": "vision", "namespace": "team-vision"}, {"name": "core"}]}})
+    assert f"kubectl label namespace {RELEASE_NAMESPACE} --overwrite pod-security.kubernetes.io/enforce=restricted" in text
+    assert "kubectl label namespace team-vision" not in text  # the chart labels the ones it creates
+
+
 def _binding_rules(objects, kinds, who: tuple[str, str], namespace: str) -> list[dict]:
     """The rules the ServiceAccount `who` (namespace, name) holds in `namespace`, from the rendered
     RoleBindings (to Roles of that namespace) and ClusterRoleBindings, as the API server reads them."""
