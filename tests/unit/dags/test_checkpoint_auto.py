@@ -3,7 +3,6 @@ offers `auto` or an integer, and training code of one's own refuses it when the 
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 import pytest
@@ -15,14 +14,6 @@ from pipeline_runs import PROJECT_ROOT
 
 DIGITS = yaml.safe_load((PROJECT_ROOT / "pipelines" / "digits.yaml").read_text())
 CNN = yaml.safe_load((PROJECT_ROOT / "pipelines" / "digits-cnn.yaml").read_text())
-
-
-@pytest.fixture(scope="module")
-def dag_module():
-    spec = importlib.util.spec_from_file_location("train_pipeline_dag_auto", PROJECT_ROOT / "dags" / "train_pipeline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _auto_trainer(tmp_path):

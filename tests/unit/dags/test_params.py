@@ -3,7 +3,6 @@ the DAG's own Param schemas and Airflow's own DagRun/asset-event models (fast: n
 
 from __future__ import annotations
 
-import importlib.util
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -12,17 +11,13 @@ from airflow.sdk.api.datamodels._generated import AssetEventDagRunReference
 from operators.exceptions import InvalidParams
 from operators.config.pipelines import DATASET_ASSET_NAME, DATASET_ASSET_URI, check_params, dataset_version_of_run
 
-from pipeline_runs import PROJECT_ROOT
 
 NAN, INF = float("nan"), float("inf")
 
 
 @pytest.fixture(scope="module")
-def schemas() -> dict:
-    spec = importlib.util.spec_from_file_location("train_pipeline_dag", PROJECT_ROOT / "dags" / "train_pipeline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.SCHEMAS
+def schemas(dag_module) -> dict:
+    return dag_module.SCHEMAS
 
 
 GOOD = {"world_size": 2, "batch_size": 64, "max_steps": 60, "checkpoint_every_steps": 10, "learning_rate": 0.05,
@@ -72,14 +67,11 @@ def test_every_problem_is_named_at_once(schemas):
 
 
 @pytest.mark.parametrize("field", ["learning_rate", "promotion_floor", "min_improvement"])
-def test_the_form_schema_refuses_nan_before_the_run_exists(field):
+def test_the_form_schema_refuses_nan_before_the_run_exists(dag_module, field):
     from airflow.sdk import Param
     from airflow.sdk.exceptions import ParamValidationError
 
-    spec = importlib.util.spec_from_file_location("train_pipeline_dag2", PROJECT_ROOT / "dags" / "train_pipeline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    param: Param = module.PARAMS[field]
+    param: Param = dag_module.PARAMS[field]
     with pytest.raises(ParamValidationError):
         Param(param.value, **param.schema).resolve(NAN)
     with pytest.raises(ParamValidationError):

@@ -5,7 +5,6 @@ load. Fast: no DAG run; the DagBag is built in a fresh interpreter."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -22,14 +21,6 @@ from pipeline_runs import PROJECT_ROOT, pipeline_env
 
 DIGITS = yaml.safe_load((PROJECT_ROOT / "pipelines" / "digits.yaml").read_text())
 TRAINER = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
-
-
-@pytest.fixture(scope="module")
-def dag_module():
-    spec = importlib.util.spec_from_file_location("train_pipeline_values_dag", PROJECT_ROOT / "dags" / "train_pipeline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def trainer_config(folder: Path, section: str, key: str, value) -> Path:
