@@ -22,7 +22,7 @@ from kubernetes import client as k8s
 from operators.backends.base import GangSpec
 from operators.exceptions import UnsupportedCombination
 from operators.kubernetes import models as m
-from operators.kubernetes.runtime import API_LAUNCHERS, RuntimeDefaults
+from operators.kubernetes.runtime import API_LAUNCHERS, APP_DIR, RuntimeDefaults
 from trainer.urls import redact_url
 from trainer import EXIT_CONFIG_ERROR, EXIT_USER_ERROR
 from trainer.checkpoint_interval import HISTORY_ENV
@@ -55,7 +55,7 @@ CONTROL_POD_RESOURCES = {"cpu": "1", "memory": "1Gi"}
 # the writable emptyDir), not the default /root/.ssh.
 MPI_SSH_AUTH_PATH = "/tmp/.ssh"
 MPI_HOSTFILE = "/etc/mpi/hostfile"  # where mpi-operator mounts the launcher's hostfile (its ConfigMap <job>-config)
-APP_DIR = "/app"  # the image's working directory: relative config paths resolve against it
+# APP_DIR (runtime.py, /app): the image's working directory; relative config paths resolve against it
 TERMINATION_LOG = "/dev/termination-log"
 PATCH_MANAGER = "gangflow.io/kubernetes-backend"
 # set on a gang object by `python -m operators.cli.gang pause` (its value: when and why), removed by

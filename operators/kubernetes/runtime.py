@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,8 +33,18 @@ TOPOLOGY_MODES = ("required", "preferred")
 EXAMPLE_IMAGE = "ghcr.io/gangflow/trainer@sha256:" + "0" * 63 + "1"
 
 _DIGEST_IMAGE = re.compile(r"^[a-z0-9]+(?:[._\-/:][a-z0-9]+)*@sha256:[0-9a-f]{64}$")
+# Names and labels by apimachinery's rules (k8s.io/apimachinery/pkg/util/validation), the one copy the
+# runtime checks and the offline validator (validation.py) share; match with fullmatch ('$' lets a
+# trailing newline through).
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]")  # IsQualifiedName's name part
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?")  # IsValidLabelValue
+LABEL_VALUE_RULE = "a label value: empty, or at most 63 characters of [A-Za-z0-9-_.] that begin and end alphanumeric"
+QUALIFIED_NAME_RULE = (
+    "a label key: an optional DNS-1123 subdomain prefix (at most 253 characters) and '/', then a name of at most "
+    "63 characters of [A-Za-z0-9-_.] that begins and ends alphanumeric, such as kubernetes.io/hostname"
+)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _URI = re.compile(r"^[a-z][a-z0-9+.-]*://[^\s]+$")
 # ncclEnv is for the collective libraries only, by name and value: a name outside this list
@@ -62,6 +73,34 @@ NCCL_ENV: dict[str, str] = {
     "TORCH_DISTRIBUTED_DEBUG": r"^(OFF|INFO|DETAIL)$",
 }  # fmt: skip
 _QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|e[0-9]+)?$")
+
+
+def is_label_value(value: Any) -> bool:
+    """apimachinery's IsValidLabelValue: what a label, a nodeSelector entry or a toleration may hold."""
+    return isinstance(value, str) and _LABEL_VALUE.fullmatch(value) is not None
+
+
+def is_qualified_name(value: Any) -> bool:
+    """apimachinery's IsQualifiedName: a label key, nodeSelector key, toleration key or topology key."""
+    if not isinstance(value, str):
+        return False
+    parts = value.split("/")
+    if len(parts) == 2 and not (parts[0] and _DNS_SUBDOMAIN.fullmatch(parts[0])):
+        return False
+    return len(parts) <= 2 and _QUALIFIED_NAME.fullmatch(parts[-1]) is not None
+
+
+# Fixed paths of every pod (builders.py): the image's code (WORKDIR /app, docker/training.Dockerfile)
+# and venv with the gangflow package (/opt/venv), the writable /tmp (HOME, mpi-operator's ssh keys),
+# /dev (/dev/shm, the termination log), /etc (mpi-operator's hostfile /etc/mpi) and the system
+# directories. A checkpoint mount on, below or above one of them hides it, or is hidden by it.
+APP_DIR = "/app"
+POD_FIXED_PATHS = (APP_DIR, "/opt/venv", "/tmp", "/dev", "/etc", "/proc", "/sys", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/run", "/var/run")
+
+
+def _overlaps(path: str, root: str) -> bool:
+    """`path` (normalised, absolute) is `root`, lies under it, or holds it."""
+    return path == root or path.startswith(root + "/") or root.startswith(path.rstrip("/") + "/")
 
 
 class RuntimeConfigError(ValueError):
@@ -109,8 +148,8 @@ class Topology:
     mode: str = "required"
 
     def __post_init__(self):
-        if not isinstance(self.level, str) or not self.level or len(self.level) > 317:
-            _fail("topology.level", self.level, "must be a node label key such as cloud.google.com/gke-nodepool or kubernetes.io/hostname")
+        if not is_qualified_name(self.level):  # Kueue's level and Volcano's pod-affinity topologyKey
+            _fail("topology.level", self.level, f"must be a node label key such as cloud.google.com/gke-nodepool or kubernetes.io/hostname ({QUALIFIED_NAME_RULE})")
         _check_choice("topology.mode", self.mode, TOPOLOGY_MODES)
 
 
@@ -121,8 +160,8 @@ class ExclusivePlacement:
     topology_key: str
 
     def __post_init__(self):
-        if not isinstance(self.topology_key, str) or not self.topology_key:
-            _fail("exclusivePlacement.topologyKey", self.topology_key, "must be a node label key such as kubernetes.io/hostname")
+        if not is_qualified_name(self.topology_key):  # JobSet's pod-affinity topologyKey
+            _fail("exclusivePlacement.topologyKey", self.topology_key, f"must be a node label key such as kubernetes.io/hostname ({QUALIFIED_NAME_RULE})")
 
 
 @dataclass(frozen=True)
@@ -156,10 +195,16 @@ class Checkpoint:
     uri: str | None = None
 
     def __post_init__(self):
-        if self.pvc is not None and not (isinstance(self.pvc, str) and _DNS_SUBDOMAIN.match(self.pvc)):
+        if self.pvc is not None and not (isinstance(self.pvc, str) and _DNS_SUBDOMAIN.fullmatch(self.pvc)):
             _fail("checkpoint.pvc", self.pvc, "must be a PersistentVolumeClaim name (DNS-1123 subdomain)")
-        if not isinstance(self.mount_path, str) or not self.mount_path.startswith("/") or self.mount_path in ("/", "/tmp", "/dev/shm"):
-            _fail("checkpoint.mountPath", self.mount_path, "must be an absolute path other than /, /tmp and /dev/shm")
+        # normalised first: '/tmp/', '/./tmp' or '/ckpt/../app' is the directory it names
+        mount_path = posixpath.normpath(self.mount_path) if isinstance(self.mount_path, str) and self.mount_path.startswith("/") else ""
+        if (not mount_path or self.mount_path.startswith("//") or "\n" in mount_path
+                or any(_overlaps(mount_path, root) for root in POD_FIXED_PATHS)):
+            _fail("checkpoint.mountPath", self.mount_path,
+                  f"must be an absolute path such as /checkpoints or /mnt/checkpoints, not / and not on, under or "
+                  f"above {', '.join(POD_FIXED_PATHS)} (the image's code and venv, the pod's /tmp and /dev/shm, system directories)")
+        object.__setattr__(self, "mount_path", mount_path)
         if self.uri is not None and not (isinstance(self.uri, str) and re.match(r"^[a-z][a-z0-9+.-]*://.+", self.uri)):
             _fail("checkpoint.uri", redact_url(self.uri), "must be an object-storage URI such as s3://bucket/prefix or gs://bucket/prefix")
         if has_credentials(self.uri):  # it reaches pod args and an MLflow tag
@@ -184,7 +229,7 @@ class SecretRef:
     key: str
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or not _DNS_SUBDOMAIN.match(self.name):
+        if not isinstance(self.name, str) or not _DNS_SUBDOMAIN.fullmatch(self.name):
             _fail("mlflowSecretRef.name", self.name, "must be a Secret name (DNS-1123 subdomain)")
         if not isinstance(self.key, str) or not re.match(r"^[-._a-zA-Z0-9]+$", self.key):
             _fail("mlflowSecretRef.key", self.key, "must be a key of that Secret")
@@ -212,7 +257,7 @@ class Dataset:
                 _fail("dataset.remote", redact_url(self.remote), "must be the DVC remote as an fsspec URL such as s3://bucket/dvc or gs://bucket/dvc (never a path on the Airflow worker)")
             if has_credentials(self.remote):
                 _fail("dataset.remote", redact_url(self.remote), "must not carry credentials; put them in dataset.credentialsSecret")
-        if self.credentials_secret is not None and not (isinstance(self.credentials_secret, str) and _DNS_SUBDOMAIN.match(self.credentials_secret)):
+        if self.credentials_secret is not None and not (isinstance(self.credentials_secret, str) and _DNS_SUBDOMAIN.fullmatch(self.credentials_secret)):
             _fail("dataset.credentialsSecret", self.credentials_secret, "must be a Secret name (DNS-1123 subdomain) whose keys are AWS_* variables")
         if self.endpoint_url is not None and not (isinstance(self.endpoint_url, str) and re.match(r"^https?://[^\s@]+$", self.endpoint_url)):
             _fail("dataset.endpointUrl", redact_url(self.endpoint_url), "must be an http(s) URL without credentials, such as https://minio.storage:9000")
@@ -301,24 +346,30 @@ class RuntimeDefaults:
     fs_group: int = 10001
 
     def __post_init__(self):
-        if not isinstance(self.image, str) or not _DIGEST_IMAGE.match(self.image):
+        if not isinstance(self.image, str) or not _DIGEST_IMAGE.fullmatch(self.image):
             _fail(
                 "image",
                 self.image,
                 "must be pinned by digest (repo@sha256:<64 hex digits>); tags such as ':latest' or ':v1' are refused "
                 "because a retry must run exactly the bytes the first try ran",
             )
-        if self.namespace is not None and not (isinstance(self.namespace, str) and _DNS_LABEL.match(self.namespace)):
+        if self.namespace is not None and not (isinstance(self.namespace, str) and _DNS_LABEL.fullmatch(self.namespace)):
             _fail("namespace", self.namespace, "must be a namespace name (DNS-1123 label)")
-        if not isinstance(self.service_account_name, str) or not _DNS_SUBDOMAIN.match(self.service_account_name):
+        if not isinstance(self.service_account_name, str) or not _DNS_SUBDOMAIN.fullmatch(self.service_account_name):
             _fail("serviceAccountName", self.service_account_name, "must be a ServiceAccount name (DNS-1123 subdomain)")
         _check_choice("scheduler", self.scheduler, SCHEDULERS)
         _check_choice("api", self.api, APIS)
-        if not isinstance(self.queue, str) or not _DNS_SUBDOMAIN.match(self.queue):
-            _fail("queue", self.queue, "must be a Kueue LocalQueue or Volcano queue name (DNS-1123 subdomain)")
-        for key, value in (("priorityClassName", self.priority_class_name), ("workloadPriorityClass", self.workload_priority_class)):
-            if value is not None and not (isinstance(value, str) and _DNS_SUBDOMAIN.match(value)):
-                _fail(key, value, "must be a class name (DNS-1123 subdomain) or unset")
+        # the queue and the workload priority class are label values (kueue.x-k8s.io/queue-name, .../priority-class)
+        if not (isinstance(self.queue, str) and _DNS_SUBDOMAIN.fullmatch(self.queue) and is_label_value(self.queue)):
+            _fail("queue", self.queue, "must be a Kueue LocalQueue or Volcano queue name (DNS-1123 subdomain of at most 63 "
+                                       "characters: it is the value of the label kueue.x-k8s.io/queue-name)")
+        if self.priority_class_name is not None and not (isinstance(self.priority_class_name, str) and _DNS_SUBDOMAIN.fullmatch(self.priority_class_name)):
+            _fail("priorityClassName", self.priority_class_name, "must be a class name (DNS-1123 subdomain) or unset")
+        if self.workload_priority_class is not None and not (
+            isinstance(self.workload_priority_class, str) and _DNS_SUBDOMAIN.fullmatch(self.workload_priority_class) and is_label_value(self.workload_priority_class)
+        ):
+            _fail("workloadPriorityClass", self.workload_priority_class, "must be a WorkloadPriorityClass name (DNS-1123 subdomain of "
+                  "at most 63 characters: it is the value of the label kueue.x-k8s.io/priority-class) or unset")
         if self.api == "trainjob" and self.scheduler != "kueue":
             _fail(
                 "api",
@@ -376,6 +427,10 @@ class RuntimeDefaults:
                     _fail(f"{mapping_key}.{name}", value, "values must be strings (quote numbers and booleans)")
                 if value_check == "env" and not re.fullmatch(NCCL_ENV[name], str(value)):
                     _fail(f"{mapping_key}.{name}", value, f"accepted values match {NCCL_ENV[name]}")
+                if value_check == "label" and not is_qualified_name(name):
+                    _fail(f"{mapping_key}.{name}", value, f"keys must be {QUALIFIED_NAME_RULE}")
+                if value_check == "label" and not is_label_value(str(value)):
+                    _fail(f"{mapping_key}.{name}", value, f"values must be {LABEL_VALUE_RULE}")
             object.__setattr__(self, _KEYS[mapping_key][0], {str(k): str(v) for k, v in mapping.items()})
         if isinstance(self.tolerations, Mapping) or not isinstance(self.tolerations, (list, tuple)):
             _fail("tolerations", self.tolerations, "must be a list of Kubernetes tolerations")
@@ -383,10 +438,24 @@ class RuntimeDefaults:
         for item in self.tolerations:
             if not isinstance(item, Mapping) or set(item) - allowed_toleration:
                 _fail("tolerations", item, f"each toleration is a mapping with keys among {', '.join(sorted(allowed_toleration))}")
-            if item.get("operator", "Equal") not in ("Equal", "Exists"):
+            # apimachinery's ValidateTolerations: what the API server would refuse
+            operator = item.get("operator") or "Equal"
+            if operator not in ("Equal", "Exists"):
                 _fail("tolerations[].operator", item.get("operator"), "accepted values: Equal, Exists")
+            key = item.get("key")
+            if key not in (None, "") and not is_qualified_name(key):
+                _fail("tolerations[].key", key, f"must be empty or {QUALIFIED_NAME_RULE}")
+            if key in (None, "") and operator != "Exists":
+                _fail("tolerations[].operator", item.get("operator"), "must be Exists when the key is empty (tolerate every taint)")
+            if operator == "Exists" and item.get("value") not in (None, ""):
+                _fail("tolerations[].value", item.get("value"), "must be empty with operator Exists")
+            if operator == "Equal" and not is_label_value("" if item.get("value") is None else item.get("value")):
+                _fail("tolerations[].value", item.get("value"), f"with operator Equal must be {LABEL_VALUE_RULE}")
             if item.get("effect") not in (None, "", "NoSchedule", "PreferNoSchedule", "NoExecute"):
                 _fail("tolerations[].effect", item.get("effect"), "accepted values: NoSchedule, PreferNoSchedule, NoExecute")
+            seconds = item.get("tolerationSeconds")
+            if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int) or item.get("effect") != "NoExecute"):
+                _fail("tolerations[].tolerationSeconds", seconds, "must be an integer, with effect NoExecute")
         object.__setattr__(self, "tolerations", tuple(dict(t) for t in self.tolerations))
         _check_int("terminationGracePeriodSeconds", self.termination_grace_period_seconds, 30, 24 * 3600)
         if self.mlflow_tracking_uri is not None:
@@ -411,7 +480,7 @@ class RuntimeDefaults:
                 _fail("metricsPort", self.metrics_port, "must differ from rendezvousPort (or be 0: no metrics)")
         _check_int("admissionTimeoutSeconds", self.admission_timeout_seconds, 1)
         _check_int("startupTimeoutSeconds", self.startup_timeout_seconds, 1)
-        if not isinstance(self.training_runtime, str) or not _DNS_SUBDOMAIN.match(self.training_runtime):
+        if not isinstance(self.training_runtime, str) or not _DNS_SUBDOMAIN.fullmatch(self.training_runtime):
             _fail("trainingRuntime", self.training_runtime, "must be a ClusterTrainingRuntime name")
         for key, value in (("runAsUser", self.run_as_user), ("runAsGroup", self.run_as_group), ("fsGroup", self.fs_group)):
             _check_int(key, value, 1, 2**31 - 1)

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from operators.kubernetes.runtime import LABEL_VALUE_RULE, QUALIFIED_NAME_RULE, is_label_value, is_qualified_name
+
 KUBERNETES_VERSION = "1.33"
 
 
@@ -197,16 +199,45 @@ def _embedded_core_objects(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _labelled_metadata(value: Any, path: str = "") -> Iterable[tuple[str, Mapping[str, Any]]]:
+    """(path, labels) of every `metadata.labels` in an object: its own and its embedded templates'."""
+    if isinstance(value, Mapping):
+        meta = value.get("metadata")
+        if isinstance(meta, Mapping) and isinstance(meta.get("labels"), Mapping):
+            yield f"{path}.metadata.labels", meta["labels"]
+        for key, item in value.items():
+            yield from _labelled_metadata(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _labelled_metadata(item, f"{path}[{index}]")
+
+
+def validate_labels(obj: Mapping[str, Any]) -> None:
+    """Label keys and values by apimachinery's rules (the API server's; OpenAPI schemas carry none)."""
+    problems = []
+    for path, labels in _labelled_metadata(obj):
+        for key, value in labels.items():
+            if not is_qualified_name(key):
+                problems.append(f"{path}.{key}: the key must be {QUALIFIED_NAME_RULE}")
+            if value is not None and not is_label_value(value):
+                problems.append(f"{path}.{key}={value!r}: the value must be {LABEL_VALUE_RULE}")
+    if problems:
+        name = (obj.get("metadata") or {}).get("name", "?")
+        raise SchemaValidationError(f"{obj.get('kind')} {name} has labels the API server refuses:\n  " + "\n  ".join(problems[:20]))
+
+
 TRAINING_RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 
 
 def validate_object(obj: Mapping[str, Any], crds: CrdRegistry | None = None, version: str = KUBERNETES_VERSION) -> None:
     """Validate one object: core kinds with kubernetes-validate, custom kinds against `crds`
-    (strict), plus their embedded Job / pod templates as core kinds."""
+    (strict), plus their embedded Job / pod templates as core kinds; every `metadata.labels` by
+    apimachinery's rules."""
     api_version = str(obj.get("apiVersion", ""))
     group = api_version.split("/")[0] if "/" in api_version else ""
     core_groups = {"", "batch", "apps", "policy", "rbac.authorization.k8s.io", "networking.k8s.io", "scheduling.k8s.io", "autoscaling", "coordination.k8s.io"}
+    validate_labels(obj)
     if group in core_groups:
         validate_core(obj, version)
         return
