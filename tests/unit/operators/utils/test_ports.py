@@ -3,6 +3,7 @@ Ray nodes, a rendezvous): no port-0 bind and no other picking process can be han
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import subprocess
@@ -30,9 +31,12 @@ def test_a_port_another_server_listens_on_is_never_picked(monkeypatch):
         taken = busy.getsockname()[1]
         monkeypatch.setattr(ports, "ephemeral_range", lambda: (taken + 1000, 60999))
         monkeypatch.setattr(ports, "FLOOR", taken)
-        choices = iter([taken, taken, taken + 1])
-        monkeypatch.setattr(ports.random, "randrange", lambda a, b: next(choices))
-        assert free_port() == taken + 1
+        # The busy port is offered first, twice; then the ports above it, in order (the next one may be
+        # in use or claimed by another test process: it is skipped like the busy one, never returned).
+        choices, offered = itertools.chain([taken, taken], range(taken + 1, taken + 1000)), []
+        monkeypatch.setattr(ports.random, "randrange", lambda a, b: offered.append(next(choices)) or offered[-1])
+        port = free_port()
+        assert offered[:3] == [taken, taken, taken + 1] and taken < port < taken + 1000 and port == offered[-1]
 
 
 _PICK = "import json; from operators.utils.ports import free_port; print(json.dumps([free_port() for _ in range(300)]), flush=True); input()"
