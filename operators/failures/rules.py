@@ -177,6 +177,7 @@ _PROGRAM_ERROR = _rx(
     r"Target -?\d+ is out of bounds", r"so expected input\[[^\]\n]{1,80}\] to have \d+ channels",
     r"Expected to have finished reduction in the prior iteration", r"expected a non-empty list of Tensors",
     r"Default process group has not been initialized",
+    r"\bMPI_ERR_TRUNCATE\b",  # a receive buffer smaller than the message: ranks disagree on a size
     r"Assertion `[^`'\n]{1,200}[`'] failed",  # a C/CUDA assert (a label outside the classes, an index)
 )  # fmt: skip
 # A disk the job writes to is full: its own checkpoints or caches (user, 10 of the base's 15) or a
@@ -191,6 +192,8 @@ _LAUNCH_CONFIG = _rx(
     r"Permission denied \(publickey", r"Host key verification failed",
     r"PasswordAuthentication=no[^\n]*returned non-zero exit status 255", r"Too many open files", r"\bEMFILE\b",
     r"\bncclInvalidUsage\b", r"\bncclInvalidArgument\b", r"NCCL WARN Could not find", r"mismatch in collective sizes",
+    # NCCL's argument check (misc/argcheck.cc) as it warns before returning ncclInvalidArgument
+    r"NCCL WARN \w{1,40} : (?:\w{1,20} argument is NULL|invalid (?:root|type|redop|peer|device pointer)\b)",
     # a write where the job's configuration points, on a file system mounted read-only there
     r"Read-only file system", r"\bEROFS\b",
     # the host name resolves to Debian's loopback alias, so peers are told to dial themselves

@@ -330,6 +330,14 @@ SPENT_SPLIT_WORDINGS = [
     ("Building the graph\n 31%|###       | 331/1063 [01:06<03:59,  3.06it/s]Killed", "user", "killed-from-outside"),
     ("Downloading https://example.org/aliases.txt.gz\n100% [..........................] 450734725 / 450734725Killed", "user",
      "killed-from-outside"),
+    # holdout43-48's look: MPI's receive buffer smaller than the message sent (ranks disagree on a
+    # collective's size, the program's bug); NCCL's argument check, the words of ncclInvalidArgument
+    ("mpi4py.MPI.Exception: MPI_ERR_TRUNCATE: message truncated", "user", "program-error"),
+    ("MPI_Allreduce returned error code 15: b'MPI_ERR_TRUNCATE: message truncated'", "user", "program-error"),
+    ("node1:4242:4242 [0] misc/argcheck.cc:30 NCCL WARN AllReduce : comm argument is NULL\nnode1:4242:4242 [0] NCCL INFO "
+     "enqueue.cc:1442 -> 4", "user", "launch-config-error"),
+    ("node1:4242:4242 [1] NCCL WARN Broadcast : invalid root 3 (root should be in the 0..2 range)\nNCCL INFO "
+     "enqueue.cc:1450 -> 4", "user", "launch-config-error"),
     # holdout40+41+42's look: the image's CUDA runtime that the host's driver cannot run, as torch and
     # CuPy report it at start; a Colab runtime the notebook outgrew; an API's one-line JSON refusal
     ("torch/cuda/__init__.py:118: UserWarning: CUDA initialization: Unexpected error from cudaGetDeviceCount(). Did you run "
