@@ -57,7 +57,7 @@ def passed_step(client: Any, experiment_id: str, identity: str, *, exclude_run: 
 
 
 def _node_ledger(node: str) -> Path | None:
-    if not _NODE_NAME.match(node):
+    if not _NODE_NAME.fullmatch(node):
         return None  # a name from evidence becomes a file name only when it is a plain node name
     return settings.state_dir() / "node-failures" / f"{node}.json"
 
@@ -104,7 +104,7 @@ def nodes_to_avoid(run_dir: str | Path, attempt: int) -> tuple[str, ...]:
         record = read_json_record(Path(run_dir) / "failures" / f"try-{earlier}.json")
         verdict = record.get("verdict") if isinstance(record.get("verdict"), dict) else {}
         named = verdict.get("exclude_nodes") if isinstance(verdict.get("exclude_nodes"), list) else []
-        nodes += [n for n in named if isinstance(n, str) and _NODE_NAME.match(n) and n not in nodes]
+        nodes += [n for n in named if isinstance(n, str) and _NODE_NAME.fullmatch(n) and n not in nodes]
     return tuple(nodes)
 
 

@@ -43,7 +43,7 @@ def _specs(values: Iterable[str] | str | None, where: str) -> list[str]:
         value = str(value).strip()
         if not value:
             continue
-        if not FACTORY_RE.match(value):
+        if not FACTORY_RE.fullmatch(value):
             raise ModelNotAllowed(f"{where}: {value!r} is not 'module:function' (e.g. 'trainer.models:mlp')")
         out.append(value)
     return out
@@ -53,7 +53,7 @@ def allowed_factories(extra: Iterable[str] | str | None = None) -> dict[str, str
     """Every name a card may use, mapped to the `module:function` it stands for."""
     allowed: dict[str, str] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if FACTORY_RE.match(ep.value):  # a malformed entry point of some distribution is ignored
+        if FACTORY_RE.fullmatch(ep.value):  # a malformed entry point of some distribution is ignored
             allowed[ep.value] = ep.value
             allowed.setdefault(ep.name, ep.value)
     for spec in (*_specs(os.environ.get(ALLOWED_ENV), ALLOWED_ENV), *_specs(extra, "allowed_models")):
@@ -85,7 +85,7 @@ def card_weights_file(card: Any) -> str:
     """The weights' file name in the card: a bare `*.safetensors` name (no path)."""
     weights = card.get("weights") if isinstance(card, Mapping) else None
     name = weights.get("file", WEIGHTS) if isinstance(weights, Mapping) else WEIGHTS
-    if not isinstance(name, str) or not _WEIGHTS_RE.match(name) or name.startswith("."):
+    if not isinstance(name, str) or not _WEIGHTS_RE.fullmatch(name) or name.startswith("."):
         raise ModelNotAllowed(f"model card: weights.file={name!r} must be a file name ending in .safetensors, no path")
     return name
 

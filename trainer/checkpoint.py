@@ -230,7 +230,7 @@ def _manifest(folder: Storage, required: tuple[str, ...] = REQUIRED) -> dict[str
         raise CorruptCheckpoint(f"{MANIFEST} is not a {FORMAT} manifest")
     files = manifest["files"]
     for name in files:  # before anything is opened: a name is a file of this folder, nothing else
-        if not PLAIN_FILE.match(name) or name == MANIFEST:
+        if not PLAIN_FILE.fullmatch(name) or name == MANIFEST:
             raise CorruptCheckpoint(f"{MANIFEST}: {name[:120]!r} is not a plain file name of the checkpoint folder")
     missing = [name for name in required if name not in files]
     if missing:

@@ -102,12 +102,12 @@ class DataConfig(_Section):
     def validate(self) -> None:
         self._require("train_path", bool(self.train_path), "must be a non-empty path")
         self._require("test_path", bool(self.test_path), "must be a non-empty path")
-        self._require("train_md5", self.train_md5 == "" or bool(_MD5_RE.match(self.train_md5)),
+        self._require("train_md5", self.train_md5 == "" or bool(_MD5_RE.fullmatch(self.train_md5)),
                       'must be "" (no check) or 32 lowercase hex digits (an md5, as DVC records it)')
-        self._require("factory", bool(FACTORY_RE.match(self.factory)),
+        self._require("factory", bool(FACTORY_RE.fullmatch(self.factory)),
                       "must be 'module:function', e.g. 'trainer.data:parquet_dataset'")
         self._require("num_workers", self.num_workers >= 0, "must be >= 0")
-        self._require("version", self.version == "" or bool(_MD5_RE.match(self.version)),
+        self._require("version", self.version == "" or bool(_MD5_RE.fullmatch(self.version)),
                       'must be "" (read data.train_path/test_path) or 32 lowercase hex digits '
                       "(the md5 of the dataset's DVC directory object, without '.dir')")
         self._require("remote", bool(self.remote.strip()) or not self.version,
@@ -124,7 +124,7 @@ class ModelConfig:
     kwargs: dict[str, Any] = field(default_factory=lambda: {"hidden": 128, "num_classes": 10})
 
     def __post_init__(self) -> None:
-        if not isinstance(self.factory, str) or not FACTORY_RE.match(self.factory):
+        if not isinstance(self.factory, str) or not FACTORY_RE.fullmatch(self.factory):
             raise _fail("model.factory", self.factory, "must be 'module:function', e.g. 'trainer.models:mlp'")
         if not isinstance(self.kwargs, dict):
             raise _fail("model", self.kwargs, "must be a mapping of factory keyword arguments")
@@ -269,7 +269,7 @@ class Config:
 
 
 def resolve_factory(spec: str, key: str) -> Callable[..., Any]:
-    if not FACTORY_RE.match(spec):
+    if not FACTORY_RE.fullmatch(spec):
         raise _fail(key, spec, "must be 'module:function'")
     module_name, _, func_name = spec.partition(":")
     try:

@@ -65,7 +65,7 @@ def parse_fault(text: str | None) -> Fault | None:
     """Parse GANGFLOW_FAULT; empty or unset means no fault. Malformed raises ConfigError."""
     if text is None or not text.strip():
         return None
-    match = _SPEC.match(text.strip().replace(" ", ""))
+    match = _SPEC.fullmatch(text.strip().replace(" ", ""))
     if not match:
         raise ConfigError(f"{ENV}={text!r} is invalid: {EXPECTED}")
     action = match["action"]

@@ -229,9 +229,10 @@ class Session:
         loaded, self._loaded = self._loaded, None
         return loaded[1] if loaded is not None and loaded[0] == step else self._load(step)
 
-    def _load(self, step: int) -> Loaded:
-        """Checkpoint `step` in the Snapshot format (model and optimizer tensors, state.json: gangflow's
-        loop's); ResumeMismatch when it records another identity than this session's."""
+    def _load(self, step: int) -> Any:
+        """Checkpoint `step` in this session's format, which select() checks: here the Snapshot format
+        (model and optimizer tensors, state.json: gangflow's loop's), a `Loaded`; `Run` has its own.
+        ResumeMismatch when it records another identity than this session's."""
         loaded = self.checkpoints.read(step)
         check_identity(f"checkpoint step-{step} ({loaded.path})", loaded.state.get("identity"), self.identity)
         bad = [key for key, ok in LOOP_STATE.items() if not ok(loaded.state.get(key))]
@@ -243,7 +244,8 @@ class Session:
         """Checkpoint `step` in the Snapshot format (model and optimizer tensors, state.json: gangflow's
         loop's), verified; ResumeMismatch when it records another identity than this session's."""
         try:
-            return self._chosen(step)
+            loaded: Loaded = self._chosen(step)
+            return loaded
         except CorruptCheckpoint as exc:
             raise self._unreadable(step, exc) from None
 
@@ -464,7 +466,15 @@ class Run(Session):
         self.resumed(step, loaded.path, checkpoint_world_size=meta.get("world_size"))
         return loaded
 
-    def _load(self, step: int) -> tuple[Checkpoint, dict[str, Any]]:  # type: ignore[override]
+    def read_snapshot(self, step: int) -> Loaded:
+        """Not a Run's: its checkpoints are `save_checkpoint()`'s, read by `load_checkpoint()`."""
+        raise TypeError("Run.read_snapshot: a Run's checkpoints are read with load_checkpoint()")
+
+    def save_snapshot(self, snapshot: Snapshot, *, block: bool = False) -> None:
+        """Not a Run's: `load_checkpoint()` would set such a checkpoint aside as malformed."""
+        raise TypeError("Run.save_snapshot: a Run's checkpoints are written with save_checkpoint()")
+
+    def _load(self, step: int) -> tuple[Checkpoint, dict[str, Any]]:
         """Checkpoint `step` and its state.json; MalformedCheckpoint when its files verify but do not
         load, ResumeMismatch when it was made by other code, config or data."""
         files = self.checkpoints.read_files(step)

@@ -66,9 +66,9 @@ def describe(args: argparse.Namespace) -> str:
 
 def _check(args: argparse.Namespace) -> dict[str, Any]:
     """The target's form (nothing imported yet); the entry point's keyword arguments."""
-    if args.entrypoint is not None and not ENTRYPOINT.match(args.entrypoint):
+    if args.entrypoint is not None and not ENTRYPOINT.fullmatch(args.entrypoint):
         raise ConfigError(f"--entrypoint {args.entrypoint!r} is invalid: expected module:function, e.g. mypkg.train:main")
-    if args.module is not None and not MODULE.match(args.module):
+    if args.module is not None and not MODULE.fullmatch(args.module):
         raise ConfigError(f"--module {args.module!r} is invalid: expected a dotted module name, e.g. mypkg.train")
     if args.entrypoint is not None and args.args:
         raise ConfigError(f"--entrypoint takes --kwargs (a JSON object), not arguments: {args.args!r}")

@@ -52,7 +52,7 @@ def user_code_args(*, entrypoint: str | None = None, kwargs: Mapping[str, Any] |
         raise ValueError(f"give exactly one of {prefix}entrypoint (module:function) and {prefix}command (a list: "
                          "[python, -m, module, ARGS...] or [python, script.py, ARGS...])")
     if entrypoint is not None:
-        if not isinstance(entrypoint, str) or not ENTRYPOINT_RE.match(entrypoint):
+        if not isinstance(entrypoint, str) or not ENTRYPOINT_RE.fullmatch(entrypoint):
             raise ValueError(f"{prefix}entrypoint={entrypoint!r}: must be module:function, e.g. mypkg.train:main")
         kwargs = {} if kwargs is None else kwargs
         if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
@@ -71,7 +71,7 @@ def user_code_args(*, entrypoint: str | None = None, kwargs: Mapping[str, Any] |
     if args[0] in _PYTHONS:
         args = args[1:]
     if args[:1] == ["-m"]:
-        if len(args) < 2 or not _MODULE_RE.match(args[1]):
+        if len(args) < 2 or not _MODULE_RE.fullmatch(args[1]):
             raise ValueError(f"{where}={list(command)!r}: `-m` needs a module name, e.g. [python, -m, mypkg.train]")
         return ("--module", args[1], "--", *args[2:])
     if args and args[0].endswith(".py"):
@@ -134,7 +134,7 @@ class GangSpec:
         object.__setattr__(self, "overrides", tuple(self.overrides))
         object.__setattr__(self, "avoid_nodes", tuple(self.avoid_nodes))
         for node in self.avoid_nodes:
-            if not isinstance(node, str) or not _NODE.match(node):
+            if not isinstance(node, str) or not _NODE.fullmatch(node):
                 raise ValueError(f"avoid_nodes item {node!r}: must be a node name (letters, digits, '.', '_', '-')")
         object.__setattr__(self, "user_code", tuple(self.user_code))
         object.__setattr__(self, "package_roots", tuple(self.package_roots))
@@ -149,7 +149,7 @@ class GangSpec:
                 raise ValueError(f"{name}={limit!r}: must be an integer >= 1 (seconds) or None")
         if not is_count(self.world_size, 1):
             raise ValueError(f"world_size={self.world_size!r}: must be an integer >= 1")
-        if not GANG_NAME.match(self.name):
+        if not GANG_NAME.fullmatch(self.name):
             raise ValueError(f"name={self.name!r}: must be a DNS-1123 label (a-z, 0-9, '-', at most 63 chars)")
         for item in self.overrides:
             if "=" not in item:

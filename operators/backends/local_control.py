@@ -30,7 +30,7 @@ def gangs_dir() -> Path:
 
 
 def _path(gang: str, suffix: str) -> Path:
-    if not isinstance(gang, str) or not GANG_NAME.match(gang):
+    if not isinstance(gang, str) or not GANG_NAME.fullmatch(gang):
         raise GangControlError(f"gang={gang!r}: must be a gang's name, a DNS-1123 label (a-z, 0-9, '-'), as the task log's "
                                "`gang NAME: N ranks` line gives it")  # fmt: skip
     return gangs_dir() / f"{gang}{suffix}"

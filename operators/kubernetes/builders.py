@@ -221,7 +221,7 @@ def pod_overrides(spec: GangSpec, runtime: RuntimeDefaults) -> list[str]:
             "(render --dataset-version MD5; the operator passes the validated one), or set runtime "
             "dataset.imageCarriesData: true when the image holds its data"
         )
-    if version is not None and not _MD5.match(version):
+    if version is not None and not _MD5.fullmatch(version):
         raise ValueError(f"dataset version {version!r}: must be the DVC md5 of the dataset (32 hex digits, optionally '.dir')")
     if version is not None and not runtime.dataset.remote:
         raise DatasetRequiredError(

@@ -40,6 +40,8 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]")  # IsQualifiedName's name part
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?")  # IsValidLabelValue
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")  # IsConfigMapKey
+_ENDPOINT_URL = re.compile(r"https?://[^\s@]+")
 LABEL_VALUE_RULE = "a label value: empty, or at most 63 characters of [A-Za-z0-9-_.] that begin and end alphanumeric"
 QUALIFIED_NAME_RULE = (
     "a label key: an optional DNS-1123 subdomain prefix (at most 253 characters) and '/', then a name of at most "
@@ -118,7 +120,7 @@ def parse_quantity(key: str, value: Any):
     from kubernetes.utils.quantity import parse_quantity as _parse
 
     text = str(value).strip()
-    if isinstance(value, bool) or not _QUANTITY.match(text):
+    if isinstance(value, bool) or not _QUANTITY.fullmatch(text):
         _fail(key, value, "must be a Kubernetes quantity such as '4', '500m', '16Gi'")
     try:
         quantity = _parse(text)
@@ -139,6 +141,15 @@ def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         _fail(key, value, f"accepted values: {', '.join(choices)}")
 
+
+
+def _check_name(key: str, value: Any, pattern: re.Pattern[str], rule: str, *, optional: bool = False,
+                label_value: bool = False) -> None:
+    """A Kubernetes object name (`optional`: or None); `label_value`: it is also written as a label's value."""
+    if optional and value is None:
+        return
+    if not (isinstance(value, str) and pattern.fullmatch(value) and (not label_value or is_label_value(value))):
+        _fail(key, value, rule)
 
 @dataclass(frozen=True)
 class Topology:
@@ -195,8 +206,8 @@ class Checkpoint:
     uri: str | None = None
 
     def __post_init__(self):
-        if self.pvc is not None and not (isinstance(self.pvc, str) and _DNS_SUBDOMAIN.fullmatch(self.pvc)):
-            _fail("checkpoint.pvc", self.pvc, "must be a PersistentVolumeClaim name (DNS-1123 subdomain)")
+        _check_name("checkpoint.pvc", self.pvc, _DNS_SUBDOMAIN, "must be a PersistentVolumeClaim name (DNS-1123 subdomain)",
+                    optional=True)
         # normalised first: '/tmp/', '/./tmp' or '/ckpt/../app' is the directory it names
         mount_path = posixpath.normpath(self.mount_path) if isinstance(self.mount_path, str) and self.mount_path.startswith("/") else ""
         if (not mount_path or self.mount_path.startswith("//") or "\n" in mount_path
@@ -229,10 +240,8 @@ class SecretRef:
     key: str
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or not _DNS_SUBDOMAIN.fullmatch(self.name):
-            _fail("mlflowSecretRef.name", self.name, "must be a Secret name (DNS-1123 subdomain)")
-        if not isinstance(self.key, str) or not re.match(r"^[-._a-zA-Z0-9]+$", self.key):
-            _fail("mlflowSecretRef.key", self.key, "must be a key of that Secret")
+        _check_name("mlflowSecretRef.name", self.name, _DNS_SUBDOMAIN, "must be a Secret name (DNS-1123 subdomain)")
+        _check_name("mlflowSecretRef.key", self.key, _SECRET_KEY, "must be a key of that Secret (letters, digits, '-', '_', '.')")
 
 
 @dataclass(frozen=True)
@@ -253,13 +262,13 @@ class Dataset:
 
     def __post_init__(self):
         if self.remote is not None:
-            if not isinstance(self.remote, str) or not _URI.match(self.remote) or self.remote.startswith("file:"):
+            if not isinstance(self.remote, str) or not _URI.fullmatch(self.remote) or self.remote.startswith("file:"):
                 _fail("dataset.remote", redact_url(self.remote), "must be the DVC remote as an fsspec URL such as s3://bucket/dvc or gs://bucket/dvc (never a path on the Airflow worker)")
             if has_credentials(self.remote):
                 _fail("dataset.remote", redact_url(self.remote), "must not carry credentials; put them in dataset.credentialsSecret")
-        if self.credentials_secret is not None and not (isinstance(self.credentials_secret, str) and _DNS_SUBDOMAIN.fullmatch(self.credentials_secret)):
-            _fail("dataset.credentialsSecret", self.credentials_secret, "must be a Secret name (DNS-1123 subdomain) whose keys are AWS_* variables")
-        if self.endpoint_url is not None and not (isinstance(self.endpoint_url, str) and re.match(r"^https?://[^\s@]+$", self.endpoint_url)):
+        _check_name("dataset.credentialsSecret", self.credentials_secret, _DNS_SUBDOMAIN,
+                    "must be a Secret name (DNS-1123 subdomain) whose keys are AWS_* variables", optional=True)
+        if self.endpoint_url is not None and not (isinstance(self.endpoint_url, str) and _ENDPOINT_URL.fullmatch(self.endpoint_url)):
             _fail("dataset.endpointUrl", redact_url(self.endpoint_url), "must be an http(s) URL without credentials, such as https://minio.storage:9000")
         if not isinstance(self.image_carries_data, bool):
             _fail("dataset.imageCarriesData", self.image_carries_data, "must be true or false")
@@ -353,23 +362,20 @@ class RuntimeDefaults:
                 "must be pinned by digest (repo@sha256:<64 hex digits>); tags such as ':latest' or ':v1' are refused "
                 "because a retry must run exactly the bytes the first try ran",
             )
-        if self.namespace is not None and not (isinstance(self.namespace, str) and _DNS_LABEL.fullmatch(self.namespace)):
-            _fail("namespace", self.namespace, "must be a namespace name (DNS-1123 label)")
-        if not isinstance(self.service_account_name, str) or not _DNS_SUBDOMAIN.fullmatch(self.service_account_name):
-            _fail("serviceAccountName", self.service_account_name, "must be a ServiceAccount name (DNS-1123 subdomain)")
+        _check_name("namespace", self.namespace, _DNS_LABEL, "must be a namespace name (DNS-1123 label)", optional=True)
+        _check_name("serviceAccountName", self.service_account_name, _DNS_SUBDOMAIN,
+                    "must be a ServiceAccount name (DNS-1123 subdomain)")
         _check_choice("scheduler", self.scheduler, SCHEDULERS)
         _check_choice("api", self.api, APIS)
         # the queue and the workload priority class are label values (kueue.x-k8s.io/queue-name, .../priority-class)
-        if not (isinstance(self.queue, str) and _DNS_SUBDOMAIN.fullmatch(self.queue) and is_label_value(self.queue)):
-            _fail("queue", self.queue, "must be a Kueue LocalQueue or Volcano queue name (DNS-1123 subdomain of at most 63 "
-                                       "characters: it is the value of the label kueue.x-k8s.io/queue-name)")
-        if self.priority_class_name is not None and not (isinstance(self.priority_class_name, str) and _DNS_SUBDOMAIN.fullmatch(self.priority_class_name)):
-            _fail("priorityClassName", self.priority_class_name, "must be a class name (DNS-1123 subdomain) or unset")
-        if self.workload_priority_class is not None and not (
-            isinstance(self.workload_priority_class, str) and _DNS_SUBDOMAIN.fullmatch(self.workload_priority_class) and is_label_value(self.workload_priority_class)
-        ):
-            _fail("workloadPriorityClass", self.workload_priority_class, "must be a WorkloadPriorityClass name (DNS-1123 subdomain of "
-                  "at most 63 characters: it is the value of the label kueue.x-k8s.io/priority-class) or unset")
+        _check_name("queue", self.queue, _DNS_SUBDOMAIN, "must be a Kueue LocalQueue or Volcano queue name (DNS-1123 "
+                    "subdomain of at most 63 characters: it is the value of the label kueue.x-k8s.io/queue-name)",
+                    label_value=True)
+        _check_name("priorityClassName", self.priority_class_name, _DNS_SUBDOMAIN,
+                    "must be a class name (DNS-1123 subdomain) or unset", optional=True)
+        _check_name("workloadPriorityClass", self.workload_priority_class, _DNS_SUBDOMAIN, "must be a "
+                    "WorkloadPriorityClass name (DNS-1123 subdomain of at most 63 characters: it is the value of the "
+                    "label kueue.x-k8s.io/priority-class) or unset", optional=True, label_value=True)
         if self.api == "trainjob" and self.scheduler != "kueue":
             _fail(
                 "api",
@@ -414,7 +420,7 @@ class RuntimeDefaults:
             if not isinstance(mapping, Mapping):
                 _fail(mapping_key, mapping, "must be a mapping of NAME: value")
             for name, value in mapping.items():
-                if value_check == "env" and not (isinstance(name, str) and _ENV_NAME.match(name)):
+                if value_check == "env" and not (isinstance(name, str) and _ENV_NAME.fullmatch(name)):
                     _fail(f"{mapping_key}.{name}", value, "names must be environment variable names ([A-Za-z_][A-Za-z0-9_]*)")
                 if value_check == "env" and name not in NCCL_ENV:
                     _fail(
@@ -480,8 +486,8 @@ class RuntimeDefaults:
                 _fail("metricsPort", self.metrics_port, "must differ from rendezvousPort (or be 0: no metrics)")
         _check_int("admissionTimeoutSeconds", self.admission_timeout_seconds, 1)
         _check_int("startupTimeoutSeconds", self.startup_timeout_seconds, 1)
-        if not isinstance(self.training_runtime, str) or not _DNS_SUBDOMAIN.fullmatch(self.training_runtime):
-            _fail("trainingRuntime", self.training_runtime, "must be a ClusterTrainingRuntime name")
+        _check_name("trainingRuntime", self.training_runtime, _DNS_SUBDOMAIN,
+                    "must be a ClusterTrainingRuntime name (DNS-1123 subdomain)")
         for key, value in (("runAsUser", self.run_as_user), ("runAsGroup", self.run_as_group), ("fsGroup", self.fs_group)):
             _check_int(key, value, 1, 2**31 - 1)
 

@@ -71,7 +71,7 @@ def parse_drill_event(text: str | None) -> DrillEvent | None:
     """GANGFLOW_DRILL_EVENT (empty: none); ValueError naming the variable and what it accepts."""
     if not text or not text.strip():
         return None
-    match = _EVENT.match(text.strip())
+    match = _EVENT.fullmatch(text.strip())
     if match and match["always"]:
         return DrillEvent(match["always"], 0)
     if not match or int(match["step"]) < 1:

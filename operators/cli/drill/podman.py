@@ -42,7 +42,7 @@ class PodmanError(RuntimeError):
 
 
 def quantity_bytes(value: str) -> int:
-    m = _QUANTITY.match(str(value))
+    m = _QUANTITY.fullmatch(str(value))
     if not m:
         raise ContainerConfigError(f"size {value!r}: the drill reads integer quantities with Ki/Mi/Gi/Ti/k/M/G/T")
     return int(m.group(1)) * _FACTORS[m.group(2)]

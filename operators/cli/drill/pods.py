@@ -58,7 +58,7 @@ _FIELD_KEY = re.compile(r"^metadata\.(labels|annotations)\['([^']+)'\]$")
 def field_ref(pod: Mapping[str, Any], path: str) -> str:
     """The downward API's `fieldRef.fieldPath` values a container env may name."""
     meta = pod.get("metadata") or {}
-    m = _FIELD_KEY.match(path)
+    m = _FIELD_KEY.fullmatch(path)
     if m:
         section, key = m.groups()
         return str((meta.get(section) or {}).get(key, ""))
@@ -115,7 +115,7 @@ def resolve_env(container: Mapping[str, Any], pod: Mapping[str, Any], lookup: Lo
             raise ContainerConfigError(f'{kind.lower()} "{ref.get("name")}" not found')
         for key, value in sorted((obj.get("data") or {}).items()):
             name = (source.get("prefix") or "") + key
-            if _ENV_NAME.match(name):  # the kubelet skips keys that are not valid names
+            if _ENV_NAME.fullmatch(name):  # the kubelet skips keys that are not valid names
                 env[name] = base64.b64decode(value).decode() if kind == "Secret" else str(value)
     for item in container.get("env") or []:
         name = item["name"]

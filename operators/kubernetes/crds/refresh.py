@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     sources = dict(SOURCES)
     for item in args.commit:
         project, _, sha = item.partition("=")
-        if project not in sources or not _SHA.match(sha):
+        if project not in sources or not _SHA.fullmatch(sha):
             parser.error(f"--commit {item!r}: PROJECT one of {', '.join(sources)}, SHA 40 hex digits")
         repo, _, folder, files = sources[project]
         sources[project] = (repo, sha, folder, files)

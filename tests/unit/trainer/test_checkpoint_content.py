@@ -242,3 +242,17 @@ def test_a_state_torch_cannot_read_back_is_refused_when_saved_not_set_aside_at_r
         run.save_checkpoint(1, {"w": torch.ones(2), "extra": _NotAllowed()})
     run.close()
     assert not (tmp_path / "run" / "checkpoints" / "step-1").exists()
+
+
+def test_a_run_refuses_the_loops_checkpoint_format(env, tmp_path):
+    """read_snapshot on a Run returned save_checkpoint()'s (Checkpoint, state.json) pair as if it were
+    the loop's `Loaded`, and save_snapshot wrote a checkpoint load_checkpoint() then set aside."""
+    run = env()
+    run.save_checkpoint(1, {"w": torch.ones(2)})
+    with pytest.raises(TypeError, match=r"read with load_checkpoint\(\)"):
+        run.read_snapshot(run.newest_checkpoint())
+    with pytest.raises(TypeError, match=r"written with save_checkpoint\(\)"):
+        run.save_snapshot(_loop_state(2), block=True)
+    run.close()
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-1"]
+    assert env().load_checkpoint().step == 1

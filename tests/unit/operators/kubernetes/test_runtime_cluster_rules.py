@@ -77,6 +77,13 @@ def test_qualified_names_apimachinery_refuses(key):
         ({"scheduler": "volcano", "topology": {"level": "not a key!"}}, "runtime topology.level='not a key!': must be a node label key"),
         ({"topology": {"level": "kubernetes.io/" + "h" * 64}}, "topology.level"),
         ({"exclusivePlacement": {"topologyKey": "two words"}}, "runtime exclusivePlacement.topologyKey='two words'"),
+        # '$' let a trailing newline through these three (they were matched with match, not fullmatch)
+        ({"mlflowSecretRef": {"name": "gangflow-mlflow", "key": "token\n"}}, "runtime mlflowSecretRef.key='token\\n': must be a key"),
+        ({"dataset": {"remote": "s3://gangflow-data/dvc", "endpointUrl": "https://minio.storage:9000\n"}},
+         "runtime dataset.endpointUrl='https://minio.storage:9000\\n': must be an http(s) URL"),
+        ({"dataset": {"remote": "s3://gangflow-data/dvc\n"}}, "runtime dataset.remote='s3://gangflow-data/dvc\\n'"),
+        ({"trainingRuntime": "Torch Distributed"}, "runtime trainingRuntime='Torch Distributed': must be a ClusterTrainingRuntime name"),
+        ({"priorityClassName": "high\n"}, "runtime priorityClassName='high\\n': must be a class name"),
     ],
 )
 def test_values_the_api_server_refuses_are_refused_at_load(changes, needle):
