@@ -276,6 +276,7 @@ class Trainer:
     def resume(self) -> None:
         """Every rank: restore the newest committed checkpoint, or seed a fresh start."""
         d = self.d
+        self.run.expect_model(self.model.state_dict())  # tensors of another shape: set aside, not a crash here
         step = self.run.newest_checkpoint()
         if step is None:
             seed_all(self.cfg.train.seed + d.rank)

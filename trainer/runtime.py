@@ -86,6 +86,17 @@ LOOP_STATE = {"step": is_integer, "epoch": is_integer, "batch_in_epoch": is_inte
               "scheduler": lambda v: isinstance(v, dict), "rng": lambda v: isinstance(v, list)}
 
 
+
+def tensors_unlike(expected: Mapping[str, tuple[int, ...]], found: Mapping[str, tuple[int, ...]]) -> str:
+    """How `found` (tensor name: shape) differs from `expected`, briefly; "" when it does not."""
+    parts = []
+    for label, names in (("missing", sorted(expected.keys() - found.keys())), ("unexpected", sorted(found.keys() - expected.keys())),
+                         ("other shapes", sorted(n for n in expected.keys() & found.keys() if expected[n] != found[n]))):
+        if names:
+            parts.append(f"{label}: {', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''}")
+    return "; ".join(parts)
+
+
 @dataclass
 class Checkpoint:
     """A committed checkpoint, verified: `state` (what `save_checkpoint` was given) and/or
@@ -173,6 +184,7 @@ class Session:
         self.step = 0  # the last step done on this rank (step_done), or the step resumed from
         self.resumed_from: int | None = None
         self._loaded: tuple[int, Any] | None = None  # rank 0: the checkpoint select() chose, loaded while choosing
+        self._model_shapes: dict[str, tuple[int, ...]] | None = None  # expect_model()'s
         self._stop = StopAgreement(self.dist, lambda: self.preemption.requested)
         self._clock_started = False
         self._closed = False
@@ -238,7 +250,16 @@ class Session:
         bad = [key for key, ok in LOOP_STATE.items() if not ok(loaded.state.get(key))]
         if bad:
             raise MalformedCheckpoint(f"state.json: {', '.join(bad)} missing or malformed")
+        if self._model_shapes is not None:
+            unlike = tensors_unlike(self._model_shapes, {name: tuple(t.shape) for name, t in loaded.model.items()})
+            if unlike:
+                raise MalformedCheckpoint(f"model.safetensors: not this model's tensors ({unlike})")
         return loaded
+
+    def expect_model(self, state_dict: Mapping[str, Any]) -> None:
+        """The loop's model, before newest_checkpoint(): a checkpoint whose tensors are not its (names,
+        shapes) under the same identity was not written by this code, so it is set aside as malformed."""
+        self._model_shapes = {name: tuple(t.shape) for name, t in state_dict.items()}
 
     def read_snapshot(self, step: int) -> Loaded:
         """Checkpoint `step` in the Snapshot format (model and optimizer tensors, state.json: gangflow's
@@ -473,6 +494,11 @@ class Run(Session):
     def save_snapshot(self, snapshot: Snapshot, *, block: bool = False) -> None:
         """Not a Run's: `load_checkpoint()` would set such a checkpoint aside as malformed."""
         raise TypeError("Run.save_snapshot: a Run's checkpoints are written with save_checkpoint()")
+
+    def expect_model(self, state_dict: Mapping[str, Any]) -> None:
+        """Not a Run's: its checkpoints hold whatever state the user saves."""
+        raise TypeError("Run.expect_model: a Run's checkpoints hold the state given to save_checkpoint(), checked by "
+                        "the code that loads it")
 
     def _load(self, step: int) -> tuple[Checkpoint, dict[str, Any]]:
         """Checkpoint `step` and its state.json; MalformedCheckpoint when its files verify but do not

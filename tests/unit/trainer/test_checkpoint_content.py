@@ -138,6 +138,37 @@ def test_the_loop_sets_aside_a_checkpoint_that_verifies_but_does_not_load(sessio
     assert f"gangflow: checkpoint step-300 is corrupt ({name}" in out and "resuming from step-200" in out
 
 
+
+def _other_tensors(why: str) -> bytes:
+    """The tiny model's weights as another model's: a tensor renamed, or of another shape."""
+    from safetensors.torch import save
+
+    tensors = dict(_loop_state(300).model)
+    if why == "renamed":
+        tensors["other.weight"] = tensors.pop("weight")
+    else:
+        tensors["weight"] = torch.zeros(5, 4)
+    return save(tensors)
+
+
+@pytest.mark.parametrize("why, needle", [("renamed", "missing: weight; unexpected: other.weight"),
+                                         ("reshaped", "other shapes: weight")])
+def test_the_loop_sets_aside_a_checkpoint_of_other_tensors_under_its_identity(session, tmp_path, capsys, why, needle):
+    """Same identity, tensors that are not the model's (a hostile writer of the store): the load used to
+    fail inside the loop (load_state_dict's RuntimeError, judged the user's) on every retry."""
+    s = session()
+    for step in (100, 200, 300):
+        s.save_snapshot(_loop_state(step), block=True)
+    s.close(status=None)
+    _rewrite(tmp_path / "run" / "checkpoints" / "step-300", "model.safetensors", _other_tensors(why))
+    s = session()
+    s.expect_model(torch.nn.Linear(4, 3).state_dict())
+    step = s.newest_checkpoint()
+    assert step == 200 and s.read_snapshot(step).step == 200
+    assert "step-300" not in _checkpoints(tmp_path)
+    assert f"model.safetensors: not this model's tensors ({needle})" in capsys.readouterr().out
+
+
 def test_the_loop_starts_from_step_0_when_no_checkpoint_loads(session, tmp_path, capsys):
     s = session()
     s.save_snapshot(_loop_state(100), block=True)
@@ -253,6 +284,8 @@ def test_a_run_refuses_the_loops_checkpoint_format(env, tmp_path):
         run.read_snapshot(run.newest_checkpoint())
     with pytest.raises(TypeError, match=r"written with save_checkpoint\(\)"):
         run.save_snapshot(_loop_state(2), block=True)
+    with pytest.raises(TypeError, match=r"Run.expect_model"):
+        run.expect_model(torch.nn.Linear(4, 3).state_dict())
     run.close()
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-1"]
     assert env().load_checkpoint().step == 1
