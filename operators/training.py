@@ -667,16 +667,19 @@ def _spec_to_dict(spec: GangSpec) -> dict[str, Any]:
     return out
 
 
-_PROGRESS = re.compile(r"gangflow: progress: step (\d+)/(\d+) \((\d+)%\), loss (\S+), (\d+) samples/s, ETA (\S+), "
-                       r"last checkpoint step (\S+)")
-_DONE = re.compile(r"gangflow: done: (\d+) steps on \d+ rank")
+# Progress.tick's words: a total only when known, a rate in samples (gangflow's loop) or steps (a user loop)
+_PROGRESS = re.compile(r"gangflow: progress: step (\d{1,12})(?:/(\d{1,12}) \((\d{1,4})%\))?, loss (\S{1,40}), "
+                       r"(\d{1,15}) (samples|steps)/s, ETA (\S{1,40}), last checkpoint step (\S{1,40})")
+_DONE = re.compile(r"gangflow: done: (\d{1,12}) steps on \d+ rank")
+_RANK0 = "[rank 0] "  # the backends' prefix of rank 0's lines
 
 
 class ProgressNote:
     """The gang's log function that also keeps rank 0's latest progress line as the XCom `progress`
-    of the task (`{step, total, percent, loss, samples_per_sec, eta, last_checkpoint_step}`), at most
-    every `every_s`, and `{step, total, percent: 100, done: true}` at rank 0's last line: the task's
-    XCom tab in the UI shows it while the gang runs."""
+    of the task (`{step, total, percent, loss, samples_per_sec | steps_per_sec, eta,
+    last_checkpoint_step}`), at most every `every_s`, and `{step, total, percent: 100, done: true}` at
+    rank 0's last line: the task's XCom tab in the UI shows it while the gang runs. Other ranks' lines,
+    and lines it cannot read, are only logged."""
 
     def __init__(self, ti: Any, log, *, every_s: float = 5.0):
         self.ti, self.log, self.every_s = ti, log, every_s
@@ -684,6 +687,8 @@ class ProgressNote:
 
     def __call__(self, line: str) -> None:
         self.log(line)
+        if not line.startswith(_RANK0):
+            return
         if "gangflow: done: " in line and (done := _DONE.search(line)):  # the last word, never throttled
             steps = int(done.group(1))
             self._push({"step": steps, "total": steps, "percent": 100, "done": True})
@@ -693,11 +698,15 @@ class ProgressNote:
         now = time.monotonic()
         if now < self._next:
             return
+        step, total, percent, loss, rate, unit, eta, ckpt = m.groups()
+        loss, ckpt = loss.rstrip('",'), ckpt.rstrip('",}')
+        try:
+            value = {"step": int(step), "total": int(total) if total else None, "percent": int(percent) if percent else None,
+                     "loss": None if loss == "-" else float(loss), f"{unit}_per_sec": int(rate), "eta": eta.rstrip('",'),
+                     "last_checkpoint_step": None if ckpt == "none" else int(ckpt)}
+        except ValueError:  # a line that only looks like one: not progress
+            return
         self._next = now + self.every_s
-        step, total, percent, loss, rate, eta, ckpt = m.groups()
-        value = {"step": int(step), "total": int(total), "percent": int(percent),
-                 "loss": None if loss == "-" else float(loss.rstrip('",')), "samples_per_sec": int(rate),
-                 "eta": eta.rstrip('",'), "last_checkpoint_step": None if ckpt.rstrip('",}') == "none" else int(ckpt.rstrip('",}'))}
         self._push(value)
 
     def _push(self, value: dict) -> None:

@@ -12,7 +12,9 @@ import json
 import os
 import re
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
+
+from trainer.urls import credentials_refusal, has_credentials
 
 PROJECT_ROOT = Path(os.environ.get("GANGFLOW_PROJECT", Path(__file__).resolve().parents[2]))
 
@@ -174,18 +176,31 @@ def metrics_targets_dir() -> Path:
     return state_dir() / "prometheus" / "targets"
 
 
+def _link_setting(name: str) -> str:
+    """A URL setting for a link the UI shows (kept in XCom and MLflow tags): refused with user info."""
+    value = os.environ.get(name, "").strip()
+    if has_credentials(value):
+        raise ValueError(credentials_refusal(name, value, "from the browser's own login, never in a link"))
+    return value
+
+
 def dashboard_url(mlflow_run_id: str) -> str | None:
     """The Grafana dashboard of one run (`GANGFLOW_DASHBOARD_URL`, the chart's dashboard URL), or None."""
-    base = os.environ.get("GANGFLOW_DASHBOARD_URL", "").strip()
+    base = _link_setting("GANGFLOW_DASHBOARD_URL")
     if not base:
         return None
-    return f"{base}{'&' if '?' in base else '?'}var-mlflow_run_id={mlflow_run_id}"
+    parts = urlsplit(base)  # the run's filter goes in the query, before any #fragment
+    query = f"{parts.query}&" if parts.query else ""
+    return urlunsplit(parts._replace(query=f"{query}var-mlflow_run_id={mlflow_run_id}"))
 
 
 def mlflow_run_url(experiment_id: str, run_id: str) -> str | None:
     """The MLflow UI's page of a run: `GANGFLOW_MLFLOW_UI_URL`, else the tracking URI when it is the
-    server's http(s) URL; None for a local store without a UI."""
-    base = os.environ.get("GANGFLOW_MLFLOW_UI_URL", "").strip() or tracking_uri()
+    server's http(s) URL (without its user info); None for a local store without a UI."""
+    base = _link_setting("GANGFLOW_MLFLOW_UI_URL")
+    if not base:
+        tracking = urlsplit(tracking_uri())
+        base = urlunsplit(tracking._replace(netloc=tracking.netloc.rpartition("@")[2]))
     if not base.startswith(("http://", "https://")):
         return None
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
@@ -193,8 +208,8 @@ def mlflow_run_url(experiment_id: str, run_id: str) -> str | None:
 
 def kubernetes_object_url(namespace: str, kind: str, name: str) -> str | None:
     """`GANGFLOW_KUBERNETES_URL` with {namespace}, {kind} and {name} filled in (your cluster console's
-    page of an object), or None when unset."""
-    template = os.environ.get("GANGFLOW_KUBERNETES_URL", "").strip()
+    page of an object), or None when unset; other braces (a console's JSON query) are kept as they are."""
+    template = _link_setting("GANGFLOW_KUBERNETES_URL")
     if not template:
         return None
-    return template.format(namespace=namespace, kind=kind.lower(), name=name)
+    return template.replace("{namespace}", namespace).replace("{kind}", kind.lower()).replace("{name}", name)

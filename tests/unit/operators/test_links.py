@@ -67,3 +67,49 @@ def test_the_last_line_sets_done_even_within_the_throttle():
     note(LINE)
     note("[rank 0] gangflow: done: 60 steps on 2 rank(s); test accuracy 0.9; final weights at /x/model.safetensors")
     assert ti.pushed[-1] == ("progress", {"step": 60, "total": 60, "percent": 100, "done": True})
+
+
+def test_a_user_loops_progress_in_steps_is_kept_too():
+    """trainer.runtime's Run has no global batch: its rate is in steps/s, and its total may be unknown."""
+    ti = _TI()
+    ProgressNote(ti, lambda line: None, every_s=0)(
+        "[rank 0] gangflow: progress: step 12/40 (30%), loss 0.5000, 49 steps/s, ETA 0:00:02, last checkpoint step 10")
+    ProgressNote(ti, lambda line: None, every_s=0)(
+        "[rank 0] gangflow: progress: step 7, loss -, 3 steps/s, ETA -, last checkpoint step none")
+    assert ti.pushed == [
+        ("progress", {"step": 12, "total": 40, "percent": 30, "loss": 0.5, "steps_per_sec": 49, "eta": "0:00:02",
+                      "last_checkpoint_step": 10}),
+        ("progress", {"step": 7, "total": None, "percent": None, "loss": None, "steps_per_sec": 3, "eta": "-",
+                      "last_checkpoint_step": None})]
+
+
+def test_only_rank_0_sets_progress_and_an_unreadable_line_is_only_logged():
+    ti, logged = _TI(), []
+    note = ProgressNote(ti, logged.append, every_s=0)
+    note(LINE.replace("[rank 0]", "[rank 1]").replace("step 30/60", "step 999/1000"))
+    note(LINE.replace("[rank 0]", "[rank 1]").replace("done", "x") + " gangflow: done: 5 steps on 1 rank")
+    note(LINE.replace("loss 1.2345", "loss n/a"))
+    note(LINE)
+    assert len(logged) == 4 and ti.pushed == [("progress", {
+        "step": 30, "total": 60, "percent": 50, "loss": 1.2345, "samples_per_sec": 640, "eta": "0:00:03",
+        "last_checkpoint_step": 20})]
+
+
+def test_link_settings_carry_no_credentials_and_keep_their_own_syntax(monkeypatch):
+    import pytest
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://alice:s3cr3t@mlflow.example.com")
+    monkeypatch.delenv("GANGFLOW_MLFLOW_UI_URL", raising=False)
+    assert settings.mlflow_run_url("7", "abc") == "https://mlflow.example.com/#/experiments/7/runs/abc"
+    for name in ("GANGFLOW_MLFLOW_UI_URL", "GANGFLOW_DASHBOARD_URL", "GANGFLOW_KUBERNETES_URL"):
+        monkeypatch.setenv(name, "https://admin:grafana-pw@grafana.example/d/x")
+        with pytest.raises(ValueError, match=f"{name}=.*must not carry credentials") as info:
+            (settings.mlflow_run_url("7", "abc") if name == "GANGFLOW_MLFLOW_UI_URL" else settings.dashboard_url("abc")
+             if name == "GANGFLOW_DASHBOARD_URL" else settings.kubernetes_object_url("ns", "JobSet", "n"))
+        assert "grafana-pw" not in str(info.value)
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("GANGFLOW_DASHBOARD_URL", "https://grafana.example/d/g/gangflow?orgId=1#viewPanel=3")
+    assert settings.dashboard_url("abc") == "https://grafana.example/d/g/gangflow?orgId=1&var-mlflow_run_id=abc#viewPanel=3"
+    monkeypatch.setenv("GANGFLOW_KUBERNETES_URL", 'https://console.example/explore?left={"queries":[{"expr":"{name}"}]}&ns={namespace}')
+    assert settings.kubernetes_object_url("team-a", "JobSet", "train-1") == (
+        'https://console.example/explore?left={"queries":[{"expr":"train-1"}]}&ns=team-a')
