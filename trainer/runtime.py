@@ -61,7 +61,7 @@ from trainer.identity import TRAIN_IDENTITY, ResumeMismatch, check_identity
 from trainer.model_card import CARD, CARD_FORMAT, MAX_CARD_CLASSES, WEIGHTS, card_classes
 from trainer.preemption import Preemption
 from trainer.storage import Storage, publish_folder
-from trainer.tracking import FINAL_ARTIFACT_PATH, Progress, Tracker
+from trainer.tracking import FINAL_ARTIFACT_PATH, Progress, Tracker, check_metrics
 
 __all__ = ["Checkpoint", "ResumeMismatch", "Run", "Session", "current", "init"]
 
@@ -121,17 +121,17 @@ def _env_number(name: str, default: float, kind: type, minimum: float) -> Any:
     return value
 
 
-def _tar_folder(folder: Path) -> bytes:
-    """`folder`'s regular files and subfolders as an uncompressed tar (links are refused)."""
+def _tar_folder(folder: Path, *, what: str) -> bytes:
+    """`folder`'s regular files and subfolders as an uncompressed tar; a link, a FIFO, a socket or a
+    device is refused (CheckpointError starting with `what`), never dropped without a word."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path in sorted(folder.rglob("*")):
             rel = path.relative_to(folder).as_posix()
-            if path.is_symlink():
-                raise CheckpointError(f"save_checkpoint(folder={str(folder)!r}): {rel} is a link; a checkpoint holds "
-                                      "regular files only")
-            if path.is_file() or path.is_dir():
-                tar.add(path, arcname=rel, recursive=False)
+            if path.is_symlink() or not (path.is_file() or path.is_dir()):
+                kind = "a link" if path.is_symlink() else "not a regular file"
+                raise CheckpointError(f"{what}: {rel} is {kind}; only regular files and folders are kept")
+            tar.add(path, arcname=rel, recursive=False)
     return buf.getvalue()
 
 
@@ -313,9 +313,9 @@ class Session:
     def report(self, step: int, **metrics: float) -> None:
         """Metrics at `step`: metrics.jsonl (relayed to the DAG run's MLflow run) from rank 0; a
         `loss` also goes into the progress line. Other ranks' calls are ignored."""
-        bad = [k for k, v in metrics.items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
-        if bad:
-            raise TypeError(f"report({step}, ...): {', '.join(bad)} must be numbers (call .item() on a tensor)")
+        if not is_integer(step) or step < 0:
+            raise ValueError(f"report: step={step!r} must be an integer >= 0")
+        check_metrics(f"report({step}, ...)", metrics)
         if "loss" in metrics:
             self.progress.loss = float(metrics["loss"])
         self.tracker.step(step, **{k: v if isinstance(v, int) else float(v) for k, v in metrics.items()})
@@ -452,6 +452,10 @@ class Run(Session):
             raise TypeError("save_checkpoint(step, state=None, folder=None): give the state, a folder, or both")
         if not isinstance(step, int) or isinstance(step, bool) or step < 1:
             raise ValueError(f"save_checkpoint: step={step!r} must be an integer >= 1")
+        newest = self.checkpoints.last_step
+        if newest is not None and step < newest:  # pruning keeps the highest steps: it would vanish at once
+            raise ValueError(f"save_checkpoint: step={step} is below step {newest}, already saved or resumed from; "
+                             "steps must not go back (the same step again replaces it)")
         files: dict[str, bytes] = {}
         if self.is_main:
             if state is not None:
@@ -468,7 +472,7 @@ class Run(Session):
             if folder is not None:
                 if not Path(folder).is_dir():
                     raise CheckpointError(f"save_checkpoint(folder={str(folder)!r}): not a folder")
-                files[FOLDER_FILE] = _tar_folder(Path(folder))
+                files[FOLDER_FILE] = _tar_folder(Path(folder), what=f"save_checkpoint(folder={str(folder)!r})")
             meta = {"kind": CHECKPOINT_KIND, "step": step, "identity": self.identity, "world_size": self.world_size,
                     "torch_version": torch.__version__, "time": time.time()}
             files[STATE_JSON] = json.dumps(meta, separators=(",", ":")).encode()
@@ -557,6 +561,10 @@ class Run(Session):
             raise CheckpointError(f"log_model({str(folder)!r}): {CARD} is gangflow's model card; name your file otherwise")
         if task not in ("classification", "regression"):
             raise ValueError(f"log_model: task={task!r}: accepted values are classification, regression")
+        check_metrics("log_model(metrics=...)", metrics or {})
+        if clash := sorted((metrics or {}).keys() & {"world_size", "sync", "mlflow_prefix", "mlflow_step"}):
+            raise ValueError(f"log_model(metrics=...): {', '.join(map(repr, clash))}: gangflow's own fields of the "
+                             "final event; name the metrics otherwise")
         if classes is not None and (task != "classification" or factory is None
                                     or card_classes({"classes": classes}) is None):  # what the registry reads
             raise ValueError(f"log_model: classes={classes!r}: accepted values are an integer from 1 to {MAX_CARD_CLASSES}, "
@@ -581,7 +589,7 @@ class Run(Session):
             card["weights"] = {"file": WEIGHTS, **file_entry(weights.read_bytes())}
         staging = Path(tempfile.mkdtemp(prefix="gangflow-final-"))
         try:
-            _untar(_tar_folder(source), staging / FINAL_ARTIFACT_PATH)  # regular files only, links refused
+            _untar(_tar_folder(source, what=f"log_model({str(folder)!r})"), staging / FINAL_ARTIFACT_PATH)
             staged = staging / FINAL_ARTIFACT_PATH
             (staged / CARD).write_text(json.dumps(card, indent=2) + "\n")
             if self.run_dir.local:

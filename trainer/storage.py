@@ -133,10 +133,11 @@ def mapped_regular(path: str | os.PathLike, *, size: int | None = None) -> Itera
 def read_json_record(path: str | os.PathLike, *, limit: int = 4 << 20) -> dict[str, Any]:
     """A JSON object a run dir holds (a try's failure record, the preemptions), read with
     `read_regular` (no link followed, at most `limit` bytes); {} when it is missing, not a regular
-    file, too large, not JSON or not an object: a run dir is not trusted."""
+    file, too large, not JSON (or nested past the parser's depth) or not an object: a run dir is
+    not trusted."""
     try:
         data = json.loads(read_regular(path, limit=limit).decode("utf-8", errors="replace"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import queue
+import re
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +55,27 @@ _NOT_METRICS = frozenset({"step", "time", "event", "mlflow", "attempt"})
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# MLflow's rule for a metric name (mlflow.utils.validation): one name it refuses fails the whole
+# log_batch it travels in, so the metrics beside it were lost too.
+_METRIC_NAME = re.compile(r"[/\w.\- :]{1,250}")
+
+
+def check_metrics(what: str, metrics: Mapping[str, Any]) -> None:
+    """Refuse metrics MLflow would refuse or the metrics file would not keep: a name outside MLflow's
+    rule or one of the record's own keys (ValueError), a value that is not a number (TypeError)."""
+    for name in metrics:
+        if name in _NOT_METRICS:
+            raise ValueError(f"{what}: the metric name {name!r} is reserved (the record's own keys: "
+                             f"{', '.join(sorted(_NOT_METRICS))}); name it otherwise")
+        if not (isinstance(name, str) and _METRIC_NAME.fullmatch(name) and posixpath.normpath(name) == name
+                and not name.startswith(("/", ".."))):
+            raise ValueError(f"{what}: the metric name {name!r} is not one MLflow accepts: at most 250 letters, digits, "
+                             "'_', '-', '.', ' ', ':' and '/', not a path that resolves elsewhere ('a//b', './a', '/a')")
+    bad = [name for name, value in metrics.items() if not _number(value)]
+    if bad:
+        raise TypeError(f"{what}: {', '.join(bad)} must be numbers (call .item() on a tensor)")
 
 
 def mlflow_items(record: dict[str, Any]) -> tuple[list[tuple[str, float, int, int]], list[tuple[str, str]], list[tuple[str, str]]]:

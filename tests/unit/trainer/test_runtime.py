@@ -283,3 +283,75 @@ def test_the_runtime_imports_and_runs_without_airflow_or_mlflow(tmp_path):
     env.update(PYTHONPATH=str(ROOT), MLFLOW_TRACKING_URI="", **{runtime.ENV_RUN_DIR: str(tmp_path / "run")})
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.splitlines()[-1] == "ok []", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("metrics, error, needle", [
+    ({"acc@1": 0.5}, ValueError, "the metric name 'acc@1' is not one MLflow accepts"),
+    ({"a//b": 0.5}, ValueError, "not a path that resolves elsewhere"),
+    ({"event": 1.0}, ValueError, "the metric name 'event' is reserved"),
+    ({"time": 1.0}, ValueError, "the metric name 'time' is reserved"),
+])
+def test_report_refuses_names_mlflow_or_the_metrics_file_would_lose(env, tmp_path, metrics, error, needle):
+    """One name MLflow refuses failed the whole log_batch, so every metric beside it was lost;
+    `event` or `time` overwrote the record's own keys."""
+    run = env()
+    run.report(1, loss=0.5)
+    with pytest.raises(error, match=needle):
+        run.report(2, loss=0.4, **metrics)
+    with pytest.raises(ValueError, match="report: step='epoch-1' must be an integer >= 0"):
+        run.report("epoch-1", loss=0.7)
+    run.report(3, **{"val/loss": 0.3, "top-1 acc:train": 0.6})
+    run.close()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "loss" in r or "val/loss" in r] == [1, 3]
+
+
+def test_save_checkpoint_refuses_a_step_below_the_newest(env, tmp_path):
+    """Pruning keeps the highest steps: a lower step was committed and deleted at once, silently."""
+    run = env()
+    run.save_checkpoint(100, {"at": 100})
+    with pytest.raises(ValueError, match="step=50 is below step 100"):
+        run.save_checkpoint(50, {"at": 50})
+    run.save_checkpoint(100, {"at": 100.5})  # the same step again replaces it
+    run.close()
+    assert env().load_checkpoint().state == {"at": 100.5}
+    with pytest.raises(ValueError, match="step=99 is below step 100, already saved or resumed from"):
+        _resumed_then_save(env, 99)
+
+
+def _resumed_then_save(env, step):
+    run = env()
+    run.load_checkpoint()
+    run.save_checkpoint(step, {"at": step})
+
+
+def test_log_model_checks_its_metrics_before_publishing(env, tmp_path):
+    model_dir = tmp_path / "export"
+    model_dir.mkdir()
+    (model_dir / "weights.pt").write_bytes(b"w")
+    run = env()
+    for metrics, needle in (({"world_size": 4}, "'world_size': gangflow's own fields"), ({"step": 100}, "'step' is reserved"),
+                            ({"accuracy": "n/a"}, "accuracy must be numbers"), ({"acc@1": 0.9}, "'acc@1' is not one MLflow")):
+        with pytest.raises((ValueError, TypeError), match=needle):
+            run.log_model(model_dir, metrics=metrics)
+        assert not (tmp_path / "run" / "final").exists()
+
+
+def test_a_fifo_in_a_folder_is_refused_naming_the_call(env, tmp_path):
+    """A FIFO used to vanish from the checkpoint and final/ without a word; a link in log_model's
+    folder was refused as save_checkpoint's."""
+    import os
+
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "weights.bin").write_bytes(b"w")
+    os.mkfifo(folder / "events.pipe")
+    run = env()
+    with pytest.raises(CheckpointError, match=r"save_checkpoint\(folder=.*\): events.pipe is not a regular file"):
+        run.save_checkpoint(1, folder=folder)
+    with pytest.raises(CheckpointError, match=r"log_model\(.*\): events.pipe is not a regular file"):
+        run.log_model(folder)
+    (folder / "events.pipe").unlink()
+    (folder / "escape").symlink_to("/etc/passwd")
+    with pytest.raises(CheckpointError, match=r"log_model\(.*\): escape is a link"):
+        run.log_model(folder)

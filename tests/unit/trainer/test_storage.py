@@ -178,3 +178,19 @@ def test_write_folder_never_writes_into_a_file_with_another_link(tmp_path):
     assert (outside / "keep.txt").read_text() == "precious" and (outside / "keep.txt").stat().st_nlink == 1
     assert (folder / "keep.txt").read_bytes() == b"new" and (folder / "keep.txt").stat().st_nlink == 1
     assert (folder / "own.bin").read_bytes() == b"new" and (folder / "own.bin").stat().st_ino == own  # reused in place
+
+
+def test_a_json_record_is_read_only_when_it_is_a_plain_regular_object(tmp_path):
+    """A run dir is not trusted: a record nested past the parser's depth raised RecursionError
+    (not a ValueError) out of the reader, in the task that reads failure records."""
+    good = tmp_path / "good.json"
+    good.write_text('{"exit_code": 1}')
+    assert storage.read_json_record(good) == {"exit_code": 1}
+    nested = tmp_path / "nested.json"
+    nested.write_text("[" * 100_000 + "]" * 100_000)
+    assert storage.read_json_record(nested) == {}
+    (tmp_path / "link.json").symlink_to(good)
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "list.json").write_text("[1]")
+    for name in ("link.json", "fifo.json", "list.json", "missing.json"):
+        assert storage.read_json_record(tmp_path / name) == {}
