@@ -18,6 +18,7 @@ from airflow.sdk import BaseOperator
 from trainer.allowlist import ModelNotAllowed
 from trainer.model_card import read_card
 
+from operators.config import settings
 from operators.exceptions import RegistryUnavailable, UserError
 from operators.registry.gate import Decision, PromotionGate, decide
 from operators.registry.lineage import git_commit, git_dirty, lineage_tags, require_commit
@@ -297,6 +298,10 @@ class PromoteModelOperator(BaseOperator):
         gate = self.gate()
         if not self.mlflow_run_id:
             raise UserError("mlflow_run_id is empty: the version must link to the DAG run's MLflow run")
+        try:  # settings the metrics read after promoting: a bad one is refused before anything moves
+            settings.metrics_address(), settings.metrics_linger_s()
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
         manifest = manifest_of(self.dataset)
         client = get_client(self.tracking_uri or None)
         with tempfile.TemporaryDirectory(prefix="gangflow-promote-") as tmp:

@@ -77,6 +77,15 @@ class JsonLines(io.TextIOBase):
     def fileno(self) -> int:
         return self.stream.fileno()
 
+    @property
+    def buffer(self) -> _JsonBytes:
+        """Bytes written here (`sys.stdout.buffer.write`) become lines like text."""
+        return _JsonBytes(self)
+
+    def reconfigure(self, **options: object) -> None:
+        """Accepted and ignored (`line_buffering`, `write_through`, `errors`...): every complete line is
+        written at once already; code that reconfigures sys.stdout keeps working."""
+
     def isatty(self) -> bool:
         return False
 
@@ -100,6 +109,25 @@ class JsonLines(io.TextIOBase):
                 self.stream.write(self._emit(self._buffer))
                 self._buffer = ""
         self.stream.flush()
+
+
+class _JsonBytes(io.RawIOBase):
+    """`JsonLines.buffer`: bytes decoded (UTF-8, bad bytes replaced) and written as text."""
+
+    def __init__(self, text: JsonLines):
+        super().__init__()
+        self.text = text
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:  # type: ignore[override]
+        data = bytes(data)
+        self.text.write(data.decode(self.text.encoding or "utf-8", errors="replace"))
+        return len(data)
+
+    def flush(self) -> None:
+        self.text.flush()
 
 
 def install_log_format(environ: Mapping[str, str] | None = None) -> str:

@@ -91,7 +91,7 @@ def is_real_dir(path: str | os.PathLike) -> bool:
 
 
 @contextlib.contextmanager
-def _regular_fd(path: str | os.PathLike, size: int | None, limit: int | None) -> Iterator[tuple[int, int]]:
+def regular_fd(path: str | os.PathLike, size: int | None = None, limit: int | None = None) -> Iterator[tuple[int, int]]:
     """(fd, size) of the regular file `path`, opened as `read_regular` describes; closed on exit."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -114,7 +114,7 @@ def read_regular(path: str | os.PathLike, *, size: int | None = None, limit: int
     """The bytes of the regular file `path`, opened without following a link and read only when
     its size is `size` (or at most `limit`): a FIFO, a device, a link or a file of another size
     is never read. FileNotFoundError, NotRegularFile (a link: ELOOP too) or SizeMismatch otherwise."""
-    with _regular_fd(path, size, limit) as (fd, actual), os.fdopen(os.dup(fd), "rb") as fh:
+    with regular_fd(path, size, limit) as (fd, actual), os.fdopen(os.dup(fd), "rb") as fh:
         return fh.read(actual)
 
 
@@ -122,7 +122,7 @@ def read_regular(path: str | os.PathLike, *, size: int | None = None, limit: int
 def mapped_regular(path: str | os.PathLike, *, size: int | None = None) -> Iterator[mmap.mmap | bytes]:
     """The bytes of the regular file `path`, checked as `read_regular` checks them but mapped, not
     read: the page cache's own pages, no copy (b"" for an empty file, which cannot be mapped)."""
-    with _regular_fd(path, size, None) as (fd, actual):
+    with regular_fd(path, size) as (fd, actual):
         if not actual:
             yield b""
             return

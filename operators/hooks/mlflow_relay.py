@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import threading
 import time
@@ -18,7 +19,7 @@ from typing import Any
 
 from operators.exceptions import InfraError, RegistryUnavailable, UserError
 from trainer.tracking import FINAL_ARTIFACT_PATH, METRICS, FinalUploadError, log_records  # light: no torch
-from trainer.storage import UnsafePath, check_regular_tree
+from trainer.storage import NotRegularFile, UnsafePath, check_regular_tree, regular_fd
 from trainer.urls import redact_url
 
 OpenRun = Callable[[], tuple[Any, str]]  # -> (MlflowClient, run id)
@@ -31,6 +32,15 @@ RELAY_NICE = 10
 class RelayFinalUploadError(InfraError, FinalUploadError):
     """The trainer's `FinalUploadError` when the task logs `final/`: an `InfraError`, so the retry
     policy retries it (the retry resumes from the last checkpoint and logs the weights again)."""
+
+
+def _regular_size(path: Path) -> int:
+    """The size of `path` when it is a regular file (not through a link), else 0."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
 
 class TrackingRelay:
@@ -63,12 +73,13 @@ class TrackingRelay:
         self.observers = tuple(observers)
         self.fatal: BaseException | None = None  # an error opening the run that retrying cannot heal
         # Lines of earlier tries are not sent again: the relay starts at the file's current end.
-        self.offset = self.path.stat().st_size if self.path.is_file() else 0
+        self.offset = _regular_size(self.path)
         self.client: Any = None
         self.run_id: str | None = None
         self.error: BaseException | None = None
         self.sent = 0  # lines relayed
         self._warned = False
+        self._not_regular_said = False
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one pump at a time (thread or finish)
         self._thread = threading.Thread(target=self._main, name="gangflow-relay", daemon=True)
@@ -122,10 +133,15 @@ class TrackingRelay:
             return 0
         with self._lock:
             try:
-                with open(self.path, "rb") as fh:
+                with regular_fd(self.path) as (fd, _size), os.fdopen(os.dup(fd), "rb") as fh:
                     fh.seek(self.offset)
                     chunk = fh.read()
             except FileNotFoundError:
+                return 0
+            except NotRegularFile:  # a link or a FIFO planted in the run dir is never followed
+                if not self._not_regular_said:
+                    self._not_regular_said = True
+                    self.log(f"gangflow: warning: {self.path} is not a regular file (a link, a FIFO?); nothing relayed")
                 return 0
             end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next pump
             if end == 0:

@@ -16,8 +16,11 @@ from typing import Any
 
 from operators.config import settings
 from trainer.prometheus import GangMetrics, serve
-from trainer.storage import write_json
+from trainer.storage import read_regular, write_json
 from trainer.tracking import METRICS
+
+# An earlier try's metrics.jsonl larger than this is not read for its preemptions (a bound, not a budget).
+METRICS_READ_LIMIT = 1 << 30
 
 
 def metrics_query(mlflow_run_id: str) -> str:
@@ -62,7 +65,12 @@ class GangExporter:
         self.target_file = Path(targets_dir) / f"{name}.json"
         self._closed = threading.Event()
         self._earlier: list[dict] = []
-        self._write_target(f"{host}:{port}")
+        try:
+            self._write_target(f"{host}:{port}")
+        except BaseException:  # no target, no exporter: the server does not stay up behind the caller's back
+            self._server.shutdown()
+            self._server.server_close()
+            raise
         log(f"gangflow: Prometheus metrics of this gang at {self.url} (scrape target in {self.target_file})")
 
     @classmethod
@@ -82,8 +90,8 @@ class GangExporter:
     def read_earlier_tries(self, run_dir: str | Path) -> None:
         """Keep the preemptions of earlier tries of this run dir (the relay reads only this try's
         lines); call before the relay starts. They are counted at `begin`."""
-        try:
-            lines = (Path(run_dir) / METRICS).read_text(errors="replace").splitlines()
+        try:  # a run dir is not trusted: no link followed, no FIFO waited on, bounded
+            lines = read_regular(Path(run_dir) / METRICS, limit=METRICS_READ_LIMIT).decode(errors="replace").splitlines()
         except OSError:
             return
         for line in lines:
@@ -122,8 +130,13 @@ class GangExporter:
 
 def publish_promotion(labels: Mapping[str, str], *, mlflow_run_id: str, model_name: str, model_version: str | None,
                       promoted: bool, log: Callable[[str], None] = print) -> None:
-    """Promote's series (`gangflow_model_version`), served for one linger when `GANGFLOW_METRICS` is on."""
-    exporter = GangExporter.from_settings(labels, log=log)
+    """Promote's series (`gangflow_model_version`), served for one linger when `GANGFLOW_METRICS` is on.
+    A port taken or a target file not written costs the series only (a warning): the promotion is done."""
+    try:
+        exporter = GangExporter.from_settings(labels, log=log)
+    except OSError as exc:
+        log(f"gangflow: warning: no Prometheus metrics for this promotion ({type(exc).__name__}: {exc})")
+        return
     if exporter is None:
         return
     exporter.metrics.set_labels(mlflow_run_id=mlflow_run_id)

@@ -309,3 +309,14 @@ def test_the_dataset_lineage_comes_from_the_manifest_only():
     tags = op.lineage_for({}, {}, Path("/nonexistent"), manifest)
     assert tags["gangflow.dataset_version"] == "a" * 32 and tags["gangflow.dataset_md5"] == "b" * 32
     assert tags["gangflow.test_data_md5"] == "c" * 32 and tags["gangflow.train_try_number"] == "2"
+
+
+def test_a_bad_metrics_setting_is_refused_before_anything_is_promoted(monkeypatch):
+    """The metrics settings were read only after @champion had moved: promoted, then the task failed."""
+    import operators.evaluation as evaluation
+
+    monkeypatch.setenv("GANGFLOW_METRICS", "127.0.0.1:notaport")
+    monkeypatch.setattr(evaluation, "manifest_of", lambda dataset: pytest.fail("promote went on past a bad setting"))
+    op = PromoteModelOperator(task_id="promote", model_name="m", model_uri="runs:/r/final", dataset={}, mlflow_run_id="r")
+    with pytest.raises(UserError, match="GANGFLOW_METRICS='127.0.0.1:notaport'"):
+        op.execute({"ti": None, "run_id": "r"})

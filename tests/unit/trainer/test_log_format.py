@@ -56,3 +56,14 @@ def test_the_trainer_refuses_a_bad_log_format_with_exit_2(tmp_path):
                           env=env, timeout=120, cwd=str(__import__("pathlib").Path(__file__).resolve().parents[3]))
     assert done.returncode == 2, done.stderr
     assert "GANGFLOW_LOG_FORMAT='yaml': accepted values are text, json" in done.stderr
+
+
+def test_code_that_writes_bytes_or_reconfigures_stdout_keeps_working():
+    """`sys.stdout.buffer.write(...)` and `sys.stdout.reconfigure(line_buffering=True)`, common in
+    training scripts, raised AttributeError under GANGFLOW_LOG_FORMAT=json."""
+    sink = io.StringIO()
+    stream = JsonLines(sink, name="stdout", fields=log_fields(ENV))
+    stream.reconfigure(line_buffering=True)
+    stream.buffer.write(b"epoch 1 \xff done\n")
+    stream.buffer.flush()
+    assert [json.loads(line)["message"] for line in sink.getvalue().splitlines()] == ["epoch 1 \ufffd done"]

@@ -369,3 +369,31 @@ def test_a_link_in_final_is_refused_never_uploaded(client, experiment, tmp_path)
     with pytest.raises(UserError, match="card.json"):
         relay.finish(succeeded=True, final_dir=final)
     assert client.list_artifacts(run_id, "final") == []
+
+
+@pytest.mark.parametrize("plant", ["link", "fifo"])
+def test_relay_never_follows_a_link_or_waits_on_a_fifo_as_metrics_jsonl(tmp_path, plant):
+    """A run dir is not trusted: metrics.jsonl as a link was read (outside the run dir), as a FIFO it
+    blocked the relay's pump."""
+    import os
+
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text(json.dumps({"step": 1, "secret": 42.0}) + "\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    sent, logged = [], []
+
+    class Client:
+        def log_batch(self, run_id, **call):
+            sent.append(call)
+
+    relay = TrackingRelay(run_dir, open_run=lambda: (Client(), "r1"), flush_every_s=0.05, log=logged.append)
+    relay.run_id, relay.client = "r1", Client()
+    if plant == "link":
+        (run_dir / "metrics.jsonl").symlink_to(outside)
+    else:
+        os.mkfifo(run_dir / "metrics.jsonl")
+    done = threading.Event()
+    threading.Thread(target=lambda: (relay.pump(), relay.pump(), done.set()), daemon=True).start()
+    assert done.wait(5), "the pump blocked"
+    assert sent == [] and len([m for m in logged if "not a regular file" in m]) == 1

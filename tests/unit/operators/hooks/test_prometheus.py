@@ -94,3 +94,55 @@ def test_close_lingers_until_a_scrape_reads_the_final_values_and_no_longer(tmp_p
     started = time.monotonic()
     quiet.close()  # nobody scrapes: the linger bounds the wait
     assert 0.25 < time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("plant", ["link", "fifo"])
+def test_earlier_tries_are_read_only_from_a_regular_metrics_file(tmp_path, plant):
+    """It followed a link out of the run dir, and waited for ever on a FIFO before the retry's gang."""
+    import os
+
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text(json.dumps({"event": "preempted", "step": 7}) + "\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if plant == "link":
+        (run_dir / "metrics.jsonl").symlink_to(outside)
+    else:
+        os.mkfifo(run_dir / "metrics.jsonl")
+    exporter = GangExporter(LABELS, address=("127.0.0.1", 0), targets_dir=tmp_path / "targets", log=lambda m: None)
+    try:
+        done = threading.Event()
+        threading.Thread(target=lambda: (exporter.read_earlier_tries(run_dir), done.set()), daemon=True).start()
+        assert done.wait(5), "read_earlier_tries blocked"
+        assert exporter._earlier == []
+    finally:
+        exporter.close()
+
+
+def test_a_promotion_whose_metrics_port_is_taken_only_warns(tmp_path, monkeypatch):
+    """Promote published its series after moving @champion: a taken port failed the task then."""
+    import socket
+
+    from operators.hooks.prometheus import publish_promotion
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    monkeypatch.setenv("GANGFLOW_METRICS", f"127.0.0.1:{busy.getsockname()[1]}")
+    monkeypatch.setenv("GANGFLOW_HOME", str(tmp_path))
+    logged: list[str] = []
+    try:
+        publish_promotion(LABELS, mlflow_run_id="r", model_name="m", model_version="3", promoted=True, log=logged.append)
+    finally:
+        busy.close()
+    assert len(logged) == 1 and "warning: no Prometheus metrics for this promotion" in logged[0]
+
+
+def test_an_exporter_whose_target_cannot_be_written_does_not_stay_up(tmp_path):
+    targets = tmp_path / "targets"
+    targets.write_text("a file where the folder should be")
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(OSError):
+        GangExporter(LABELS, address=("127.0.0.1", 0), targets_dir=targets, log=lambda m: None)
+    time.sleep(0.2)
+    assert not [t for t in threading.enumerate() if t.name not in before and t.is_alive()]
