@@ -153,8 +153,11 @@ def metrics_address() -> tuple[str, int] | None:
     if value in ("", "off"):
         return None
     host, _, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):  # an IPv6 address as URLs write it: [::1]:9400
+        host = host[1:-1]
     if not host or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"{METRICS_ENV}={value!r}: accepted values are off or HOST:PORT (e.g. 127.0.0.1:0, port 0 for a free one)")
+        raise ValueError(f"{METRICS_ENV}={value!r}: accepted values are off or HOST:PORT (e.g. 127.0.0.1:0, [::1]:0, port 0 "
+                         "for a free one)")
     return host, int(port)
 
 

@@ -49,6 +49,8 @@ def test_metrics_are_off_unless_asked_and_the_linger_is_bounded(monkeypatch):
     assert settings.metrics_address() is None and GangExporter.from_settings(LABELS) is None
     monkeypatch.setenv("GANGFLOW_METRICS", "127.0.0.1:0")
     assert settings.metrics_address() == ("127.0.0.1", 0)
+    monkeypatch.setenv("GANGFLOW_METRICS", "[::1]:9400")  # it failed later, in getaddrinfo, as if the port were taken
+    assert settings.metrics_address() == ("::1", 9400)
     monkeypatch.setenv("GANGFLOW_METRICS_LINGER_S", "-1")
     with pytest.raises(ValueError, match="GANGFLOW_METRICS_LINGER_S='-1': accepted values are seconds from 0 to 600"):
         settings.metrics_linger_s()
