@@ -45,13 +45,18 @@ def rank_main(module: str, *argv: str) -> None:
 
 def parse(argv: list[str]):
     """torchrun's own options; (LaunchConfig, [entry module, *its arguments]). LaunchError when the
-    entry point is not `-m trainer` / `-m trainer.user` or the options ask for a start method other than fork."""
-    args = torchrun.parse_args(argv)
+    entry point is not `-m trainer` / `-m trainer.user` or its own options name a start method
+    (the ranks are always forked)."""
+    parser = torchrun.get_args_parser()
+    # None unless given: only the launcher's own options, before the entry module, can give it
+    # (in any spelling argparse accepts); the training program's arguments after it are its own.
+    parser.set_defaults(start_method=None)
+    args = parser.parse_args(argv)
     if not args.module or args.training_script not in ENTRY_MODULES or args.no_python or args.run_path:
         given = " ".join(filter(None, ["-m" if args.module else "", args.training_script]))
         raise LaunchError(f"trainer.launch runs `-m {ENTRY_MODULE}` or `-m trainer.user` only, got {given!r}: "
                           "use torchrun for other entry points")
-    if any(item.split("=")[0] in ("--start-method", "--start_method") for item in argv):
+    if args.start_method is not None:
         raise LaunchError("--start-method: trainer.launch always forks the ranks; use torchrun to choose another")
     args.start_method = "fork"
     # The rendezvous defaults of torchrun's run(): a local c10d store on a free port for one node.

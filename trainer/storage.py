@@ -223,11 +223,19 @@ _fsync_pool: ThreadPoolExecutor | None = None
 def _own_file(name: str, dir_fd: int) -> int:
     """`name` in the folder `dir_fd` opened for writing (no O_TRUNC: `write_folder` overwrites in
     place), never through a link: a file there that has another name (a hard link to a file
-    elsewhere, a `cp -al` backup's) is unlinked and a new one created, so that one is never written."""
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
-    if os.fstat(fd).st_nlink == 1:
-        return fd
-    os.close(fd)
+    elsewhere, a `cp -al` backup's) or is not a regular file (a FIFO, never waited on) is unlinked
+    and a new one created, so that one is never written."""
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # ENXIO: a FIFO with no reader
+            raise
+    else:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+            os.set_blocking(fd, True)
+            return fd
+        os.close(fd)
     os.unlink(name, dir_fd=dir_fd)
     # O_EXCL: a name linked in again since the unlink is an error, never written through.
     return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -31,12 +32,24 @@ from operators.failures.evidence import MPI_RANK_LINE, parse_mpirun_failure
 from operators.utils.oom import oom_kill_count
 from operators.utils.ports import free_port
 from operators.utils.processes import stop_group_nowait
+from trainer.storage import LinkInPath, is_real_dir, read_json_record, read_regular
 from trainer.urls import credentials_refusal, has_credentials, redact_url
 
 LOG_TAIL_LINES = 60
 _RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$")
 _RESUMED = re.compile(r"gangflow: resuming from checkpoint step-(\d+)")
 _FAILURE_FIELD = re.compile(r"^\s+(rank|exitcode|error_file)\s*:\s*(.*)$")
+_FIELD_NUMBER = re.compile(r"-?[0-9]{1,9}\b")
+_ERROR_RECORD = re.compile(r"rank-([0-9]{1,6})\.json")
+ERROR_FILE_LIMIT = 4 << 20  # bytes read of a rank's error record or TorchElastic error file
+
+
+def signal_name(number: int) -> str:
+    """SIGKILL for 9; SIG40 for a signal Python has no name for (most real-time ones)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"
 
 
 def parse_torchrun_failures(text: str) -> list[dict]:
@@ -44,21 +57,24 @@ def parse_torchrun_failures(text: str) -> list[dict]:
     failures: list[dict] = []
     root_cause = False
     current: dict | None = None
+    seen: set[str] = set()
     for line in text.splitlines():
         if line.startswith("Root Cause"):
             root_cause = True
         elif re.match(r"^\[\d+\]:$", line):
-            current = {"root_cause": root_cause}
+            current, seen = {"root_cause": root_cause}, set()
             failures.append(current)
-        elif current is not None and (m := _FAILURE_FIELD.match(line)):
+        elif current is not None and (m := _FAILURE_FIELD.match(line)) and m.group(1) not in seen:
+            # torchrun prints each field once, before the traceback: a traceback line that looks like one is not
             key, value = m.group(1), m.group(2).strip()
-            if key == "rank":
-                current["rank"] = int(value.split()[0])
-            elif key == "exitcode":
-                code = int(value.split()[0])
-                current["exit_code"] = code
+            seen.add(key)
+            number = _FIELD_NUMBER.match(value)
+            if key == "rank" and number:
+                current["rank"] = int(number.group())
+            elif key == "exitcode" and number:
+                code = current["exit_code"] = int(number.group())
                 if code < 0:
-                    current["signal"] = signal.Signals(-code).name
+                    current["signal"] = signal_name(-code)
             elif key == "error_file" and value != "<N/A>":
                 current["error_file_path"] = value
     return sorted(failures, key=lambda f: not f["root_cause"])
@@ -90,15 +106,54 @@ def mpirun_path() -> str:
 
 def errors_since(run_dir: Path, since: float) -> dict[int, dict]:
     """The ranks' error records (DIR/errors/rank-R.json) written in this try, by rank: a record of
-    an earlier try of the same run dir is not this one's evidence."""
+    an earlier try of the same run dir is not this one's evidence, nor one that is not a regular
+    file (a link, a FIFO; a linked errors/ is not read), too large, or not a JSON object."""
+    folder = Path(run_dir) / "errors"
+    if not is_real_dir(folder):
+        return {}
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return {}
     records = {}
-    for path in sorted((run_dir / "errors").glob("rank-*.json")):
-        try:
-            if path.stat().st_mtime >= since - 1:
-                records[int(path.stem.split("-", 1)[1])] = json.loads(path.read_text())
-        except (OSError, ValueError):
+    for name in names:
+        if not (m := _ERROR_RECORD.fullmatch(name)):
             continue
+        try:
+            fresh = os.lstat(folder / name).st_mtime >= since - 1
+        except OSError:
+            continue
+        if fresh and (record := read_json_record(folder / name, limit=ERROR_FILE_LIMIT)):
+            records[int(m.group(1))] = record
     return records
+
+
+def error_file(path: str | os.PathLike) -> dict | None:
+    """A TorchElastic error file (its JSON object, else its text as the message), or None when it
+    is missing, too large or not a regular file (a link or a FIFO is never followed or opened)."""
+    try:
+        raw = read_regular(path, limit=ERROR_FILE_LIMIT).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    try:
+        record = json.loads(raw)
+    except (ValueError, RecursionError):
+        record = None
+    return record if isinstance(record, dict) else {"message": raw[:4000]}
+
+
+def run_dir_folder(run_dir: str | os.PathLike, *parts: str) -> Path:
+    """RUN_DIR/PARTS, each folder made as needed and none through a link: LinkInPath (ELOOP) names
+    a link (or anything but a folder) on the way. Links above the run dir are the deployment's."""
+    path = Path(run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    for name in parts:
+        path = path / name
+        with contextlib.suppress(FileExistsError):
+            path.mkdir()  # never follows a link at its last part: a link there "exists"
+        if not is_real_dir(path):
+            raise LinkInPath(errno.ELOOP, f"{path} is a link or not a folder; links in a run dir are never followed for writing")
+    return path
 
 
 def mpirun_evidence(exit_code: int, agent_text: str, rank_tails: dict, run_dir: Path, launched_at: float) -> dict:
@@ -333,8 +388,7 @@ class LocalBackend(ProcessGangBackend):
         return env
 
     def _launch(self, spec: GangSpec, log: LogFn, pauses: set[str]) -> GangResult:
-        log_dir = Path(spec.run_dir) / spec.launcher / f"try-{spec.attempt}"
-        log_dir.mkdir(parents=True, exist_ok=True)
+        log_dir = run_dir_folder(spec.run_dir, spec.launcher, f"try-{spec.attempt}")
         env = self.environment(spec)
         mpi = spec.launcher == "mpirun"
         if mpi:
@@ -383,12 +437,8 @@ class LocalBackend(ProcessGangBackend):
             item = {k: failure[k] for k in ("exit_code", "signal") if k in failure}
             item["rank"] = rank
             item["log_tail"] = "\n".join(rank_tails.get(rank, ()))
-            path = failure.get("error_file_path")
-            if path and Path(path).is_file():
-                try:
-                    item["error_file"] = json.loads(Path(path).read_text())
-                except ValueError:
-                    item["error_file"] = {"message": Path(path).read_text()[:4000]}
+            if (path := failure.get("error_file_path")) and (record := error_file(path)) is not None:
+                item["error_file"] = record
             ranks.append(item)
         if not ranks:  # torchrun itself failed (bad flags, rendezvous): its own output is the evidence
             # A negative code is the signal that killed torchrun (-9: SIGKILL): keep its sign.

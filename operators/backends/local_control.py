@@ -19,9 +19,11 @@ from typing import Any
 from operators.backends.base import GANG_NAME
 from operators.config import settings
 from operators.exceptions import GangControlError
-from trainer.storage import write_json
+from trainer.storage import read_regular, remove_local, write_json
 
 _MARKER_LIMIT = 4096  # bytes read of a pause marker
+_RECORD_LIMIT = 64 << 10  # bytes read of a gang's record
+_PID_MAX = 2**31 - 1  # the largest pid_t
 
 
 def gangs_dir() -> Path:
@@ -46,18 +48,21 @@ def register(gang: str, *, run_dir: str) -> None:
 def unregister(gang: str) -> None:
     """The gang ended: forget it, and a pause nobody resumed."""
     for suffix in (".json", ".paused"):
-        _path(gang, suffix).unlink(missing_ok=True)
+        remove_local(_path(gang, suffix))  # whatever is there: a folder too, a link itself
 
 
 def _running(gang: str) -> dict[str, Any]:
     path = _path(gang, ".json")
     try:
-        record = json.loads(_read_nofollow(path))
-        pid = int(record["pid"])
+        record = json.loads(read_regular(path, limit=_RECORD_LIMIT))  # never a FIFO, a folder or a link
+        pid = record["pid"]
+        # a pid <= 0 would name a process group (or all processes) to os.kill, a huge one overflows it
+        if type(pid) is not int or not 0 < pid <= _PID_MAX:
+            raise ValueError(f"pid {pid!r} is not a process id")
     except FileNotFoundError:
         raise GangControlError(f"gang {gang!r}: no running local gang of that name in {path.parent} (is GANGFLOW_HOME "
                                "the Airflow worker's? a Kubernetes gang needs --namespace)") from None  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, RecursionError, KeyError, TypeError) as exc:
         raise GangControlError(f"gang {gang!r}: its record {path} is unreadable ({type(exc).__name__}: {exc})") from None
     try:
         os.kill(pid, 0)
@@ -68,22 +73,15 @@ def _running(gang: str) -> dict[str, Any]:
     return record
 
 
-def _read_nofollow(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        return os.read(fd, _MARKER_LIMIT)
-    finally:
-        os.close(fd)
-
-
 def pause_note(gang: str) -> tuple[str, str] | None:
-    """(pause id, note) while the gang is paused, else None."""
+    """(pause id, note) while the gang is paused, else None. Anything at the marker's name is a
+    pause (`resume` removes it); only a regular file is read, so that no look ever blocks."""
     try:
-        marker = json.loads(_read_nofollow(_path(gang, ".paused")))
+        marker = json.loads(read_regular(_path(gang, ".paused"), limit=_MARKER_LIMIT))
         return str(marker["id"]), str(marker["note"])
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError):  # half-written or foreign: still a pause
+    except (OSError, ValueError, RecursionError, KeyError, TypeError):  # half-written, foreign, a FIFO: still a pause
         return "unreadable", "paused (marker unreadable)"
 
 
@@ -99,15 +97,17 @@ def pause(gang: str, reason: str = "") -> dict[str, Any]:
         raise GangControlError(f"gang {gang!r}: already paused ({current[1] if current else 'paused'})") from None
     with os.fdopen(fd, "w") as fh:
         json.dump({"id": uuid.uuid4().hex, "note": note}, fh)
-    return {"gang": gang, "backend": "local", "paused": True, "run_dir": record["run_dir"], "time": stamp}
+    return {"gang": gang, "backend": "local", "paused": True, "run_dir": record.get("run_dir"), "time": stamp}
 
 
 def resume(gang: str) -> dict[str, Any]:
     """Let the task launch `gang` again (it resumes from the pause's final checkpoint); what was done."""
     record = _running(gang)
-    try:
-        _path(gang, ".paused").unlink()
-    except FileNotFoundError:
-        raise GangControlError(f"gang {gang!r}: is not paused") from None
-    return {"gang": gang, "backend": "local", "paused": False, "run_dir": record["run_dir"],
+    path = _path(gang, ".paused")
+    if not os.path.lexists(path):
+        raise GangControlError(f"gang {gang!r}: is not paused")
+    remove_local(path)  # a marker that is not a regular file (a folder, a FIFO, a link) too: else the task waits for ever
+    if os.path.lexists(path):
+        raise GangControlError(f"gang {gang!r}: its pause marker {path} could not be removed; remove it to resume the gang")
+    return {"gang": gang, "backend": "local", "paused": False, "run_dir": record.get("run_dir"),
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip

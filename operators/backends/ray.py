@@ -16,20 +16,25 @@ imports Ray and a kill stops the driver, its cluster and the workers together. I
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import os
 import secrets
 import signal
+import stat
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import TextIO
 
 from operators.backends.base import GangResult, GangSpec, LogFn, driver_argv
-from operators.backends.local import LocalBackend, ProcessGangBackend, errors_since
+from operators.backends.local import LocalBackend, ProcessGangBackend, errors_since, run_dir_folder
 from operators.exceptions import GangCapacityError
 from operators.failures.evidence import RESULT_PREFIX, DriverOutput
+from trainer.storage import LinkInPath
 
 # Ray Train's placement-group cleaner polls the State API, which the dashboard serves; without the
 # dashboard it says so every second. Kept in the driver's log file, not repeated in the task log.
@@ -38,6 +43,19 @@ _NOISE = "State API may be temporarily unavailable"
 EXPORTED = ("PYTHONPATH", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "GANGFLOW_HOME", "GANGFLOW_PROJECT",
             "GANGFLOW_FAULT", "GANGFLOW_ALLOW_FAULTS", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION",
             "RAY_TRAIN_ENABLE_PRINT_PATCH")
+
+
+def open_new_log(path: Path) -> TextIO:
+    """`path` written anew, never through what is there: a link, a FIFO or anything but a regular
+    file is refused (LinkInPath names it); a file with another name (a `cp -al` backup's) is
+    unlinked, not emptied."""
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            raise LinkInPath(errno.ELOOP, f"{path} is a link or not a regular file; links in a run dir are never "
+                                          "followed for writing")
+        os.unlink(path)
+    # O_EXCL: a name that appeared since is an error, never followed or opened
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644), "w")
 
 
 class RayBackend(ProcessGangBackend):
@@ -92,9 +110,8 @@ class RayBackend(ProcessGangBackend):
         log(f"launching gang of {spec.world_size} Ray Train workers: {' '.join(cmd)}")
         launched_at = time.time()
         output = DriverOutput()
-        log_path = Path(spec.run_dir) / "ray" / f"try-{spec.attempt}.log"  # the driver's own output, as printed
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "w") as raw_log, self._gang_process(cmd, spec, log, pauses, env=env, cwd=project) as proc:
+        log_path = run_dir_folder(spec.run_dir, "ray") / f"try-{spec.attempt}.log"  # the driver's own output, as printed
+        with open_new_log(log_path) as raw_log, self._gang_process(cmd, spec, log, pauses, env=env, cwd=project) as proc:
             for raw in proc.stdout:
                 raw_log.write(raw)
                 rank, text = output.feed(raw)

@@ -36,6 +36,26 @@ def test_refuses_what_it_does_not_run(argv, message):
     assert message in str(refused.value)
 
 
+@pytest.mark.parametrize("argv", [
+    ["--standalone", "--nproc-per-node", "1", "-m", "trainer.user", "--run-dir", "/r", "--module", "mypkg.train",
+     "--", "--start-method", "spawn"],
+    ["--standalone", "--nproc-per-node", "1", "-m", "trainer", "--run-dir", "/r", "--set", "x.y=--start_method=fork"],
+])  # fmt: skip
+def test_the_training_programs_own_arguments_are_not_the_launchers(argv):
+    from trainer.launch import parse
+
+    config, entry = parse(argv)
+    assert entry == argv[argv.index("-m") + 1:] and config.start_method == "fork"
+
+
+@pytest.mark.parametrize("option", [["--start-m", "spawn"], ["--start_method", "fork"]])
+def test_a_start_method_given_to_the_launcher_in_any_spelling_is_refused(option):
+    from trainer.launch import LaunchError, parse
+
+    with pytest.raises(LaunchError, match="--start-method"):
+        parse(["--standalone", *option, "--nproc-per-node", "1", "-m", "trainer"])
+
+
 def test_the_local_backend_launches_through_it_unless_told_otherwise(tmp_path):
     from operators.backends.base import GangSpec
 

@@ -194,3 +194,16 @@ def test_a_json_record_is_read_only_when_it_is_a_plain_regular_object(tmp_path):
     (tmp_path / "list.json").write_text("[1]")
     for name in ("link.json", "fifo.json", "list.json", "missing.json"):
         assert storage.read_json_record(tmp_path / name) == {}
+
+
+def test_write_folder_replaces_a_fifo_it_finds_never_waiting_on_it(tmp_path):
+    """A recycled checkpoint folder is written in place: a FIFO planted under a file's name made the
+    write wait for ever for a reader (O_WRONLY on a FIFO blocks)."""
+    import threading
+
+    os.mkfifo(tmp_path / "model.safetensors")
+    done = threading.Event()
+    threading.Thread(target=lambda: (storage.write_folder(tmp_path, {"model.safetensors": b"weights"}, durable=False),
+                                     done.set()), daemon=True).start()
+    assert done.wait(5), "write_folder blocked on the FIFO"
+    assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "model.safetensors").read_bytes() == b"weights"

@@ -93,6 +93,77 @@ def test_the_pause_marker_is_never_written_through_a_link(home, tmp_path):
     assert local_control.pause_note("g-3") == ("unreadable", "paused (marker unreadable)")
 
 
+def _in_thread(fn, timeout: float = 5.0):
+    """fn()'s result, or a failure when it has not returned within `timeout` (it blocked)."""
+    out = {}
+    thread = threading.Thread(target=lambda: out.setdefault("value", fn()), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"blocked for more than {timeout}s"
+    return out["value"]
+
+
+def test_a_pause_marker_that_is_a_fifo_is_a_pause_never_opened_and_resume_removes_it(home):
+    local_control.register("g-4", run_dir="/r")
+    marker = home / "gangs" / "g-4.paused"
+    os.mkfifo(marker)
+    assert _in_thread(lambda: local_control.pause_note("g-4")) == ("unreadable", "paused (marker unreadable)")
+    code, out = _in_thread(lambda: control(["pause", "g-4", "--local"]))
+    assert code == 1 and "already paused" in out["error"]
+    assert _in_thread(lambda: control(["resume", "g-4", "--local"]))[0] == 0
+    assert not os.path.lexists(marker) and local_control.pause_note("g-4") is None
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "link"])
+def test_a_gang_record_that_is_not_a_regular_file_is_an_error_naming_it(home, tmp_path, kind):
+    record = home / "gangs" / "g-5.json"
+    record.parent.mkdir(parents=True)
+    if kind == "fifo":
+        os.mkfifo(record)
+    elif kind == "folder":
+        record.mkdir()
+    else:
+        (tmp_path / "elsewhere.json").write_text(json.dumps({"gang": "g-5", "pid": os.getpid(), "run_dir": "/r"}))
+        record.symlink_to(tmp_path / "elsewhere.json")
+    code, out = _in_thread(lambda: control(["pause", "g-5", "--local"]))
+    assert code == 1 and f"its record {record} is unreadable" in out["error"]
+    assert not os.path.lexists(home / "gangs" / "g-5.paused")
+
+
+@pytest.mark.parametrize("pid", [2**70, 0, -1, "12x", True])
+def test_a_gang_record_whose_pid_is_not_a_process_id_is_an_error_naming_it(home, pid):
+    record = home / "gangs" / "g-6.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"gang": "g-6", "pid": pid, "run_dir": "/r"}))
+    for action in ("pause", "resume"):
+        code, out = control([action, "g-6", "--local"])
+        assert code == 1 and f"its record {record} is unreadable" in out["error"], out
+    assert not os.path.lexists(home / "gangs" / "g-6.paused")
+
+
+def test_a_gang_record_without_its_run_dir_is_still_paused_and_resumed(home):
+    record = home / "gangs" / "g-8.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"gang": "g-8", "pid": os.getpid()}))
+    code, out = control(["pause", "g-8", "--local"])
+    assert code == 0 and out["paused"] is True and out["run_dir"] is None
+    code, out = control(["resume", "g-8", "--local"])
+    assert code == 0 and out["paused"] is False
+
+
+def test_resume_removes_a_pause_marker_that_is_a_folder(home):
+    local_control.register("g-7", run_dir="/r")
+    marker = home / "gangs" / "g-7.paused"
+    (marker / "inside").mkdir(parents=True)
+    assert local_control.pause_note("g-7") == ("unreadable", "paused (marker unreadable)")
+    code, out = control(["resume", "g-7", "--local"])
+    assert code == 0 and out["paused"] is False, out
+    assert not os.path.lexists(marker) and local_control.pause_note("g-7") is None
+    marker.mkdir()  # one nobody resumed is forgotten with the gang
+    local_control.unregister("g-7")
+    assert list((home / "gangs").iterdir()) == []
+
+
 # --- the backend around a pause --------------------------------------------------------------
 
 # Stands in for torchrun: the first launch runs until SIGTERM, then "commits" and exits 75 as the
@@ -156,6 +227,22 @@ def test_a_gang_killed_while_paused_ends_at_once_and_is_not_launched_again(home,
     assert not result.succeeded and result.detail == "stopped while paused" and result.pauses == 1
     assert not any("launching it again" in x for x in log)
     assert list((home / "gangs").iterdir()) == []  # the pause nobody resumed is forgotten too
+
+
+def test_a_fifo_as_the_pause_marker_never_blocks_the_task_and_kill_ends_it(home, tmp_path):
+    spec = GangSpec(name="fifo-gang", run_dir=str(tmp_path / "run"), world_size=1, config_path="params.yaml")
+    Path(spec.run_dir).mkdir()
+    (home / "gangs").mkdir(parents=True)
+    os.mkfifo(home / "gangs" / "fifo-gang.paused")
+    backend, log, out = _ScriptBackend(grace_period_s=10), [], {}
+    thread = threading.Thread(target=lambda: out.setdefault("result", backend.run(spec, log.append)), daemon=True)
+    thread.start()
+    _wait_for(lambda: any("waiting for" in x for x in log), "the wait", timeout=5)
+    backend.kill()
+    thread.join(5)
+    assert not thread.is_alive() and out["result"].detail == "stopped while paused"
+    assert not (tmp_path / "run" / "started").exists()
+    assert list((home / "gangs").iterdir()) == []
 
 
 def test_a_gang_whose_output_cannot_be_read_is_stopped_and_reaped_with_its_pause_watch(home, tmp_path):
