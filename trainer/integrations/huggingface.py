@@ -11,7 +11,8 @@
 `output_dir`, a local scratch folder) through `run.save_checkpoint(step, folder=...)`, so it follows
 contract 2 wherever the run dir is; `resume_checkpoint(run)` is the folder of the newest committed
 one, for `Trainer.train(resume_from_checkpoint=...)`. Logged metrics go to `run.report`, the
-fault hook and the preemption flag to every optimizer step.
+fault hook and the preemption flag to every optimizer step. `load_best_model_at_end=True` is
+refused: the local copy of a committed checkpoint is removed, and a retry may run elsewhere.
 
 The ranks run offline: importing this module sets `HF_HUB_OFFLINE=1` unless the environment
 already says otherwise (`HF_HUB_OFFLINE=0` allows downloads), since a rank must not wait on, or
@@ -66,6 +67,18 @@ def resume_checkpoint(run: Any) -> str | None:
     return str(checkpoint.folder)
 
 
+def check_arguments(args: Any) -> None:
+    """Refuse the `TrainingArguments` gangflow cannot honour (ValueError)."""
+    if getattr(args, "load_best_model_at_end", False):
+        # The Trainer reloads the best checkpoint-N from its output_dir at the end; gangflow removes
+        # each local copy once committed, and keep_last may prune the committed one.
+        raise ValueError("TrainingArguments(load_best_model_at_end=True) is not supported under gangflow: each "
+                         "checkpoint is committed to the run dir and its local copy removed (and a retry may resume on "
+                         "another machine), so the Trainer would end with the last weights, not the best. Set "
+                         "load_best_model_at_end=False (evaluation metrics still reach run.report; "
+                         "EarlyStoppingCallback needs only metric_for_best_model)")
+
+
 class GangflowCallback(TrainerCallback):
     """Commits the Trainer's checkpoints (contract 2), reports its logs, runs the fault and
     preemption hooks."""
@@ -73,6 +86,10 @@ class GangflowCallback(TrainerCallback):
     def __init__(self, run: Any) -> None:
         self.run = run
         self._preempted = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        check_arguments(args)  # also when the callback was added without train()
+        return control
 
     def on_step_end(self, args, state, control, **kwargs):
         self.run.step_done(state.global_step)
@@ -114,12 +131,16 @@ def train(trainer: Any, run: Any, *, checkpoint: str | None | object = _LOAD, **
     if "resume_from_checkpoint" in train_kwargs:
         raise TypeError("train(): gangflow chooses resume_from_checkpoint (its last committed checkpoint; "
                         "pass checkpoint=resume_checkpoint(run) if the code needs it before training)")
-    from transformers.trainer_callback import PrinterCallback
+    check_arguments(trainer.args)
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from transformers.utils import logging as hf_logging
 
     if not any(isinstance(cb, GangflowCallback) for cb in trainer.callback_handler.callbacks):
         trainer.add_callback(GangflowCallback(run))
-    trainer.remove_callback(PrinterCallback)  # gangflow's progress line (run.step_done) replaces it
+    # The Trainer's printers (tqdm bars, or log dicts with disable_tqdm): gangflow's progress line
+    # (run.step_done) and run.report replace them.
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar per save in the task log
     # A killed attempt can leave a half-written checkpoint-N in the output folder: only committed
     # checkpoints resume, so the Trainer's own leftovers (and nothing else there) are removed.

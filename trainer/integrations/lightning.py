@@ -14,21 +14,26 @@ scratch folder at the end of every `every_n_epochs`-th training epoch and commit
 through `run.save_checkpoint(step, folder=...)` (contract 2); `ckpt_path(run)` is the newest
 committed one's `lightning.ckpt`, for `Trainer.fit(ckpt_path=...)`. Epoch ends are where
 Lightning resumes exactly (a mid-epoch checkpoint restarts its epoch's data); a SIGTERM still saves
-at once, mid-epoch, then `run.exit_preempted()`. `GangflowLogger` sends what `self.log` logs to
-`run.report`.
+at the next training batch end or validation start or end, mid-epoch, then `run.exit_preempted()`.
+During `fit` gangflow's SIGTERM handler replaces Lightning's own (whose `SIGTERMException` would
+end the rank as a user error). `GangflowLogger` sends what `self.log` logs to `run.report`.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
+import threading
 from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 #: The file name of Lightning's checkpoint inside a committed folder.
 CHECKPOINT_FILE = "lightning.ckpt"
@@ -54,11 +59,47 @@ class GangflowCheckpoint(Callback):
             raise ValueError(f"every_n_epochs={every_n_epochs!r}: must be an integer >= 1")
         self.run = run
         self.every_n_epochs = every_n_epochs
+        self._sigterm: Any = None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        # gangflow's SIGTERM handler (runtime.init() installed it), before Lightning registers its own
+        self._sigterm = signal.getsignal(signal.SIGTERM)
+
+    def on_sanity_check_start(self, trainer, pl_module) -> None:
+        self._take_sigterm_back()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._take_sigterm_back()
+
+    def _take_sigterm_back(self) -> None:
+        # Lightning's handler makes its loops raise SIGTERMException on the signalled rank alone
+        # (and broadcasts from inside the handler): gangflow's flag, agreed by every rank at the
+        # hooks below, decides instead. Lightning's teardown restores gangflow's handler anyway.
+        if callable(self._sigterm) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._sigterm)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.run.step_done(trainer.global_step)
-        if self.run.should_stop:  # SIGTERM (any rank): a final checkpoint, then exit 75 (the retry resumes)
+        self._stop_if_preempted(trainer)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._stop_if_preempted(trainer)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        # Polled once per validation, not per batch: ranks may run unequal numbers of validation
+        # batches, and should_stop is a collective.
+        self._stop_if_preempted(trainer)
+
+    def _stop_if_preempted(self, trainer) -> None:
+        """SIGTERM (any rank): a final checkpoint, then exit 75 (the retry resumes)."""
+        if trainer.state.fn == TrainerFn.FITTING and self.run.should_stop:
             self.save(trainer)
+            self.run.exit_preempted()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        # Lightning saw a SIGTERM first (outside fit's training, e.g. trainer.validate()): a
+        # preemption, not a user error; the last committed checkpoint stands.
+        if isinstance(exception, SIGTERMException):
             self.run.exit_preempted()
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
@@ -66,8 +107,11 @@ class GangflowCheckpoint(Callback):
             self.save(trainer)
 
     def save(self, trainer) -> None:
-        """Lightning's checkpoint of now, committed as step `trainer.global_step` (every rank calls it)."""
+        """Lightning's checkpoint of now, committed as step `trainer.global_step` (every rank calls
+        it); before the first optimizer step there is nothing to commit."""
         step = trainer.global_step
+        if step < 1:
+            return
         # Written by global rank 0 (strategy.save_checkpoint), then a barrier; the others pass
         # their own, empty folder: the runtime commits rank 0's. The scratch folder goes with the
         # save (a preempted rank exits right after it, without Lightning's teardown).

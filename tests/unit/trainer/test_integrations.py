@@ -68,7 +68,9 @@ def reported(tmp_path) -> list[dict]:
 # Hugging Face
 
 
-def hf_trainer(output_dir: str, max_steps: int, *, callbacks=()):
+def hf_trainer(output_dir: str, max_steps: int, *, callbacks=(), **arguments):
+    """A tiny GPT-2 Trainer; `arguments` override its TrainingArguments (with eval_strategy, the
+    eval set is the first 8 rows)."""
     from trainer.integrations import huggingface  # noqa: F401 - the offline default first
 
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, default_data_collator
@@ -78,11 +80,12 @@ def hf_trainer(output_dir: str, max_steps: int, *, callbacks=()):
                                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
     ids = torch.randint(0, 32, (24, 8), generator=torch.Generator().manual_seed(1))
     data = [{"input_ids": row, "labels": row} for row in ids]
-    args = TrainingArguments(output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=4, learning_rate=1e-2,
-                             save_strategy="steps", save_steps=2, logging_steps=1, report_to=[], disable_tqdm=True,
-                             use_cpu=True, seed=0, dataloader_num_workers=0)  # fmt: skip
+    args = TrainingArguments(**{**dict(output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=4,
+                                       learning_rate=1e-2, save_strategy="steps", save_steps=2, logging_steps=1,
+                                       report_to=[], disable_tqdm=True, use_cpu=True, seed=0, dataloader_num_workers=0),
+                                **arguments})  # fmt: skip
     return Trainer(model=model, args=args, train_dataset=data, data_collator=default_data_collator,
-                   callbacks=list(callbacks))
+                   eval_dataset=data[:8] if "eval_strategy" in arguments else None, callbacks=list(callbacks))
 
 
 class StepsSeen:
@@ -192,11 +195,49 @@ def test_hf_train_refuses_a_resume_path_of_its_own(env):
         gangflow_hf.train(hf_trainer(gangflow_hf.scratch_dir(run), max_steps=2), run, resume_from_checkpoint="/x")
 
 
+def test_hf_refuses_load_best_model_at_end(env, tmp_path):
+    from trainer.integrations import huggingface as gangflow_hf
+
+    run = env()
+    best = dict(eval_strategy="steps", eval_steps=2, load_best_model_at_end=True, metric_for_best_model="eval_loss")
+    # the best checkpoint-N's local copy is gone once committed (and on a retry's machine): the
+    # Trainer would end with the last weights, so the argument is refused before any step
+    with pytest.raises(ValueError, match="load_best_model_at_end=True"):
+        gangflow_hf.train(hf_trainer(gangflow_hf.scratch_dir(run), max_steps=4, **best), run)
+    # also when the callback is added by hand
+    by_hand = [gangflow_hf.GangflowCallback(run)]
+    trainer = hf_trainer(gangflow_hf.scratch_dir(run), max_steps=4, callbacks=by_hand, **best)
+    with pytest.raises(ValueError, match="load_best_model_at_end=True"):
+        trainer.train()
+    assert not (tmp_path / "run" / "checkpoints").is_dir() or committed(tmp_path) == []
+
+
+@pytest.mark.parametrize("disable_tqdm", [False, True])
+def test_hf_train_removes_the_trainers_progress_printers(env, capsys, disable_tqdm):
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from trainer.integrations import huggingface as gangflow_hf
+
+    run = env()
+    trainer = hf_trainer(gangflow_hf.scratch_dir(run), max_steps=2, disable_tqdm=disable_tqdm,
+                         eval_strategy="steps", eval_steps=2)
+    gangflow_hf.train(trainer, run)
+    kinds = {type(cb) for cb in trainer.callback_handler.callbacks}
+    assert not kinds & {PrinterCallback, ProgressCallback}
+    out = capsys.readouterr()
+    # neither tqdm bars nor printed log dicts: gangflow's progress line and run.report carry them
+    assert "{'loss'" not in out.out + out.err and "{'eval_loss'" not in out.out + out.err and "it/s" not in out.err
+
+
 # --------------------------------------------------------------------------------------------
 # Lightning
 
 
-def pl_fit(run, max_epochs: int, *, every_n_epochs: int = 1, seen: list | None = None):
+def pl_fit(run, max_epochs: int, *, every_n_epochs: int = 1, seen: list | None = None, validated: list | None = None,
+           **trainer_args):
+    """Fit a tiny module (4 steps an epoch); `seen` records (epoch, batch) of each training step,
+    `validated` (given: a validation set of 4 batches) each validation step's; `trainer_args`
+    override L.Trainer's."""
     import lightning as L
 
     from trainer.integrations import lightning as gangflow_pl
@@ -217,6 +258,14 @@ def pl_fit(run, max_epochs: int, *, every_n_epochs: int = 1, seen: list | None =
         def configure_optimizers(self):
             return torch.optim.Adam(self.parameters(), lr=1e-2)
 
+    if validated is not None:
+
+        class Tiny(Tiny):  # noqa: F811 - the same module, with a validation step
+            def validation_step(self, batch, batch_idx):
+                validated.append(("sanity" if self.trainer.sanity_checking else self.current_epoch, batch_idx))
+                x, y = batch
+                self.log("val_loss", torch.nn.functional.cross_entropy(self.net(x), y))
+
     L.seed_everything(0, verbose=False)
     module = Tiny()
     g = torch.Generator().manual_seed(1)
@@ -225,11 +274,13 @@ def pl_fit(run, max_epochs: int, *, every_n_epochs: int = 1, seen: list | None =
     # DistributedSampler): what makes an epoch-end resume replay the same batches.
     sampler = torch.utils.data.DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=2)
     loader = torch.utils.data.DataLoader(data, batch_size=4, sampler=sampler)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1, deterministic=True,
-                        callbacks=[gangflow_pl.GangflowCheckpoint(run, every_n_epochs=every_n_epochs)],
-                        logger=gangflow_pl.GangflowLogger(run))  # fmt: skip
-    trainer.fit(module, loader, ckpt_path=gangflow_pl.ckpt_path(run))
+    trainer = L.Trainer(**{**dict(accelerator="cpu", devices=1, max_epochs=max_epochs, enable_checkpointing=False,
+                                   enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
+                                   deterministic=True, logger=gangflow_pl.GangflowLogger(run),
+                                   callbacks=[gangflow_pl.GangflowCheckpoint(run, every_n_epochs=every_n_epochs)]),
+                           **trainer_args})  # fmt: skip
+    val = torch.utils.data.DataLoader(data, batch_size=4) if validated is not None else None
+    trainer.fit(module, loader, val, ckpt_path=gangflow_pl.ckpt_path(run))
     return module
 
 
@@ -285,6 +336,64 @@ def test_lightning_sigterm_commits_a_final_checkpoint_and_exits_75(env, tmp_path
     assert exited.value.code == EXIT_PREEMPTED
     assert committed(tmp_path) == ["step-4", "step-6"]  # the epoch-end one and the preemption's own, mid-epoch
     assert not list((tmp_path / "scratch").glob("gangflow-*"))  # a preempted rank skips Lightning's teardown: no scratch left
+
+
+class TermAt(list):
+    """A list that sends this process a SIGTERM when `item` is appended."""
+
+    def __init__(self, item) -> None:
+        super().__init__()
+        self.item = item
+
+    def append(self, item):
+        super().append(item)
+        if item == self.item:
+            import os
+
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.parametrize(("during", "expected"), [((1, 0), ["step-4", "step-8"]), (("sanity", 0), [])],
+                         ids=["epoch-end-validation", "sanity-check"])
+def test_lightning_sigterm_during_validation_commits_and_exits_75(env, tmp_path, during, expected):
+    run = env()
+    validated = TermAt(during)
+    with pytest.raises(SystemExit) as exited:
+        pl_fit(run, max_epochs=3, validated=validated)
+    # Lightning's own SIGTERM handling (a SIGTERMException, exit code None) does not take over
+    assert exited.value.code == EXIT_PREEMPTED
+    assert validated[-1] != during  # the validation ran to its end, then the save
+    saved = committed(tmp_path) if (tmp_path / "run" / "checkpoints").is_dir() else []
+    assert saved == expected  # the sanity check runs before the first step: nothing to commit
+    run.close(status=None)
+
+    if expected:  # the retry resumes from the preemption's checkpoint and finishes
+        again = env()
+        seen: list = []
+        pl_fit(again, max_epochs=3, seen=seen, validated=[])
+        assert again.resumed_from == 8 and seen == [(2, 0), (2, 1), (2, 2), (2, 3)]
+        assert committed(tmp_path) == ["step-8", "step-12"]
+
+
+def test_lightning_sigterm_before_the_first_optimizer_step_exits_75_without_a_save(env, tmp_path):
+    run = env()
+    with pytest.raises(SystemExit) as exited:  # accumulating: global_step is still 0 after batch 0
+        pl_fit(run, max_epochs=1, seen=TermAt((0, 0)), accumulate_grad_batches=2)
+    assert exited.value.code == EXIT_PREEMPTED
+    assert not (tmp_path / "run" / "checkpoints").is_dir() or committed(tmp_path) == []
+
+
+def test_lightning_sigterm_exception_of_lightnings_own_exits_75(env):
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from trainer.integrations import lightning as gangflow_pl
+
+    # where Lightning saw the SIGTERM first (trainer.validate(), say): a retry, not a user error
+    callback = gangflow_pl.GangflowCheckpoint(env())
+    with pytest.raises(SystemExit) as exited:
+        callback.on_exception(None, None, SIGTERMException())
+    assert exited.value.code == EXIT_PREEMPTED
+    callback.on_exception(None, None, RuntimeError("a user error stays one"))  # returns: Lightning re-raises it
 
 
 def test_lightning_ckpt_path_refuses_a_checkpoint_without_lightnings_file(env):
