@@ -136,6 +136,10 @@ def judge_exception(exception: BaseException) -> tuple[str | None, str]:
         return kind, f"{type(exception).__name__}: {exception}"
     if isinstance(exception, ImportError):  # user or configuration code that does not import: no retry fixes it
         return "user", f"{type(exception).__name__}: {_short(exception)}"
+    from trainer.storage import LinkInPath, NotRegularFile, UnsafePath
+
+    if isinstance(exception, (LinkInPath, NotRegularFile, UnsafePath)):  # a run dir gangflow never follows
+        return "user", f"{type(exception).__name__}: {_short(exception)} (fix or remove that path; a retry meets it again)"
     from trainer.failure_catalogue import transient_exception  # not at DAG parse time
 
     why = transient_exception(exception)

@@ -13,6 +13,8 @@ from datetime import datetime, timedelta
 import pytest
 from airflow.sdk import RetryAction
 
+from trainer.storage import LinkInPath, NotRegularFile, UnsafePath
+
 from operators.exceptions import (
     DataValidationFailed,
     GangAdmissionTimeout,
@@ -66,6 +68,10 @@ def test_infra_is_retried(exc):
         GangCapacityError("world size 64 > pool 8"),
         UserFailure(classify({"exit_code": 137, "termination_reason": "OOMKilled"})),
         GangflowError("a bare gangflow error is a user error"),
+        # a run dir holding a link or a FIFO where gangflow writes or reads: no retry changes it
+        LinkInPath(errno.ELOOP, "/runs/x/ray is a link or not a folder; links in a run dir are never followed for writing"),
+        NotRegularFile(errno.EINVAL, "not a regular file"),
+        UnsafePath("manifest name '../x' leaves its folder"),
     ],
 )
 def test_user_fails_at_once(exc):
