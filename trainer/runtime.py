@@ -86,7 +86,6 @@ LOOP_STATE = {"step": is_integer, "epoch": is_integer, "batch_in_epoch": is_inte
               "scheduler": lambda v: isinstance(v, dict), "rng": lambda v: isinstance(v, list)}
 
 
-
 def tensors_unlike(expected: Mapping[str, tuple[int, ...]], found: Mapping[str, tuple[int, ...]]) -> str:
     """How `found` (tensor name: shape) differs from `expected`, briefly; "" when it does not."""
     parts = []
@@ -265,8 +264,7 @@ class Session:
         """Checkpoint `step` in the Snapshot format (model and optimizer tensors, state.json: gangflow's
         loop's), verified; ResumeMismatch when it records another identity than this session's."""
         try:
-            loaded: Loaded = self._chosen(step)
-            return loaded
+            return self._chosen(step)
         except CorruptCheckpoint as exc:
             raise self._unreadable(step, exc) from None
 
