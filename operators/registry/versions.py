@@ -480,7 +480,21 @@ def artifact_roots() -> list[str]:
     return [settings.artifact_root().resolve().as_uri(), "mlflow-artifacts:", *extra]
 
 
-def check_source(source: str, what: str) -> None:
+def _host_of(uri: str | None) -> str:
+    from urllib.parse import urlparse
+
+    return urlparse(uri or "").netloc.rpartition("@")[2].lower()
+
+
+def _check_proxy_host(source: str, what: str, tracking_uri: str | None) -> None:
+    # MLflow's client sends a proxied download, with the tracking credentials, to the host it names.
+    if str(source).startswith("mlflow-artifacts:") and _host_of(source) not in ("", _host_of(tracking_uri)):
+        raise ModelSourceRefused(
+            f"{what}: source {redact_url(source)!r} names host {_host_of(source)!r}, not the tracking "
+            f"server's ({_host_of(tracking_uri) or 'none'}); nothing was downloaded")
+
+
+def check_source(source: str, what: str, *, tracking_uri: str | None = None) -> None:
     """Refuse (ModelSourceRefused) an artifact URI outside `artifact_roots()`, before any download."""
     from urllib.parse import unquote, urlparse
 
@@ -488,6 +502,7 @@ def check_source(source: str, what: str) -> None:
     parsed = urlparse(source)
     if ".." in unquote(parsed.path).split("/"):
         raise ModelSourceRefused(f"{what}: source {redact_url(source)!r} has a '..' segment; nothing was downloaded")
+    _check_proxy_host(source, what, tracking_uri)
     if parsed.scheme in ("", "file"):
         path = Path(unquote(parsed.path)).resolve()
         inside = any(path.is_relative_to(Path(unquote(urlparse(root).path)))
@@ -522,9 +537,11 @@ def download_source(client: MlflowClient, source: str, dst: str | Path, *, what:
     `GANGFLOW_MAX_MODEL_BYTES` (default 4 GiB), both checked first."""
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-    if in_root:
-        check_source(source, what)
     uri, limit = client_uri(client), _max_bytes()
+    if in_root:
+        check_source(source, what, tracking_uri=uri)
+    else:
+        _check_proxy_host(source, what, uri)
     with mlflow_errors(uri, f"download {what}"), use_tracking_uri(uri):
         repo = get_artifact_repository(source)
         total, files, stack = 0, 0, [subpath or None]
@@ -617,7 +634,7 @@ def download_version(client: MlflowClient, version: ModelVersion, dst: str | Pat
     what = f"{version.name} v{version.version}"
     with mlflow_errors(client_uri(client), f"find the artifacts of {what}"):
         source = client.get_model_version_download_uri(version.name, str(version.version))
-    check_source(source, what)
+    check_source(source, what, tracking_uri=client_uri(client))
     with mlflow_errors(client_uri(client), f"list {what}"), use_tracking_uri(client_uri(client)):
         from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 

@@ -320,3 +320,31 @@ def test_the_training_task_logs_a_carded_model_without_importing_torch(client, n
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-2:] == ["False", "7"], done.stdout[-2000:]
+
+
+@pytest.mark.parametrize("tracking_uri", [None, "http://127.0.0.1:5000", "http://alice:pw@mlflow.example:5000"])
+def test_a_proxied_artifact_uri_naming_another_host_is_refused(tracking_uri):
+    """`mlflow-artifacts://host/...` makes MLflow's client send the download, and the worker's MLflow
+    credentials, to that host instead of the tracking server."""
+    with pytest.raises(registry.ModelSourceRefused, match="names host 'evil.example:8443'"):
+        registry.check_source("mlflow-artifacts://evil.example:8443/1/abc/artifacts", "digits v3",
+                              tracking_uri=tracking_uri)
+    registry.check_source("mlflow-artifacts:/1/abc/artifacts", "digits v3", tracking_uri=tracking_uri)
+
+
+def test_a_proxied_artifact_uri_naming_the_tracking_server_is_inside():
+    registry.check_source("mlflow-artifacts://MLflow.example:5000/1/abc/artifacts", "digits v3",
+                          tracking_uri="http://alice:pw@mlflow.example:5000")
+    with pytest.raises(registry.ModelSourceRefused, match="names host 'mlflow.example:5001'"):
+        registry.check_source("mlflow-artifacts://mlflow.example:5001/1/abc/artifacts", "digits v3",
+                              tracking_uri="http://mlflow.example:5000")
+
+
+def test_a_run_whose_experiment_stores_on_another_host_is_not_downloaded(client, tmp_path):
+    """Anyone who can create an experiment names its artifact location: a `runs:/` URI the DAG gives
+    must not send the download (and the tracking credentials) to the host that location names."""
+    experiment = client.create_experiment("elsewhere", artifact_location="mlflow-artifacts://evil.example/x")
+    run_id = client.create_run(experiment).info.run_id
+    with pytest.raises(registry.ModelSourceRefused, match="names host 'evil.example'"):
+        registry.download_model(client, f"runs:/{run_id}/final", tmp_path / "dl")
+    assert not (tmp_path / "dl").exists() or not any((tmp_path / "dl").iterdir())
