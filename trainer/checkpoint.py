@@ -457,10 +457,12 @@ class Checkpointer:
             _read_verified(folder, name, entry, parse=parse)
         return manifest
 
-    def select(self, load: Callable[[int], object] | None = None) -> tuple[int, Path | str] | None:
-        """The newest checkpoint that verifies; logs and moves aside the corrupt ones (rank 0).
-        `load(step)`: the caller's own load of the one chosen; a MalformedCheckpoint it raises sets
-        that one aside too (every rank and retry would fail it alike) and the one before is tried."""
+    def select(self, load: Callable[[int], object] | None = None, *,
+               move_aside: bool = True) -> tuple[int, Path | str] | None:
+        """The newest checkpoint that verifies; logs and moves aside the corrupt ones (rank 0; not
+        with `move_aside=False`). `load(step)`: the caller's own load of the one chosen; a
+        MalformedCheckpoint it raises sets that one aside too (every rank and retry would fail it
+        alike) and the one before is tried."""
         corrupt: list[tuple[int, Path | str, str]] = []
         chosen = None
         for step, path in self.committed():
@@ -474,7 +476,7 @@ class Checkpointer:
             chosen = (step, path)
             break
         then = f"resuming from step-{chosen[0]}" if chosen else "no older checkpoint; starting from step 0"
-        for step, _path, why in corrupt:
+        for step, _path, why in corrupt if move_aside else ():
             self.log(f"gangflow: checkpoint step-{step} is corrupt ({why}); {then}")
             self.move_aside(step)
         return chosen

@@ -213,10 +213,11 @@ class Session:
         if self.is_main:
             self.checkpoints.cleanup_stale()
             chosen = self.checkpoints.select(load=self._try_load)
+        elif not self._collectives:
+            # No process group to hear rank 0's choice: each rank makes the same one, leaving the
+            # moving aside to rank 0 (one it moves meanwhile reads as missing here: skipped too).
+            chosen = self.checkpoints.select(load=self._try_load, move_aside=False)
         step = self.dist.broadcast_int(chosen[0] if chosen else None) if self._collectives else (chosen[0] if chosen else None)
-        if step is None and not self.is_main and not self._collectives:
-            picked = self.checkpoints.committed()  # no process group: each rank reads the listing
-            step = picked[0][0] if picked else None
         if step is None:
             self.log("gangflow: starting from step 0")
             self.tracker.event("start", 0, world_size=self.world_size)
@@ -314,6 +315,9 @@ class Session:
         if not is_integer(step) or step < 0:
             raise ValueError(f"report: step={step!r} must be an integer >= 0")
         check_metrics(f"report({step}, ...)", metrics)
+        if self._closed:
+            raise RuntimeError(f"report({step}, ...) after close(): the metrics file and MLflow are closed; "
+                               "not recorded")
         if "loss" in metrics:
             self.progress.loss = float(metrics["loss"])
         self.tracker.step(step, **{k: v if isinstance(v, int) else float(v) for k, v in metrics.items()})

@@ -66,6 +66,24 @@ def test_a_corrupt_newest_checkpoint_is_set_aside_and_the_previous_one_loads(env
     assert any(p.name.startswith("corrupt-step-2-") for p in (tmp_path / "run" / "checkpoints").iterdir())
 
 
+
+def test_without_a_process_group_another_rank_skips_a_corrupt_newest_checkpoint_too(env, tmp_path, monkeypatch):
+    """`process_group=False`: no broadcast of rank 0's choice. Rank 1 took the newest committed step
+    and failed on it when it came before rank 0 had set it aside; it now chooses as rank 0 does,
+    leaving the moving aside to rank 0."""
+    run = env()
+    run.save_checkpoint(1, {"w": torch.zeros(4)})
+    run.save_checkpoint(2, {"w": torch.ones(4)})
+    run.close()
+    state = tmp_path / "run" / "checkpoints" / "step-2" / runtime.STATE_FILE
+    state.write_bytes(state.read_bytes()[:-3] + b"xyz")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    loaded = env(process_group=False).load_checkpoint()  # rank 0 has not started yet
+    assert loaded.step == 1 and torch.equal(loaded.state["w"], torch.zeros(4))
+    assert committed(tmp_path) == ["step-1", "step-2"]  # rank 0's to move aside
+
 def test_an_uncommitted_folder_is_invisible(env, tmp_path):
     run = env()
     run.save_checkpoint(1, {"w": torch.zeros(1)})
@@ -355,3 +373,14 @@ def test_a_fifo_in_a_folder_is_refused_naming_the_call(env, tmp_path):
     (folder / "escape").symlink_to("/etc/passwd")
     with pytest.raises(CheckpointError, match=r"log_model\(.*\): escape is a link"):
         run.log_model(folder)
+
+
+def test_report_after_close_is_refused(env, tmp_path):
+    """After `close()` the metrics file and MLflow are closed: a report then was dropped without a word."""
+    run = env()
+    run.report(1, loss=0.5)
+    run.close()
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    with pytest.raises(RuntimeError, match=r"report\(2, \.\.\.\) after close\(\): .* not recorded"):
+        run.report(2, loss=0.25)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
