@@ -172,7 +172,7 @@ class MlflowSink:
         exp = self.client.get_experiment_by_name(experiment)
         exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(experiment)
         name = run_dir.url.rstrip("/").rsplit("/", 1)[-1]
-        run = self.client.create_run(exp_id, run_name=name or None, tags={"gangflow.run_dir": run_dir.url})
+        run = self.client.create_run(exp_id, run_name=name or None, tags={"gangflow.run_dir": redact_url(run_dir.url)})
         self.owned = True
         run_dir.write_bytes(RECORD, json.dumps({"uri": self.uri, "run_id": run.info.run_id, "owned": True}).encode())
         return run.info.run_id
@@ -247,7 +247,7 @@ class Tracker:
                 say(redact_url(f"gangflow: warning: MLflow at {self.uri} unavailable ({type(exc).__name__}: {exc}); "
                                "metrics go to metrics.jsonl only"), stream=sys.stderr)
         if params or tags:  # the run's params and tags, for whoever sends this file to MLflow
-            self.write({"event": "tracking", "step": 0, "params": _flatten(params or {}), "tags": dict(tags or {})})
+            self.write({"event": "tracking", "step": 0, "params": _flatten(params or {}), "tags": {k: redact_url(v) for k, v in (tags or {}).items()}})
 
     @property
     def mlflow_run_id(self) -> str | None:

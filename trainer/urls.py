@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import re
 
-_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]{0,31}://)([^/@\s'\"]{1,2048})@")
-_LEADING_USERINFO = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/@\s]*@")
+# User info runs to the last `@` before the host's end (`/ ? #` or a space), as urllib reads it: a
+# password may hold quotes and `@`.
+_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]{0,31}://)([^/?#\s]{1,2048})@")
+_LEADING_USERINFO = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#\s]*@")
 
 
 def has_credentials(url: object) -> bool:
-    """Whether `url` carries user info (`user:password@` or a token before `@`)."""
-    return isinstance(url, str) and bool(_LEADING_USERINFO.match(url.strip()))
+    """Whether `url`, or any link of an fsspec chain (`simplecache::s3://...`), carries user info
+    (`user:password@` or a token before `@`)."""
+    return isinstance(url, str) and any(_LEADING_USERINFO.match(link.strip()) for link in url.split("::"))
 
 
 def _hide(match: re.Match) -> str:

@@ -227,3 +227,12 @@ def test_a_run_dir_url_with_credentials_is_refused_before_anything_runs(tmp_path
     assert proc.returncode == EXIT_CONFIG_ERROR, proc.stderr
     assert "--run-dir" in proc.stderr and "must not carry credentials" in proc.stderr
     assert "wJalr-secret" not in proc.stdout + proc.stderr
+
+
+def test_a_chained_remote_with_credentials_is_refused():
+    """`simplecache::s3://key:secret@...` passed the check (its scheme is not at the start) into argv."""
+    from trainer.config import load_config
+    from trainer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"data.remote=.*AKIAEXAMPLE:\*\*\*@.*must not carry credentials"):
+        load_config(None, ["data.remote=simplecache::s3://AKIAEXAMPLE:wJalrXUtnFEMI@bucket/dvc"])

@@ -141,6 +141,23 @@ def test_mlflow_logs_into_given_run_in_background(tmp_path, monkeypatch):
     assert run.info.status == "RUNNING"  # the operator owns the run it created
 
 
+
+def test_the_run_dir_tag_and_tags_written_for_the_relay_are_redacted(tmp_path, monkeypatch):
+    """The tag `gangflow.run_dir` was the run dir's URL as given (fsspec's memory:// keeps user info
+    as part of a path: the URL reached MLflow whole)."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    run_dir = "simplecache::memory://user:hunter2@host/run"
+    tracker = Tracker(run_dir, enabled=True, mlflow_uri=uri, experiment="e", tags={"gangflow.run_dir": run_dir})
+    run_id = tracker.mlflow_run_id
+    tracker.close(status="FINISHED")
+    assert "hunter2" not in repr(MlflowClient(uri).get_run(run_id).data.tags)
+    from trainer.storage import Storage
+
+    assert b"hunter2" not in Storage(run_dir).read_bytes("metrics.jsonl")
+
 def test_lr_schedule_and_its_state():
     from trainer.config import load_config
     from trainer.loop import WarmupCosine

@@ -25,3 +25,18 @@ def test_redact_hides_every_password_in_a_text_and_nothing_else(text, shown):
                                       ("http://h:5000/p@rt", False)])
 def test_has_credentials_sees_user_info_only(url, has):
     assert has_credentials(url) is has
+
+
+@pytest.mark.parametrize("password", ["it's-secret", 'pa"ss', "p@ss-word", "a'b@c\"d"])
+def test_redact_hides_a_password_with_quotes_or_at_signs(password):
+    """urllib takes user info up to the last `@` before the host's end: quotes and `@` included."""
+    shown = redact_url(f"MLflow at http://user:{password}@127.0.0.1:9/ unavailable")
+    assert shown == "MLflow at http://user:***@127.0.0.1:9/ unavailable"
+
+
+@pytest.mark.parametrize("url", ["simplecache::s3://AKIAEXAMPLE:wJalrXUtnFEMI@bucket/dvc",
+                                 "filecache::https://tok@host/x", "blockcache::simplecache::ftp://u:pw@host/dvc"])
+def test_has_credentials_sees_user_info_in_any_link_of_an_fsspec_chain(url):
+    """fsspec uses a chained link's credentials (`url_to_fs("simplecache::ftp://u:pw@host/...")`)."""
+    assert has_credentials(url)
+    assert "pw@" not in redact_url(url) and "wJalrXUtnFEMI" not in redact_url(url)
