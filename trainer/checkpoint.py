@@ -9,13 +9,15 @@ and set a corrupt one aside. On local disk a writer process commits by rename
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
+import os
 import random
 import re
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +32,7 @@ from trainer.errors import CheckpointError
 from trainer.checkpoint_commit import (FORMAT, MANIFEST, SPARE_PREFIX, WriterProcess, committed_steps, drop_spares, file_entry,
                                       manifest_bytes, prune_local, step_of)
 from trainer.safetensors_header import described_values
-from trainer.storage import NotRegularFile, SizeMismatch, Storage, read_regular
+from trainer.storage import NotRegularFile, SizeMismatch, Storage, read_regular, regular_fd
 from trainer.checks import is_integer
 
 __all__ = ["FORMAT", "MANIFEST", "Checkpointer", "CorruptCheckpoint", "Loaded", "MalformedCheckpoint", "Snapshot", "cpu_copy",
@@ -159,52 +161,119 @@ def safetensors_parts(tensors: dict[str, torch.Tensor]) -> list[bytes | memoryvi
 MANIFEST_LIMIT = 1 << 20  # bytes a manifest may have (a few hundred in practice)
 
 
-def _read_checked(folder: Storage, name: str, size: int | None = None, limit: int | None = None) -> bytes:
-    """A file of a checkpoint folder, never through a link and never a FIFO or a device (local),
-    read only when its size is the one expected; CorruptCheckpoint otherwise."""
+@contextlib.contextmanager
+def _as_corrupt(name: str, size: int | None = None, limit: int | None = None) -> Iterator[None]:
+    """A checkpoint file that is missing, not a regular file, of another size or unreadable is
+    CorruptCheckpoint, naming it."""
     try:
-        if folder.local:
-            return read_regular(folder.local_path(name), size=size, limit=limit)
-        actual = folder.fs.size(folder.path(name))
-        if (size is not None and actual != size) or (limit is not None and actual > limit):
-            raise SizeMismatch(actual)
-        return folder.read_bytes(name)
+        yield
     except FileNotFoundError:
         raise CorruptCheckpoint(f"{name}: missing") from None
     except NotRegularFile:
         raise CorruptCheckpoint(f"{name}: not a regular file (a link, a FIFO or a device is never read)") from None
     except SizeMismatch as exc:
-        said = f"the manifest says {size}" if size is not None else f"at most {limit} are read"
+        said = f"the manifest says {size}" if size is not None and exc.actual != size else f"at most {limit} are read"
         raise CorruptCheckpoint(f"{name} has {exc.actual} bytes, {said}") from None
     except OSError as exc:
         raise CorruptCheckpoint(f"{name}: unreadable ({exc.strerror or exc})") from None
 
 
-def _read_verified(folder: Storage, name: str, entry: dict[str, Any], *, parse: bool = False) -> bytes:
+def _check_size(actual: int, size: int | None, limit: int | None) -> None:
+    if (size is not None and actual != size) or (limit is not None and actual > limit):
+        raise SizeMismatch(actual)
+
+
+def _read_checked(folder: Storage, name: str, size: int | None = None, limit: int | None = None,
+                  end: int | None = None) -> bytes:
+    """A file of a checkpoint folder (its first `end` bytes with `end`), never through a link and
+    never a FIFO or a device (local), read only when its size is the one expected and never past it
+    (an object replaced after its size was read); CorruptCheckpoint otherwise."""
+    with _as_corrupt(name, size, limit):
+        if folder.local and end is None:
+            return read_regular(folder.local_path(name), size=size, limit=limit)
+        if folder.local:
+            with regular_fd(folder.local_path(name), size, limit) as (fd, actual):
+                return os.pread(fd, min(end, actual), 0)  # a header: far below a read's 2 GiB cap
+        path = folder.path(name)
+        _check_size(folder.fs.size(path), size, limit)
+        bound = next((b for b in (size, limit) if b is not None), None)
+        if bound is None:
+            return folder.read_bytes(name)
+        data = folder.fs.cat_file(path, start=0, end=bound + 1 if end is None else min(end, bound + 1))
+        if end is None:
+            _check_size(len(data), size, limit)
+        return data
+
+
+def _read_verified(folder: Storage, name: str, entry: dict[str, Any]) -> bytes:
     data = _read_checked(folder, name, size=entry["bytes"])
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise CorruptCheckpoint(f"{name}: sha256 does not match the manifest")
-    if parse:
-        _check_content(name, data)
     return data
 
 
-def _check_safetensors(data: bytes) -> None:
-    """ValueError unless `data` is what safetensors loads (its header describes its data exactly)."""
-    (length,) = struct.unpack("<Q", data[:8])
-    if length > len(data) - 8:
+_CHUNK = 1 << 20
+STATE_JSON_LIMIT = 64 << 20  # bytes a state.json may have (a few kilobytes in practice)
+
+
+def _sha256_of(folder: Storage, name: str, size: int) -> str:
+    """The sha256 of a checkpoint file of `size` bytes, read a chunk at a time (never held whole)."""
+    digest = hashlib.sha256()
+    with _as_corrupt(name, size):
+        if folder.local:
+            with regular_fd(folder.local_path(name), size) as (fd, _):
+                for offset in range(0, size, _CHUNK):
+                    digest.update(os.pread(fd, min(_CHUNK, size - offset), offset))
+        else:
+            path = folder.path(name)
+            _check_size(folder.fs.size(path), size, None)
+            with folder.fs.open(path, "rb") as fh:
+                left = size
+                while left and (chunk := fh.read(min(_CHUNK, left))):
+                    digest.update(chunk)
+                    left -= len(chunk)
+    return digest.hexdigest()
+
+
+def _verify_file(folder: Storage, name: str, entry: dict[str, Any], *, parse: bool = False) -> None:
+    """One file against its manifest entry, in bounded memory: its sha256 and, with `parse`, what
+    `_check_content` checks (a safetensors header, a state.json object); CorruptCheckpoint if not."""
+    size = entry["bytes"]
+    if _sha256_of(folder, name, size) != entry["sha256"]:
+        raise CorruptCheckpoint(f"{name}: sha256 does not match the manifest")
+    if not parse:
+        return
+    if name.endswith(".safetensors"):
+        head = _read_checked(folder, name, size=size, end=8)
+        length = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+        _check_content(name, _read_checked(folder, name, size=size, end=8 + min(length, _HEADER_LIMIT)), size)
+    elif name == "state.json":
+        _check_content(name, _read_checked(folder, name, size=size, limit=STATE_JSON_LIMIT), size)
+
+
+_HEADER_LIMIT = 100_000_000  # the most safetensors itself reads as a header
+
+
+def _check_safetensors(head: bytes, total: int) -> None:
+    """ValueError unless `head`, the first bytes of a file of `total` bytes, is the header of what
+    safetensors loads (it describes the file's data exactly)."""
+    if total < 8 or len(head) < 8:
+        raise ValueError("shorter than a header")
+    (length,) = struct.unpack("<Q", head[:8])
+    if length > total - 8 or length > _HEADER_LIMIT:
         raise ValueError(f"its header length {length} exceeds the file")
-    if data[8:9] != b"{":
+    if head[8:9] != b"{":
         raise ValueError("its header is not a JSON object")
-    described_values(json.loads(data[8 : 8 + length]), len(data) - 8 - length)
+    described_values(json.loads(head[8 : 8 + length]), total - 8 - length)
 
 
-def _check_content(name: str, data: bytes) -> None:
-    """Bytes the manifest vouches for are still data: a safetensors file safetensors loads, a
-    state.json that is a JSON object; CorruptCheckpoint otherwise (cheap: no tensor is built)."""
+def _check_content(name: str, data: bytes, total: int) -> None:
+    """Bytes the manifest vouches for are still data: a safetensors file safetensors loads (`data`:
+    at least its header, of a file of `total` bytes), a state.json that is a JSON object;
+    CorruptCheckpoint otherwise (cheap: no tensor is built)."""
     if name.endswith(".safetensors"):
         try:
-            _check_safetensors(data)
+            _check_safetensors(data, total)
         except (struct.error, ValueError) as exc:
             raise CorruptCheckpoint(f"{name}: not a safetensors file ({str(exc)[:200]})") from None
     elif name == "state.json":
@@ -454,7 +523,7 @@ class Checkpointer:
         folder = Storage(path)
         manifest = _manifest(folder, required)
         for name, entry in manifest["files"].items():
-            _read_verified(folder, name, entry, parse=parse)
+            _verify_file(folder, name, entry, parse=parse)
         return manifest
 
     def select(self, load: Callable[[int], object] | None = None, *,

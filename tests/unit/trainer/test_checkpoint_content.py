@@ -289,3 +289,72 @@ def test_a_run_refuses_the_loops_checkpoint_format(env, tmp_path):
     run.close()
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-1"]
     assert env().load_checkpoint().step == 1
+
+
+def test_a_manifest_listing_a_huge_file_costs_no_memory_to_verify(tmp_path):
+    """verify() read each listed file whole to hash it: a manifest listing a 1 GiB file (sparse
+    here) ended select() in MemoryError under a 512 MiB address-space cap, on every retry. It now
+    hashes in chunks: the checkpoint verifies (its files are what the manifest says)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "probe.py"
+    script.write_text(textwrap.dedent(f"""
+        import hashlib, json, os, resource, sys
+        sys.path[:0] = [{str(Path(__file__).resolve().parents[3])!r}, {str(Path(__file__).resolve().parent)!r}]
+        from test_checkpoint_content import _loop_state
+        from trainer.checkpoint import Checkpointer
+        from trainer.config import CheckpointConfig
+        root = {str(tmp_path / 'checkpoints')!r}
+        ck = Checkpointer(root, CheckpointConfig(keep_last=3, async_save=False), log=print)
+        ck.save(_loop_state(10)); ck.save(_loop_state(20)); ck.close()
+        folder = os.path.join(root, "step-20")
+        with open(os.path.join(folder, "extra.bin"), "wb") as fh:
+            fh.truncate(1 << 30)
+        digest = hashlib.sha256()
+        with open(os.path.join(folder, "extra.bin"), "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 24), b""):
+                digest.update(chunk)
+        manifest = json.load(open(os.path.join(folder, "manifest.json")))
+        manifest["files"]["extra.bin"] = {{"bytes": 1 << 30, "sha256": digest.hexdigest()}}
+        json.dump(manifest, open(os.path.join(folder, "manifest.json"), "w"))
+        used = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (used + (512 << 20), resource.RLIM_INFINITY))
+        print("chosen", ck.select()[0])
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          cwd=str(Path(__file__).resolve().parents[3]), env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert proc.returncode == 0 and "chosen 20" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+def test_a_remote_file_replaced_after_its_size_was_read_is_not_read_past_it(s3):
+    """On object storage the size was asked, then the object read whole: one replaced in between
+    (64 MiB here) was held in memory before its sha256 refused it. Now at most size + 1 bytes."""
+    ck = Checkpointer(s3.bucket("ck-toctou") + "/run/checkpoints", CheckpointConfig(keep_last=2, async_save=False),
+                      log=print)
+    ck.save(_loop_state(10))
+    ck.close()
+    fs, key = ck.store.fs, "ck-toctou/run/checkpoints/step-10/model.safetensors"
+    size, cat_file, read = fs.size, fs.cat_file, {}
+
+    def replaced_after_size(path, *args, **kwargs):
+        n = size(path, *args, **kwargs)
+        if path == key:
+            fs.pipe_file(key, b"\0" * (64 << 20))
+        return n
+
+    def counted(path, *args, **kwargs):
+        data = cat_file(path, *args, **kwargs)
+        read[path] = len(data)
+        return data
+
+    fs.size, fs.cat_file = replaced_after_size, counted
+    try:
+        with pytest.raises(CorruptCheckpoint, match="model.safetensors"):
+            ck.read(10)
+    finally:
+        fs.size, fs.cat_file = size, cat_file
+    expected = json.loads(cat_file("ck-toctou/run/checkpoints/step-10/manifest.json"))["files"]["model.safetensors"]["bytes"]
+    assert read[key] <= expected + 1
