@@ -15,6 +15,7 @@ from __future__ import annotations
 from airflow.sdk import Asset, Param, dag, get_current_context, task
 
 from operators.callbacks import record_failure
+from operators.config.pipelines import NOT_NAN
 
 RUNTIME_ASSET = Asset("gangflow-runtime", uri="gangflow://runtime/image")
 
@@ -29,7 +30,7 @@ RUNTIME_ASSET = Asset("gangflow-runtime", uri="gangflow://runtime/image")
     params={
         "world_size": Param(2, type="integer", minimum=2, maximum=64, title="N ranks",
                             description="The multi-rank topology measured beside 1 rank (one host here)."),
-        "threshold": Param(0.25, type="number", exclusiveMinimum=0, maximum=10, title="Regression threshold",
+        "threshold": Param(0.25, type="number", exclusiveMinimum=0, maximum=10, title="Regression threshold", **NOT_NAN,
                            description="A figure regressed when worse than the accepted baseline by more than this fraction."),
         "step_time_steps": Param(30, type="integer", minimum=10, maximum=100_000, title="Steps per step-time run"),
         "pipelines": Param([], type="array", items={"type": "string"}, title="Pipelines",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import subprocess
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from operators.config import settings
-from operators.exceptions import GangflowError
+from operators.exceptions import GangflowError, InvalidParams
 
 EXPERIMENT = "gangflow-baseline"
 TAG_ACCEPTED = "gangflow.baseline.accepted"
@@ -183,6 +184,9 @@ class Comparison:
 def compare(figures: Mapping[str, float], accepted: Mapping[str, float] | None, *, threshold: float,
             accepted_run: str | None = None) -> Comparison:
     """Each figure worse than the accepted baseline's by more than `threshold` (a fraction)."""
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < math.inf:
+        # NaN compares false with everything: no figure would ever regress
+        raise InvalidParams(f"threshold={threshold!r}: must be a finite fraction > 0")
     if accepted is None:
         return Comparison(None, [])
     regressions = []

@@ -207,6 +207,11 @@ def _trainer_config(path: Path, source: str) -> TrainerConfig:
         raise PipelineConfigError(f"{path} (trainer_config of {source}): {exc}") from None
 
 
+MAX_RETRIES = 100
+_DAY_S, _YEAR_S = 86_400, 366 * 86_400
+_MODEL_NAME = re.compile(r"[^/:\x00-\x1f\x7f]{1,256}")
+
+
 def _check_keys(where: str, given: Mapping[str, Any], accepted: set[str]) -> None:
     unknown = sorted(set(given) - accepted)
     if unknown:
@@ -428,11 +433,18 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         if not is_count(size, 1):
             raise PipelineConfigError(f"{source}: local_world_sizes[{i}]={size!r}: accepted values: integers >= 1 "
                                       "(one local gang task per size)")
+    if len(set(sizes)) != len(sizes):  # one task per size: a size twice is two tasks of one id
+        raise PipelineConfigError(f"{source}: local_world_sizes={sizes!r}: each size at most once "
+                                  "(one local gang task per size)")
     # checked even where GANGFLOW_RETRY_BASE_DELAY overrides it: the file is wrong either way
     retry_base_delay = _number(f"{source}: retry_base_delay_seconds", raw.get("retry_base_delay_seconds", 5))
-    if retry_base_delay < 0:
+    if not 0 <= retry_base_delay <= _DAY_S:
         raise PipelineConfigError(f"{source}: retry_base_delay_seconds={retry_base_delay!r}: accepted values: "
-                                  "seconds >= 0 (the first retry's delay; later ones grow from it)")
+                                  f"seconds from 0 to {_DAY_S} (the first retry's delay; later ones grow from it)")
+    retries = _number(f"{source}: retries", raw.get("retries", 3), integer=True)
+    if not 0 <= retries <= MAX_RETRIES:  # Airflow reads a negative count as "never retry", silently
+        raise PipelineConfigError(f"{source}: retries={retries!r}: accepted values: integers from 0 to {MAX_RETRIES} "
+                                  "(each task's retries)")
     default_backend = raw.get("default_backend", "local")
     training = raw.get("training") or {}
     if not isinstance(training, Mapping):
@@ -453,9 +465,9 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
               "max_queue_wait_seconds": "seconds a gang may wait for admission where it queues (Kubernetes)"}
     for key, meaning in limits.items():
         value = training.get(key)
-        if value is not None and not is_count(value, 1):
-            raise PipelineConfigError(f"{source}: training.{key}={value!r}: accepted values: an integer >= 1 ({meaning}), "
-                                      "or leave it out for no limit")
+        if value is not None and not (is_count(value, 1) and value <= _YEAR_S):
+            raise PipelineConfigError(f"{source}: training.{key}={value!r}: accepted values: an integer from 1 to "
+                                      f"{_YEAR_S} ({meaning}), or leave it out for no limit")
     config = PipelineConfig(
         name=pname,
         dag_id=_string(f"{source}: dag_id", raw.get("dag_id", f"train_{pname}"), _ID_RE, _ID_ACCEPTED),
@@ -475,13 +487,14 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: str, name: str | None = No
         metric=metric,
         promotion_floor=threshold,
         min_improvement=min_improvement,
-        model_name=_string(f"{source}: model_name", raw.get("model_name", f"gangflow-{pname}")),
+        model_name=_string(f"{source}: model_name", raw.get("model_name", f"gangflow-{pname}"), _MODEL_NAME,
+                           "a registered model name: 1-256 characters, no '/', ':' or control characters (MLflow's rule)"),
         backends=dict(backends),
         default_backend=default_backend,
         launcher=launcher,
         world_size=_number(f"{source}: world_size", raw.get("world_size", 2), integer=True),
         local_world_sizes=tuple(sizes),
-        retries=_number(f"{source}: retries", raw.get("retries", 3), integer=True),
+        retries=retries,
         retry_base_delay_s=float(os.environ.get("GANGFLOW_RETRY_BASE_DELAY") or retry_base_delay),
         allowed_models=tuple(allowed),
         max_steps=trainer.train.max_steps,

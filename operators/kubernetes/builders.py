@@ -292,15 +292,9 @@ def pod_selector(spec: GangSpec) -> str:
 
 
 def forwarded_env(spec: GangSpec, runtime: RuntimeDefaults) -> dict[str, str]:
-    """The part of the spec's env a pod gets (FORWARDED_ENV), refusing worker paths."""
-    out: dict[str, str] = {}
-    for name in FORWARDED_ENV:
-        if name in spec.env:
-            value = str(spec.env[name])
-            if value.startswith("/") and not _inside_pod(value, runtime):
-                raise WorkerPathError(f"env {name}={value!r} is a path on the Airflow worker, which no pod can read")
-            out[name] = value
-    return out
+    """The part of the spec's env a pod gets (FORWARDED_ENV): identities and settings, never paths, so
+    a value starting with `/` (a run id a deployment's `allowed_run_id_pattern` lets through) is kept."""
+    return {name: str(spec.env[name]) for name in FORWARDED_ENV if name in spec.env}
 
 
 def _env(spec: GangSpec, runtime: RuntimeDefaults) -> list[k8s.V1EnvVar]:

@@ -88,6 +88,17 @@ def test_the_shipped_pipelines_defaults_pass_their_forms(dag_module):
         ({"dag_id": "..."}, "dag_id='...'"),
         ({"dag_id": "train_x\n"}, "dag_id='train_x\\n'"),
         ({"publish_dag_id": ".."}, "publish_dag_id='..'"),
+        # the fourth trust pass: each was accepted, then failed the DAG build naming no key (duplicate task
+        # id, OverflowError), promote (MLflow refuses '/' and ':'), or silently retried nothing (-1)
+        ({"local_world_sizes": [1, 2, 1]}, "local_world_sizes=[1, 2, 1]: each size at most once"),
+        ({"retry_base_delay_seconds": 1e300}, "retry_base_delay_seconds=1e+300"),
+        ({"training": {"max_run_time_seconds": 10**14}}, "training.max_run_time_seconds=100000000000000"),
+        ({"training": {"max_queue_wait_seconds": 10**14}}, "training.max_queue_wait_seconds=100000000000000"),
+        ({"retries": -1}, "retries=-1: accepted values: integers from 0 to 100"),
+        ({"retries": 10**12}, "retries=1000000000000"),
+        ({"model_name": "team/digits"}, "model_name='team/digits': must be a registered model name"),
+        ({"model_name": "digits:v2"}, "model_name='digits:v2'"),
+        ({"model_name": "digits\n"}, "model_name='digits\\n'"),
     ],
 )
 def test_a_value_no_pipeline_can_run_with_is_refused_when_the_file_is_read(change, needle):

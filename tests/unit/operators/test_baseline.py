@@ -4,6 +4,8 @@ first baseline with nothing to compare with. The DAG twice: tests/system/dags/te
 from __future__ import annotations
 
 import subprocess
+
+import pytest
 import tempfile
 from pathlib import Path
 
@@ -49,3 +51,31 @@ def test_a_gang_leaves_nothing_in_the_machines_temp_folder(tmp_path, monkeypatch
     monkeypatch.setattr(baseline.subprocess, "run", torchrun)
     baseline._torchrun(2, ["trainer.collectives", "--out", "x"], cwd=tmp_path, timeout_s=5)
     assert seen and seen[0].is_relative_to(tmp_path) and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("threshold", [float("nan"), float("inf"), 0, -0.1, True])
+def test_a_threshold_that_is_not_a_finite_fraction_is_refused(threshold):
+    """NaN compares false with everything: a regressed baseline was recorded as accepted."""
+    from operators.exceptions import InvalidParams
+
+    with pytest.raises(InvalidParams, match="threshold=.*must be a finite fraction > 0"):
+        compare({"storage_read_mbps": 1.0}, {"storage_read_mbps": 100.0}, threshold=threshold)
+
+
+def test_the_baseline_form_refuses_a_nan_threshold():
+    """`--conf '{"threshold": NaN}'` (Python's json reads NaN) passed the Param's schema."""
+    import importlib.util
+    import json
+
+    from airflow.sdk.definitions.param import ParamsDict
+    from airflow.sdk.exceptions import ParamValidationError
+
+    root = Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location("baseline_dag_under_test", root / "dags" / "platform_baseline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    params = ParamsDict()
+    params.update(module.platform_baseline().params)
+    with pytest.raises(ParamValidationError, match="threshold"):
+        params.update(json.loads('{"threshold": NaN}'))  # the merge validates, as the worker's does
+        params.validate()

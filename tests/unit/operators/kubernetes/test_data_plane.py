@@ -331,3 +331,13 @@ def test_nccl_env_accepts_common_tuning():
     env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_SOCKET_IFNAME": "^docker,lo", "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1",
            "NCCL_IB_DISABLE": "1", "NCCL_BUFFSIZE": "8388608", "NCCL_P2P_LEVEL": "NVL", "TORCH_NCCL_BLOCKING_WAIT": "1"}
     assert _runtime(ncclEnv=env).nccl_env == env
+
+
+def test_a_run_id_starting_with_a_slash_reaches_the_pods_as_it_is():
+    """Identities are not paths: a run id `/nightly/...` (a deployment's allowed_run_id_pattern may allow
+    it) was refused as "a path on the Airflow worker", failing the try as a user error."""
+    spec = _worker_spec(env={"GANGFLOW_DAG_ID": "train_pipeline", "GANGFLOW_DAG_RUN_ID": "/nightly/2026-12-08",
+                             "MLFLOW_RUN_ID": "0123abcd"})
+    for container in _containers(build_gang(spec, _runtime()).body):
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["GANGFLOW_DAG_RUN_ID"] == "/nightly/2026-12-08"
