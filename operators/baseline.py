@@ -25,6 +25,7 @@ from typing import Any
 
 from operators.config import settings
 from operators.exceptions import GangflowError, InvalidParams
+from operators.utils.processes import stop_tree, tagged_env
 
 EXPERIMENT = "gangflow-baseline"
 TAG_ACCEPTED = "gangflow.baseline.accepted"
@@ -59,13 +60,22 @@ def _torchrun(nproc: int, module_args: Sequence[str], *, cwd: Path, timeout_s: f
     for key in ("GANGFLOW_FAULT", "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "GANGFLOW_METRICS_PORT"):
         env.pop(key, None)
     # without --log-dir torchrun keeps its ranks' error files in a temp folder it never removes
+    env = tagged_env(env)  # torchrun starts each rank in a session of its own: found by this tag on a timeout
     with tempfile.TemporaryDirectory(prefix="gangflow-torchrun-") as log_dir:
         cmd = [sys.executable, "-m", launcher, "--standalone", "--nproc-per-node", str(nproc),
                "--max-restarts", "0", "--log-dir", log_dir, "-m", *module_args]
-        done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
-    if done.returncode != 0:
-        raise GangflowError(f"{' '.join(module_args[:1])} on {nproc} rank(s) failed (exit {done.returncode}): "
-                            f"{(done.stdout + done.stderr)[-3000:]}")
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_tree(proc, grace=10.0, env=env)  # no rank may outlive it: the next measurement shares the machine
+            proc.communicate()
+            raise GangflowError(f"{module_args[0]} on {nproc} rank(s) did not finish within {timeout_s:g} s; "
+                                "its ranks were stopped") from None
+    if proc.returncode != 0:
+        raise GangflowError(f"{' '.join(module_args[:1])} on {nproc} rank(s) failed (exit {proc.returncode}): "
+                            f"{output[-3000:]}")
 
 
 def topologies(world_size: int) -> list[int]:
@@ -127,9 +137,15 @@ def measure_step_time(world_size: int, *, steps: int = 30, pipelines: Sequence[s
     `world_size` ranks."""
     import statistics
 
-    from operators.config.pipelines import load_pipelines
+    from operators.config.pipelines import pipeline_files
 
-    known = load_pipelines()
+    files = pipeline_files()  # one broken pipeline file hides no other's measurement
+    known = files.configs
+    for name, bad in sorted(files.broken.items()):
+        if name in (pipelines or ()):
+            raise bad.error
+        if not pipelines:
+            log(f"step time of {name}: not measured, its pipeline file is broken ({bad.error})")
     unknown = sorted(set(pipelines or ()) - set(known))
     if unknown:
         raise GangflowError(f"pipelines={unknown}: accepted values are {', '.join(sorted(known))}")

@@ -79,3 +79,61 @@ def test_the_baseline_form_refuses_a_nan_threshold():
     with pytest.raises(ParamValidationError, match="threshold"):
         params.update(json.loads('{"threshold": NaN}'))  # the merge validates, as the worker's does
         params.validate()
+
+
+def test_a_measurement_past_its_time_limit_leaves_no_rank_running(tmp_path):
+    """subprocess.run's timeout killed torchrun's agent only: its ranks (each in a session of its own)
+    ran on, sharing the machine with every later measurement and gang."""
+    import os
+    import signal
+    import time
+
+    from operators.config import settings
+    from operators.exceptions import GangflowError
+
+    marker = str(tmp_path / "orphan.json")
+
+    def ranks() -> list[int]:
+        listing = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        return [int(line.split()[0]) for line in listing.splitlines() if marker in line and "trainer.collectives" in line]
+
+    with pytest.raises(GangflowError, match=r"trainer.collectives on 2 rank\(s\) did not finish within 20 s"):
+        baseline._torchrun(2, ["trainer.collectives", "--out", marker, "--sizes", "67108864", "--iters", "100000"],
+                           cwd=settings.PROJECT_ROOT, timeout_s=20)
+    time.sleep(1)
+    left = ranks()
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left
+
+
+def test_a_broken_pipeline_file_hides_no_other_pipelines_step_time(tmp_path, monkeypatch):
+    """measure_step_time read every pipeline with load_pipelines(), which raises the first broken
+    file's error: `pipelines: ["digits"]` failed on another team's broken file."""
+    from operators.config import pipelines as pipeline_module
+    from operators.config.pipelines import PipelineConfigError
+
+    root = Path(__file__).resolve().parents[3]
+    folder = tmp_path / "pipelines"
+    folder.mkdir()
+    (folder / "digits.yaml").write_text((root / "pipelines" / "digits.yaml").read_text())
+    (folder / "other.yaml").write_text("name: other\n")
+    monkeypatch.setenv("GANGFLOW_PIPELINES", str(folder))
+    measured: list[list[str]] = []
+
+    def fake_gang(nproc, module_args, **_):  # no gang: which pipelines are measured is under test
+        run_dir = Path(module_args[module_args.index("--run-dir") + 1])
+        (run_dir / "metrics.jsonl").write_text('{"step": 5, "step_time_s": 0.1}\n{"step": 10, "step_time_s": 0.2}\n')
+        measured.append(module_args)
+
+    monkeypatch.setattr(baseline, "_torchrun", fake_gang)
+    lines: list[str] = []
+    try:
+        assert set(baseline.measure_step_time(2, pipelines=["digits"], log=lines.append)) == {
+            "step_time_ms_digits_r1", "step_time_ms_digits_r2"}
+        assert set(baseline.measure_step_time(2, log=lines.append)) == {"step_time_ms_digits_r1", "step_time_ms_digits_r2"}
+        assert any("step time of other: not measured, its pipeline file is broken" in line for line in lines)
+        with pytest.raises(PipelineConfigError, match="other.yaml"):
+            baseline.measure_step_time(2, pipelines=["other"], log=lines.append)
+    finally:
+        pipeline_module._pipeline_files.cache_clear()
