@@ -37,6 +37,12 @@ class Preemption:
         self._watchdog.daemon = True
         self._watchdog.start()
 
+    def uninstall(self) -> None:
+        """SIGTERM's default again (main thread, when the handler is still this one's): a rank whose
+        training has ended has nothing to save, so a SIGTERM then ends it at once."""
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
     def disarm(self) -> None:
         """Call off the watchdog: for a process that goes on after its trainer (a test, an
         in-process run); a rank exits instead."""

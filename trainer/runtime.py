@@ -61,7 +61,7 @@ from trainer.identity import TRAIN_IDENTITY, ResumeMismatch, check_identity
 from trainer.model_card import CARD, CARD_FORMAT, MAX_CARD_CLASSES, WEIGHTS, card_classes
 from trainer.preemption import Preemption
 from trainer.storage import Storage, publish_folder
-from trainer.tracking import FINAL_ARTIFACT_PATH, Progress, Tracker, check_metrics
+from trainer.tracking import FINAL_ARTIFACT_PATH, MAX_STEP, Progress, Tracker, check_metrics
 
 __all__ = ["Checkpoint", "ResumeMismatch", "Run", "Session", "current", "init"]
 
@@ -312,8 +312,8 @@ class Session:
     def report(self, step: int, **metrics: float) -> None:
         """Metrics at `step`: metrics.jsonl (relayed to the DAG run's MLflow run) from rank 0; a
         `loss` also goes into the progress line. Other ranks' calls are ignored."""
-        if not is_integer(step) or step < 0:
-            raise ValueError(f"report: step={step!r} must be an integer >= 0")
+        if not is_integer(step) or not 0 <= step <= MAX_STEP:
+            raise ValueError(f"report: step={step!r} must be an integer from 0 to 2**63-1")
         check_metrics(f"report({step}, ...)", metrics)
         if self._closed:
             raise RuntimeError(f"report({step}, ...) after close(): the metrics file and MLflow are closed; "
@@ -335,6 +335,11 @@ class Session:
             self.dist.barrier()  # and every rank reached the step
             self.faults.fire(step)
         self.progress.tick(step)
+
+    @property
+    def stopped_by_sigterm(self) -> bool:
+        """A SIGTERM reached this rank, or the ranks agreed to stop for one another rank received."""
+        return self.preemption.requested or self._stop.stopped
 
     @property
     def should_stop(self) -> bool:
@@ -421,6 +426,7 @@ class Run(Session):
                     **{f"config.{k}": v for k, v in sorted(self.config.items())}}
         self._data: Path | None = None
         self._scratch: list[Path] = []
+        self._pid = os.getpid()  # the rank's own process: a forked child never closes the run
         self.model_uri: str | None = None
         super().__init__(launch, os.environ.get(ENV_RUN_DIR) or DEFAULT_RUN_DIR, preemption=preemption, fault=fault,
                          identity=identity, checkpoint=checkpoint, tracking=tracking,
@@ -616,21 +622,26 @@ class Run(Session):
     # --- the end ------------------------------------------------------------------------------
 
     def close(self, status: str | None = "FINISHED") -> None:
-        """Finish this rank's part (the launcher calls it when the user's code returns)."""
-        if self._closed:
+        """Finish this rank's part (the launcher calls it when the user's code returns). Only in the
+        rank's own process: a child the code forked shares the process group and the run dir."""
+        if self._closed or os.getpid() != self._pid:
             return
         try:
             super().close(status)
         finally:
+            if not self.stopped_by_sigterm:  # ended: a SIGTERM now (a peer failed) has nothing to wait for
+                self.preemption.uninstall()
             for path in self._scratch:
                 shutil.rmtree(path, ignore_errors=True)
-            global _current
+            global _current, _stopped_by_sigterm
             if _current is self:
+                _stopped_by_sigterm = self.stopped_by_sigterm
                 _current = None
                 teardown()
 
 
 _current: Run | None = None
+_stopped_by_sigterm = False  # of the Run closed last (exit_preempted closes it before its SystemExit)
 
 
 def init(*, config: Mapping[str, Any] | None = None, total_steps: int | None = None, device: str = "auto",
@@ -649,6 +660,11 @@ def init(*, config: Mapping[str, Any] | None = None, total_steps: int | None = N
 def current() -> Run | None:
     """The `Run` of this process, if `init()` was called."""
     return _current
+
+
+def stopped_by_sigterm() -> bool:
+    """Whether this process's `Run`, open or closed, stopped for a SIGTERM (on any rank)."""
+    return _current.stopped_by_sigterm if _current is not None else _stopped_by_sigterm
 
 
 def _close_at_exit() -> None:

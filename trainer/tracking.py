@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trainer.checks import is_integer
 from trainer.console import say
 from trainer.errors import TrainerError
 from trainer.model_card import FINAL
@@ -54,7 +55,11 @@ _NOT_METRICS = frozenset({"step", "time", "event", "mlflow", "attempt"})
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A number MLflow stores (a double): an int float() cannot take costs the whole batch it is in."""
+    return isinstance(value, float) or (is_integer(value) and abs(value) < 2**1024)
+
+
+MAX_STEP = 2**63 - 1  # MLflow's steps are 64-bit integers
 
 
 # MLflow's rule for a metric name (mlflow.utils.validation): one name it refuses fails the whole
@@ -75,7 +80,7 @@ def check_metrics(what: str, metrics: Mapping[str, Any]) -> None:
                              "'_', '-', '.', ' ', ':' and '/', not a path that resolves elsewhere ('a//b', './a', '/a')")
     bad = [name for name, value in metrics.items() if not _number(value)]
     if bad:
-        raise TypeError(f"{what}: {', '.join(bad)} must be numbers (call .item() on a tensor)")
+        raise TypeError(f"{what}: {', '.join(bad)} must be numbers a double holds (call .item() on a tensor)")
 
 
 def mlflow_items(record: dict[str, Any]) -> tuple[list[tuple[str, float, int, int]], list[tuple[str, str]], list[tuple[str, str]]]:

@@ -31,7 +31,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from trainer import EXIT_CONFIG_ERROR, EXIT_OK, EXIT_USER_ERROR, errors, runtime
+from trainer import EXIT_CONFIG_ERROR, EXIT_OK, EXIT_PREEMPTED, EXIT_USER_ERROR, errors, runtime
 from trainer.cli import build_parser as trainer_parser
 from trainer.config import AUTO, load_config
 from trainer.console import say
@@ -181,23 +181,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(json.dumps({"run_dir": str(args.run_dir), "code": describe(args)}, indent=2))
         return EXIT_OK
+    rank_pid = os.getpid()
     try:
         with user_code():  # whatever escapes it is the user's, unless the catalogue says infrastructure
             result = call_target(args, kwargs)
     except SystemExit as exc:  # the code's own sys.exit (exit_preempted: 75)
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USER_ERROR)
-        if code != EXIT_OK:
+        _leave_if_forked(rank_pid, code)
+        if code == EXIT_PREEMPTED and runtime.stopped_by_sigterm():
             _close(None)
             return code
+        if code != EXIT_OK:  # the code's own failure: recorded as the user's, with its message
+            _close("FAILED")
+            said = f"code {code}" if isinstance(exc.code, int) else repr(str(exc.code))
+            why = (" (75 is the preemption exit, for run.exit_preempted() after a SIGTERM; none was received)"
+                   if code == EXIT_PREEMPTED else "")
+            return _refuse(UserError(f"{describe(args)} exited with {said}{why}"),
+                           EXIT_USER_ERROR if code == EXIT_PREEMPTED else code, args.run_dir, _ERROR_HANDLER)
         result = None
     except ConfigError as exc:  # from trainer.runtime: a bad GANGFLOW_* value or GANGFLOW_FAULT
         _close("FAILED")
         return _refuse(exc, EXIT_CONFIG_ERROR, args.run_dir, _ERROR_HANDLER)
     except BaseException as exc:
+        _leave_if_forked(rank_pid, EXIT_USER_ERROR)
         if not isinstance(exc, KeyboardInterrupt):
             errors.write_records(exc, rank=errors.context.rank, step=errors.context.step, run_dir=args.run_dir)
         _close("FAILED")
         raise  # @record writes the error file; the rank exits 1
+    _leave_if_forked(rank_pid, EXIT_OK)
     _close("FINISHED")
     if is_integer(result) and result != EXIT_OK:
         return result
@@ -206,6 +217,15 @@ def main(argv: list[str] | None = None) -> int:
                                  "(trainer.runtime) with the trained model before returning"),
                        EXIT_USER_ERROR, args.run_dir, _ERROR_HANDLER)
     return EXIT_OK
+
+
+def _leave_if_forked(rank_pid: int, code: int) -> None:
+    """A child the code forked that got back here ends at once: the rank's records, its run and its
+    process group are its parent's."""
+    if os.getpid() != rank_pid:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _close(status: str | None) -> None:

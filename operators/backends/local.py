@@ -31,7 +31,7 @@ from operators.exceptions import GangCapacityError, GangConfigError
 from operators.failures.evidence import MPI_RANK_LINE, parse_mpirun_failure
 from operators.utils.oom import oom_kill_count
 from operators.utils.ports import free_port
-from operators.utils.processes import stop_group_nowait
+from operators.utils.processes import bounded_lines, stop_group_nowait
 from trainer.storage import LinkInPath, is_real_dir, read_json_record, read_regular
 from trainer.urls import credentials_refusal, has_credentials, redact_url
 
@@ -404,7 +404,7 @@ class LocalBackend(ProcessGangBackend):
         agent_lines: collections.deque = collections.deque(maxlen=400)
         resumed_from = None
         with self._gang_process(cmd, spec, log, pauses, env=env, cwd=os.environ.get("GANGFLOW_PROJECT") or None) as proc:
-            for raw in proc.stdout:
+            for raw in bounded_lines(proc.stdout):  # one huge line costs the task no memory
                 line = raw.rstrip("\n")
                 rank, text = rank_of_line(line, spec.launcher)
                 if rank is not None:

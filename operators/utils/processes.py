@@ -1,5 +1,6 @@
 """Stopping a process started in a session of its own (`start_new_session=True`), with its group;
-ending a command-line program without interpreter teardown."""
+reading its output a bounded line at a time; ending a command-line program without interpreter
+teardown."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import NoReturn
+from collections.abc import Iterator
+from typing import NoReturn, TextIO
 
 
 def exit_without_teardown(code: int) -> NoReturn:
@@ -20,6 +22,24 @@ def exit_without_teardown(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+#: The most of one output line a gang's reader keeps (the rank's full output stays in its log files).
+LINE_LIMIT = 64 << 10
+
+
+def bounded_lines(stream: TextIO, limit: int = LINE_LIMIT) -> Iterator[str]:
+    """`stream`'s lines, each cut to `limit` characters with the cut said: a child printing one huge
+    line (an array's repr, a binary blob) costs the reader no memory."""
+    while line := stream.readline(limit):
+        if line.endswith("\n") or len(line) < limit:
+            yield line
+            continue
+        cut = 0
+        while (more := stream.readline(limit)) and not more.endswith("\n"):
+            cut += len(more)
+        cut += len(more.rstrip("\n"))
+        yield f"{line} ... ({cut} characters cut)\n"
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -308,6 +308,8 @@ def test_the_runtime_imports_and_runs_without_airflow_or_mlflow(tmp_path):
     ({"a//b": 0.5}, ValueError, "not a path that resolves elsewhere"),
     ({"event": 1.0}, ValueError, "the metric name 'event' is reserved"),
     ({"time": 1.0}, ValueError, "the metric name 'time' is reserved"),
+    # an int float() cannot take: the relay's whole batch failed (OverflowError), the losses beside it lost
+    ({"tokens_seen": 10**400}, TypeError, "tokens_seen must be numbers a double holds"),
 ])
 def test_report_refuses_names_mlflow_or_the_metrics_file_would_lose(env, tmp_path, metrics, error, needle):
     """One name MLflow refuses failed the whole log_batch, so every metric beside it was lost;
@@ -316,8 +318,10 @@ def test_report_refuses_names_mlflow_or_the_metrics_file_would_lose(env, tmp_pat
     run.report(1, loss=0.5)
     with pytest.raises(error, match=needle):
         run.report(2, loss=0.4, **metrics)
-    with pytest.raises(ValueError, match="report: step='epoch-1' must be an integer >= 0"):
+    with pytest.raises(ValueError, match=r"report: step='epoch-1' must be an integer from 0 to 2\*\*63-1"):
         run.report("epoch-1", loss=0.7)
+    with pytest.raises(ValueError, match="report: step=9223372036854775808 must be"):  # MLflow's steps are int64
+        run.report(2**63, loss=0.7)
     run.report(3, **{"val/loss": 0.3, "top-1 acc:train": 0.6})
     run.close()
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -384,3 +388,17 @@ def test_report_after_close_is_refused(env, tmp_path):
     with pytest.raises(RuntimeError, match=r"report\(2, \.\.\.\) after close\(\): .* not recorded"):
         run.report(2, loss=0.25)
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+
+
+def test_a_closed_run_gives_sigterm_back_unless_a_sigterm_stopped_it(env, monkeypatch):
+    """A rank whose code had returned kept gangflow's handler: when a peer failed, torchrun's SIGTERM
+    made it wait out the whole grace period (25 s) and exit 75 as if preempted."""
+    run = env()
+    assert signal.getsignal(signal.SIGTERM) == run.preemption._on_sigterm
+    run.close()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    stopped = env()
+    stopped.preemption._on_sigterm(signal.SIGTERM, None)
+    stopped.preemption.disarm()
+    stopped.close(status=None)
+    assert signal.getsignal(signal.SIGTERM) == stopped.preemption._on_sigterm  # its exit 75 is still to come

@@ -131,3 +131,33 @@ def test_exit_without_teardown_keeps_the_code_the_output_and_the_log_and_skips_t
     assert done.returncode == 3, done.stderr
     assert done.stdout == "the summary"  # flushed; atexit's line never printed
     assert "a log line, buffered until the end" in log.read_text()
+
+
+def test_bounded_lines_cut_a_huge_line_and_keep_the_rest():
+    import io
+
+    from operators.utils.processes import bounded_lines
+
+    stream = io.StringIO("ok\n" + "x" * 100 + "\n" + "y" * 25 + "\n" + "z" * 8 + "\nlast")
+    assert list(bounded_lines(stream, limit=10)) == [
+        "ok\n", "x" * 10 + " ... (90 characters cut)\n", "y" * 10 + " ... (15 characters cut)\n", "z" * 8 + "\n", "last"]
+
+
+def test_a_rank_printing_one_huge_line_costs_the_task_no_memory(tmp_path):
+    """The training task read the gang's output line by line: one 150 MiB line without a newline grew
+    it by about 600 MB (and went into the task log whole)."""
+    import resource
+    import subprocess
+    import sys
+
+    from operators.utils.processes import LINE_LIMIT, bounded_lines
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdout.write('[rank 0] ' + 'x' * (64 << 20)); "
+                             "print(); print('[rank 0] done')"], stdout=subprocess.PIPE, text=True)
+    lines = list(bounded_lines(proc.stdout))
+    proc.wait()
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert [len(line) <= LINE_LIMIT + 40 for line in lines] == [True, True] and lines[-1] == "[rank 0] done\n"
+    assert "characters cut" in lines[0]
+    assert grown_mb < 32, f"the reader grew by {grown_mb:.0f} MB"
