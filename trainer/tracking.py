@@ -29,6 +29,7 @@ from trainer.urls import redact_url
 _MAX_BATCH = 900  # MLflow accepts 1000 metrics per log_batch
 RECORD = "tracking.json"
 METRICS = "metrics.jsonl"
+REMOTE_METRICS_LIMIT = 64 << 20  # bytes of earlier tries' metrics.jsonl kept on object storage
 FINAL_ARTIFACT_PATH = FINAL  # the run dir's final/ is logged under its own name
 
 
@@ -240,7 +241,7 @@ class Tracker:
             self._fh = os.fdopen(fd, "a", buffering=1)  # never appended through a link
         else:
             try:
-                self._lines = self.store.read_bytes(METRICS).decode().splitlines(keepends=True)
+                self._lines = self._earlier_lines()
             except FileNotFoundError:
                 self._lines = []
         self.exporter = _pod_exporter()
@@ -253,6 +254,20 @@ class Tracker:
                                "metrics go to metrics.jsonl only"), stream=sys.stderr)
         if params or tags:  # the run's params and tags, for whoever sends this file to MLflow
             self.write({"event": "tracking", "step": 0, "params": _flatten(params or {}), "tags": {k: redact_url(v) for k, v in (tags or {}).items()}})
+
+    def _earlier_lines(self) -> list[str]:
+        """metrics.jsonl of earlier tries on object storage, rewritten whole at each event: its last
+        REMOTE_METRICS_LIMIT bytes (whole lines), undecodable bytes replaced, so neither a huge file
+        nor a planted byte fails the try."""
+        path = self.store.path(METRICS)
+        size = self.store.fs.size(path)
+        start = max(0, size - REMOTE_METRICS_LIMIT)
+        data = self.store.fs.cat_file(path, start=start, end=size)
+        if start:
+            data = data[data.find(b"\n") + 1 :]
+            say(f"gangflow: warning: {METRICS} at {redact_url(self.store.url)} holds {size} bytes; keeping its last "
+                f"{len(data)} (the earlier lines were relayed when they were written)", stream=sys.stderr)
+        return data.decode("utf-8", errors="replace").splitlines(keepends=True)
 
     @property
     def mlflow_run_id(self) -> str | None:

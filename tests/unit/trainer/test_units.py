@@ -158,6 +158,31 @@ def test_the_run_dir_tag_and_tags_written_for_the_relay_are_redacted(tmp_path, m
 
     assert b"hunter2" not in Storage(run_dir).read_bytes("metrics.jsonl")
 
+
+def test_an_earlier_metrics_file_on_object_storage_with_bad_bytes_or_huge_fails_no_try(s3, monkeypatch, capsys):
+    """It was read whole and decoded strictly: one planted byte ended every try in UnicodeDecodeError,
+    and a multi-GB file was loaded (and rewritten at every event)."""
+    import fsspec
+
+    from trainer import tracking
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    run_dir = s3.bucket("metrics-bad") + "/runs/a"
+    fs.pipe_file("metrics-bad/runs/a/metrics.jsonl", b'{"step": 1, "loss": 1.0}\n\xff\xfe\n')
+    tracker = Tracker(run_dir, enabled=True)
+    tracker.event("start", 0)
+    tracker.close()
+    lines = fs.cat_file("metrics-bad/runs/a/metrics.jsonl").decode().splitlines()
+    assert json.loads(lines[0]) == {"step": 1, "loss": 1.0} and json.loads(lines[-1])["event"] == "start"
+
+    monkeypatch.setattr(tracking, "REMOTE_METRICS_LIMIT", 100)
+    fs.pipe_file("metrics-bad/runs/b/metrics.jsonl", b"".join(b'{"step": %d, "loss": 0.5}\n' % i for i in range(50)))
+    tracker = Tracker(s3.bucket("metrics-bad") + "/runs/b", enabled=True)
+    tracker.close()
+    kept = fs.cat_file("metrics-bad/runs/b/metrics.jsonl").decode().splitlines()
+    assert 0 < len(kept) < 50 and json.loads(kept[-1])["step"] == 49 and all(json.loads(line) for line in kept)
+    assert "holds 1290 bytes; keeping its last" in capsys.readouterr().err
+
 def test_lr_schedule_and_its_state():
     from trainer.config import load_config
     from trainer.loop import WarmupCosine
