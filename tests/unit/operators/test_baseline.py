@@ -41,14 +41,19 @@ def test_a_gang_leaves_nothing_in_the_machines_temp_folder(tmp_path, monkeypatch
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     seen = []
 
-    def torchrun(cmd, **kwargs):
-        log_dir = Path(cmd[cmd.index("--log-dir") + 1])
-        (log_dir / "run-id" / "attempt_0" / "0").mkdir(parents=True)
-        (log_dir / "run-id" / "attempt_0" / "0" / "error.json").write_text("{}")
-        seen.append(log_dir)
-        return subprocess.CompletedProcess(cmd, 0, "", "")
+    class Torchrun:  # what the gang leaves in its --log-dir, without a gang
+        returncode = 0
 
-    monkeypatch.setattr(baseline.subprocess, "run", torchrun)
+        def __init__(self, cmd, **kwargs):
+            log_dir = Path(cmd[cmd.index("--log-dir") + 1])
+            (log_dir / "run-id" / "attempt_0" / "0").mkdir(parents=True)
+            (log_dir / "run-id" / "attempt_0" / "0" / "error.json").write_text("{}")
+            seen.append(log_dir)
+
+        def communicate(self, timeout=None):
+            return "", None
+
+    monkeypatch.setattr(baseline.subprocess, "Popen", Torchrun)
     baseline._torchrun(2, ["trainer.collectives", "--out", "x"], cwd=tmp_path, timeout_s=5)
     assert seen and seen[0].is_relative_to(tmp_path) and list(tmp_path.iterdir()) == []
 

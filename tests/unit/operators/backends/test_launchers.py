@@ -306,5 +306,5 @@ def test_the_pipeline_file_sets_the_run_time_and_queue_wait_limits():
     assert waiting.max_queue_wait_seconds == 1800 and waiting.max_run_time_seconds is None
     for key in ("max_run_time_seconds", "max_queue_wait_seconds"):
         for bad in (0, -5, "1h", 1.5, True):
-            with pytest.raises(PipelineConfigError, match=rf"training.{key}=.*accepted values: an integer >= 1"):
+            with pytest.raises(PipelineConfigError, match=rf"training.{key}=.*accepted values: an integer from 1 to"):
                 parse_pipeline({**base, "training": {key: bad}}, source="p.yaml", name="p")
