@@ -24,6 +24,7 @@ import json
 import os
 import re
 import runpy
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -36,6 +37,7 @@ from trainer.cli import build_parser as trainer_parser
 from trainer.config import AUTO, load_config
 from trainer.console import say
 from trainer.errors import ConfigError, UserError, user_code
+from trainer.preemption import Preemption
 from trainer.checks import is_integer
 
 ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -196,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             said = f"code {code}" if isinstance(exc.code, int) else repr(str(exc.code))
             why = (" (75 is the preemption exit, for run.exit_preempted() after a SIGTERM; none was received)"
                    if code == EXIT_PREEMPTED else "")
-            return _refuse(UserError(f"{describe(args)} exited with {said}{why}"),
+            return _refuse(UserError(f"{describe(args)} exited with {said}{why}{_replaced_sigterm_note()}"),
                            EXIT_USER_ERROR if code == EXIT_PREEMPTED else code, args.run_dir, _ERROR_HANDLER)
         result = None
     except ConfigError as exc:  # from trainer.runtime: a bad GANGFLOW_* value or GANGFLOW_FAULT
@@ -214,9 +216,20 @@ def main(argv: list[str] | None = None) -> int:
         return result
     if errors.context.rank == 0 and _finished_without_model(args.run_dir):
         return _refuse(UserError(f"{describe(args)} returned without logging a model: call run.log_model(folder) "
-                                 "(trainer.runtime) with the trained model before returning"),
+                                 f"(trainer.runtime) with the trained model before returning{_replaced_sigterm_note()}"),
                        EXIT_USER_ERROR, args.run_dir, _ERROR_HANDLER)
     return EXIT_OK
+
+
+def _replaced_sigterm_note() -> str:
+    """What to add to a failure's message when the code replaced gangflow's SIGTERM handler: a
+    preemption then ends the code its own way instead of committing and exiting 75."""
+    handler = signal.getsignal(signal.SIGTERM)
+    if handler in (signal.SIG_DFL, signal.SIG_IGN, None) or isinstance(getattr(handler, "__self__", None), Preemption):
+        return ""
+    name = getattr(handler, "__qualname__", repr(handler))
+    return (f"; note: the code replaced gangflow's SIGTERM handler (with {name}), so a preemption or a stop ends "
+            "it that way instead of saving and exiting 75: remove it and poll run.should_stop")
 
 
 def _leave_if_forked(rank_pid: int, code: int) -> None:

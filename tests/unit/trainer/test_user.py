@@ -65,3 +65,14 @@ def test_a_forked_child_that_exits_leaves_the_ranks_run_alone(tmp_path):
     assert proc.returncode == 0 and not record, proc.stderr[-2000:]
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len([r for r in lines if r.get("event") == "attempt"]) == 1  # the parent's only
+
+
+def test_a_failure_says_when_the_code_replaced_gangflows_sigterm_handler(tmp_path):
+    """A common `signal.signal(SIGTERM, lambda *a: sys.exit(0))` turned a preemption into "returned
+    without logging a model", saying nothing of the handler."""
+    proc, record = _rank(tmp_path, "import os, signal\ndef on_term(*a):\n    sys.exit(0)\n"
+                                   "signal.signal(signal.SIGTERM, on_term)\nos.kill(os.getpid(), signal.SIGTERM)\n")
+    assert proc.returncode == 1 and "returned without logging a model" in record["message"]
+    assert "replaced gangflow's SIGTERM handler (with on_term)" in record["message"]
+    proc, record = _rank(tmp_path, "sys.exit(0)\n")  # gangflow's own handler: nothing said of it
+    assert "SIGTERM" not in record["message"]
